@@ -1,0 +1,45 @@
+// Two tiers of errors (see docs/): user errors and internal invariants.
+//
+//   TITAN_USER_CHECK(cond, msg...)  bad input (config, files, data, launch environment): throws
+//                                   titan::UserError whose message says what is wrong and what to do.
+//   TITAN_ASSERT(cond, msg...)      an invariant of titan itself: throws titan::InternalError with
+//                                   file:line, since it means a bug, not a user mistake.
+#pragma once
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace titan {
+
+struct UserError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct InternalError : std::logic_error {
+  using std::logic_error::logic_error;
+};
+
+namespace detail {
+template <typename... Args>
+std::string concat(const Args&... args) {
+  std::ostringstream os;
+  (os << ... << args);
+  return os.str();
+}
+}  // namespace detail
+
+}  // namespace titan
+
+#define TITAN_USER_CHECK(cond, ...)                                   \
+  do {                                                                \
+    if (!(cond)) throw ::titan::UserError(::titan::detail::concat(__VA_ARGS__)); \
+  } while (0)
+
+#define TITAN_ASSERT(cond, ...)                                                          \
+  do {                                                                                   \
+    if (!(cond))                                                                         \
+      throw ::titan::InternalError(::titan::detail::concat(                              \
+          __FILE__, ":", __LINE__, ": internal error: ", #cond, " failed. " __VA_OPT__(,) \
+          __VA_ARGS__));                                                                 \
+  } while (0)

@@ -1,0 +1,68 @@
+#include "titan/distributed/process_group.h"
+
+#include "titan/common/error.h"
+
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef USE_C10D_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+namespace titan::dist {
+
+c10::intrusive_ptr<c10d::Store> make_tcp_store(const std::string& host, uint16_t port, bool is_server,
+                                               std::chrono::milliseconds timeout) {
+  c10d::TCPStoreOptions opts;
+  opts.port = port;
+  opts.isServer = is_server;
+  opts.waitWorkers = false;  // the server does not wait for a fixed count; backends rendezvous themselves
+  opts.timeout = timeout;
+  try {
+    return c10::make_intrusive<c10d::TCPStore>(host, opts);
+  } catch (const c10::Error& e) {
+    throw UserError("cannot " + std::string(is_server ? "start" : "reach") + " the rendezvous store at " + host +
+                    ":" + std::to_string(port) + " (" + e.what_without_backtrace() +
+                    "). Check MASTER_ADDR/MASTER_PORT: the address must be reachable from every node and "
+                    "the port free on the master.");
+  }
+}
+
+uint16_t store_port(const c10::intrusive_ptr<c10d::Store>& store) {
+  auto* tcp = dynamic_cast<c10d::TCPStore*>(store.get());
+  TITAN_ASSERT(tcp != nullptr, "store_port needs a TCPStore");
+  return tcp->getPort();
+}
+
+c10::intrusive_ptr<c10d::Backend> make_backend(BackendKind kind, const c10::intrusive_ptr<c10d::Store>& store,
+                                               int rank, int world_size, std::chrono::milliseconds timeout,
+                                               const std::string& gloo_host) {
+  TITAN_ASSERT(rank >= 0 && rank < world_size, "rank ", rank, " outside world of size ", world_size);
+  if (kind == BackendKind::Gloo) {
+    auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+    opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(gloo_host));
+    return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, opts);
+  }
+#ifdef USE_C10D_NCCL
+  auto opts = c10d::ProcessGroupNCCL::Options::create();
+  opts->timeout = timeout;
+  try {
+    return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world_size, opts);
+  } catch (const c10::Error& e) {
+    throw UserError(std::string("cannot create the NCCL backend: ") + e.what_without_backtrace() +
+                    "\nNCCL needs one visible GPU per local rank; on a machine without GPUs train on CPU (Gloo).");
+  }
+#else
+  throw UserError("this titan was built against a CPU-only libtorch, so it has no NCCL backend; "
+                  "rebuild against a CUDA libtorch (see README) or train on CPU with Gloo");
+#endif
+}
+
+bool nccl_compiled() {
+#ifdef USE_C10D_NCCL
+  return true;
+#else
+  return false;
+#endif
+}
+
+}  // namespace titan::dist

@@ -1,0 +1,77 @@
+// Building blocks of decoder-only transformers, written for one device.
+//
+// Shape legend used in names: B batch, S sequence, D model dim, H query heads, K key/value heads,
+// E head dim, F feed-forward hidden dim, V vocabulary.
+//
+// Each module creates its parameters with the TensorOptions it is given (device meta for shape-only
+// models, cpu or cuda for real ones) and initializes them only when init_weights is called.
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace titan::nn {
+
+// y = x W^T, W (out, in). No bias (Llama uses none).
+class LinearImpl : public torch::nn::Module {
+ public:
+  LinearImpl(int64_t in_features, int64_t out_features, const at::TensorOptions& opts);
+  at::Tensor forward(const at::Tensor& x);
+  at::Tensor weight;
+};
+TORCH_MODULE(Linear);
+
+// Token embedding table (V, D).
+class EmbeddingImpl : public torch::nn::Module {
+ public:
+  EmbeddingImpl(int64_t num_embeddings, int64_t dim, const at::TensorOptions& opts);
+  at::Tensor forward(const at::Tensor& tokens_BS);
+  at::Tensor weight;
+};
+TORCH_MODULE(Embedding);
+
+// RMSNorm over the last dim: x / sqrt(mean(x^2) + eps) * weight.
+class RMSNormImpl : public torch::nn::Module {
+ public:
+  RMSNormImpl(int64_t dim, double eps, const at::TensorOptions& opts);
+  at::Tensor forward(const at::Tensor& x);
+  void reset_parameters();  // weight = 1
+  at::Tensor weight;
+  double eps;
+};
+TORCH_MODULE(RMSNorm);
+
+// Rotary position embedding tables. Pairs are interleaved as in Meta's Llama
+// ((x0, x1), (x2, x3), ...), i.e. torchtitan's complex formulation.
+struct RopeScaling {
+  double factor, low_freq_factor, high_freq_factor;
+  int64_t original_max_position_embeddings;
+};
+// Rotation frequencies (E/2,) in fp32, with optional Llama 3.1 scaling.
+at::Tensor rope_frequencies(int64_t head_dim, double theta, const std::optional<RopeScaling>& scaling);
+// Rotates x (B, S, n, E) by the angles positions (S,) x freqs (E/2,): cos/sin (S, E/2) in fp32.
+at::Tensor apply_rope(const at::Tensor& x_BSnE, const at::Tensor& cos_SE2, const at::Tensor& sin_SE2);
+
+// Grouped-query causal self-attention through ATen's scaled_dot_product_attention.
+class AttentionImpl : public torch::nn::Module {
+ public:
+  AttentionImpl(int64_t dim, int64_t n_heads, int64_t n_kv_heads, const at::TensorOptions& opts);
+  at::Tensor forward(const at::Tensor& x_BSD, const at::Tensor& cos_SE2, const at::Tensor& sin_SE2);
+  int64_t n_heads, n_kv_heads, head_dim;
+  Linear wq{nullptr}, wk{nullptr}, wv{nullptr}, wo{nullptr};
+};
+TORCH_MODULE(Attention);
+
+// SwiGLU: w2(silu(w1 x) * w3 x).
+class FeedForwardImpl : public torch::nn::Module {
+ public:
+  FeedForwardImpl(int64_t dim, int64_t hidden_dim, const at::TensorOptions& opts);
+  at::Tensor forward(const at::Tensor& x_BSD);
+  Linear w1{nullptr}, w2{nullptr}, w3{nullptr};
+};
+TORCH_MODULE(FeedForward);
+
+}  // namespace titan::nn

@@ -1,0 +1,111 @@
+#include "titan/models/llama3/model.h"
+
+#include "titan/common/error.h"
+#include "titan/models/common/init.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+namespace titan {
+
+int64_t LanguageModelImpl::num_params() const {
+  int64_t n = 0;
+  for (const auto& p : parameters()) n += p.numel();
+  return n;
+}
+
+}  // namespace titan
+
+namespace titan::llama3 {
+
+TransformerBlockImpl::TransformerBlockImpl(int64_t layer_id, const ModelArgs& args, const at::TensorOptions& opts) {
+  attention = register_module("attention", nn::Attention(args.dim, args.n_heads, args.kv_heads(), opts));
+  feed_forward = register_module("feed_forward", nn::FeedForward(args.dim, args.ffn_hidden_dim(), opts));
+  attention_norm = register_module("attention_norm", nn::RMSNorm(args.dim, args.norm_eps, opts));
+  ffn_norm = register_module("ffn_norm", nn::RMSNorm(args.dim, args.norm_eps, opts));
+  weight_init_std = args.depth_init ? 0.02 / std::sqrt(2.0 * static_cast<double>(layer_id + 1))
+                                    : 0.02 / std::sqrt(2.0 * static_cast<double>(args.n_layers));
+}
+
+at::Tensor TransformerBlockImpl::forward(const at::Tensor& x_BSD, const at::Tensor& cos_SE2, const at::Tensor& sin_SE2) {
+  at::Tensor h_BSD = x_BSD + attention->forward(attention_norm(x_BSD), cos_SE2, sin_SE2);
+  return h_BSD + feed_forward(ffn_norm(h_BSD));
+}
+
+void TransformerBlockImpl::init_weights(uint64_t seed, const std::string& prefix) {
+  // torchtitan: inputs projections std 0.02, output projections depth-scaled; nn.init.trunc_normal_'s
+  // default cut-offs are absolute (-2, 2).
+  auto tn = [&](nn::Linear& lin, const std::string& name, double std) {
+    init::trunc_normal(lin->weight, seed, prefix + name + ".weight", 0.0, std, -2.0, 2.0);
+  };
+  tn(attention->wq, "attention.wq", 0.02);
+  tn(attention->wk, "attention.wk", 0.02);
+  tn(attention->wv, "attention.wv", 0.02);
+  tn(attention->wo, "attention.wo", weight_init_std);
+  tn(feed_forward->w1, "feed_forward.w1", 0.02);
+  tn(feed_forward->w2, "feed_forward.w2", weight_init_std);
+  tn(feed_forward->w3, "feed_forward.w3", weight_init_std);
+  attention_norm->reset_parameters();
+  ffn_norm->reset_parameters();
+}
+
+TransformerImpl::TransformerImpl(ModelArgs args, const at::TensorOptions& opts) : args_(std::move(args)) {
+  args_.validate();
+  tok_embeddings = register_module("tok_embeddings", nn::Embedding(args_.vocab_size, args_.dim, opts));
+  layers = register_module("layers", torch::nn::ModuleList());
+  for (int64_t i = 0; i < args_.n_layers; ++i) layers->push_back(TransformerBlock(i, args_, opts));
+  norm = register_module("norm", nn::RMSNorm(args_.dim, args_.norm_eps, opts));
+  if (!args_.tie_embeddings) output = register_module("output", nn::Linear(args_.dim, args_.vocab_size, opts));
+  std::optional<nn::RopeScaling> scaling;
+  if (args_.rope_scaling) {
+    const auto& s = *args_.rope_scaling;
+    scaling = nn::RopeScaling{s.factor, s.low_freq_factor, s.high_freq_factor, s.original_max_position_embeddings};
+  }
+  freqs_ = nn::rope_frequencies(args_.head_dim(), args_.rope_theta, scaling);
+}
+
+std::pair<at::Tensor, at::Tensor> TransformerImpl::rope_tables(int64_t seq_len, const at::Device& device) {
+  TITAN_USER_CHECK(seq_len <= args_.max_seq_len, "sequence length ", seq_len,
+                   " exceeds the model's max_seq_len ", args_.max_seq_len);
+  auto key = std::make_pair(seq_len, device.str());
+  auto it = rope_cache_.find(key);
+  if (it != rope_cache_.end()) return it->second;
+  at::Tensor angles_SE2 = at::outer(at::arange(seq_len, at::kLong).to(at::kFloat), freqs_);
+  auto tables = std::make_pair(angles_SE2.cos().to(device), angles_SE2.sin().to(device));
+  rope_cache_.emplace(key, tables);
+  return tables;
+}
+
+at::Tensor TransformerImpl::forward(const at::Tensor& tokens_BS) {
+  auto [cos_SE2, sin_SE2] = rope_tables(tokens_BS.size(1), tok_embeddings->weight.device());
+  at::Tensor h_BSD = tok_embeddings(tokens_BS);
+  for (const auto& layer : *layers) h_BSD = layer->as<TransformerBlock>()->forward(h_BSD, cos_SE2, sin_SE2);
+  h_BSD = norm(h_BSD);
+  return output ? output(h_BSD) : at::linear(h_BSD, tok_embeddings->weight);
+}
+
+void TransformerImpl::init_weights(uint64_t seed) {
+  // Output layer: truncated normal, std dim^-0.5, cut off at 3 std. With tied embeddings the one
+  // shared matrix (named tok_embeddings.weight) takes the output layer's initialization.
+  const double out_std = 1.0 / std::sqrt(static_cast<double>(args_.dim));
+  if (args_.tie_embeddings) {
+    init::trunc_normal(tok_embeddings->weight, seed, "tok_embeddings.weight", 0.0, out_std, -3 * out_std, 3 * out_std);
+  } else {
+    init::normal(tok_embeddings->weight, seed, "tok_embeddings.weight", 0.0, 1.0);
+    init::trunc_normal(output->weight, seed, "output.weight", 0.0, out_std, -3 * out_std, 3 * out_std);
+  }
+  for (size_t i = 0; i < layers->size(); ++i)
+    layers[i]->as<TransformerBlock>()->init_weights(seed, "layers." + std::to_string(i) + ".");
+  norm->reset_parameters();
+}
+
+double TransformerImpl::flops_per_token(int64_t seq_len) const {
+  // torchtitan (PaLM appendix B): 6 * (params - embedding params) for the matmuls, forward and
+  // backward, plus 12 * L * H * E * S for attention scores and values (causal mask not discounted).
+  const double n = static_cast<double>(num_params());
+  const double emb = static_cast<double>(tok_embeddings->weight.numel());
+  return 6.0 * (n - emb) + 12.0 * static_cast<double>(args_.n_layers * args_.n_heads * args_.head_dim() * seq_len);
+}
+
+}  // namespace titan::llama3

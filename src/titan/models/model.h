@@ -1,0 +1,23 @@
+// The interface every model in the registry implements. Models are plain single-device module
+// trees; parallelisms are applied from outside by the model's parallelize hook.
+#pragma once
+
+#include <torch/nn/module.h>
+
+#include <cstdint>
+
+namespace titan {
+
+class LanguageModelImpl : public torch::nn::Module {
+ public:
+  // tokens (B, S) int64 -> logits (B, S, V).
+  virtual at::Tensor forward(const at::Tensor& tokens_BS) = 0;
+  // Fills every parameter as a function of (seed, parameter name) only.
+  virtual void init_weights(uint64_t seed) = 0;
+  // Training FLOPs per token at sequence length seq_len (torchtitan's formula for this model).
+  virtual double flops_per_token(int64_t seq_len) const = 0;
+  // Total number of parameter elements (tied tensors counted once).
+  int64_t num_params() const;
+};
+
+}  // namespace titan

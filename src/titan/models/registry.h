@@ -1,0 +1,45 @@
+// Model registry: a model name maps to a ModelSpec that says how to build each flavor, how to
+// translate its weights to and from Hugging Face, and (once those parallelisms exist) how to
+// parallelize and pipeline it. The trainer and the CLI only ever go through this table, so a new
+// model plugs in by registering a spec, without touching them.
+#pragma once
+
+#include "titan/models/model.h"
+
+#include <ATen/core/Tensor.h>
+#include <torch/nn/pimpl.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace titan {
+
+using LanguageModel = std::shared_ptr<LanguageModelImpl>;
+using StateDict = std::map<std::string, at::Tensor>;
+
+// Converts state dicts between titan's native names/layouts and Hugging Face transformers' ones.
+struct HFAdapter {
+  std::function<StateDict(const StateDict&)> to_hf;
+  std::function<StateDict(const StateDict&)> from_hf;
+};
+
+struct ModelSpec {
+  std::string name;
+  std::vector<std::string> flavors;
+  // Builds the flavor with parameters created by `opts` (device meta: shapes only, no memory).
+  // Parameters are uninitialized until init_weights(seed) is called. max_seq_len bounds RoPE.
+  std::function<LanguageModel(const std::string& flavor, const at::TensorOptions& opts, int64_t max_seq_len)> build;
+  // HF adapter for a flavor (HF layouts depend on shapes, e.g. heads for the RoPE permutation).
+  std::function<HFAdapter(const std::string& flavor)> hf_adapter;
+};
+
+// Registers a spec (called once per model at start-up); a second spec with the same name is an error.
+void register_model(ModelSpec spec);
+// The spec for `name`, or a UserError listing the registered models.
+const ModelSpec& model_spec(const std::string& name);
+std::vector<std::string> registered_models();
+
+}  // namespace titan

@@ -1,0 +1,157 @@
+#include "test_util.h"
+
+#include <ATen/ATen.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char** environ;
+
+namespace titan::test {
+
+TempDir::TempDir() {
+  std::string tmpl = (std::filesystem::temp_directory_path() / "titan-test-XXXXXX").string();
+  if (!mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
+  path_ = tmpl;
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+namespace {
+
+struct Child {
+  pid_t pid = -1;
+  std::string log_path;
+};
+
+Child spawn(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
+            const std::string& log_path) {
+  std::map<std::string, std::string> merged;
+  for (char** e = environ; *e; ++e) {
+    std::string kv = *e;
+    auto eq = kv.find('=');
+    if (eq != std::string::npos) merged[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  for (const auto& [k, v] : env) merged[k] = v;
+  std::vector<std::string> env_strings;
+  for (const auto& [k, v] : merged) env_strings.push_back(k + "=" + v);
+  std::vector<char*> envp, args;
+  for (auto& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> argv_copy = argv;
+  for (auto& s : argv_copy) args.push_back(s.data());
+  args.push_back(nullptr);
+
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);  // own group: a timeout kills its children too
+  posix_spawnattr_setpgroup(&attr, 0);
+  Child c;
+  c.log_path = log_path;
+  int rc = posix_spawnp(&c.pid, args[0], &actions, &attr, args.data(), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  posix_spawnattr_destroy(&attr);
+  if (rc != 0) throw std::runtime_error("cannot start " + argv[0] + ": " + std::strerror(rc));
+  return c;
+}
+
+std::vector<ProcessResult> wait_all(std::vector<Child>& children, std::chrono::seconds timeout) {
+  std::vector<ProcessResult> results(children.size());
+  std::vector<bool> done(children.size(), false);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  size_t remaining = children.size();
+  while (remaining > 0) {
+    for (size_t i = 0; i < children.size(); ++i) {
+      if (done[i]) continue;
+      int status = 0;
+      pid_t r = waitpid(children[i].pid, &status, WNOHANG);
+      if (r == children[i].pid) {
+        done[i] = true;
+        --remaining;
+        results[i].exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+      }
+    }
+    if (remaining == 0) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      for (size_t i = 0; i < children.size(); ++i) {
+        if (done[i]) continue;
+        kill(-children[i].pid, SIGKILL);
+        int status = 0;
+        waitpid(children[i].pid, &status, 0);
+        results[i].timed_out = true;
+        results[i].exit_code = -1;
+      }
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (size_t i = 0; i < children.size(); ++i) {
+    std::ifstream in(children[i].log_path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    results[i].output = ss.str();
+  }
+  return results;
+}
+
+}  // namespace
+
+ProcessResult run_process(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
+                          std::chrono::seconds timeout) {
+  TempDir logs;
+  std::vector<Child> children{spawn(argv, env, logs / "out.log")};
+  return wait_all(children, timeout)[0];
+}
+
+std::vector<ProcessResult> run_workers(const std::string& worker, int n, const std::map<std::string, std::string>& env,
+                                       std::chrono::seconds timeout) {
+  TempDir logs;
+  std::vector<Child> children;
+  for (int rank = 0; rank < n; ++rank) {
+    auto e = env;
+    e["TITAN_TEST_WORKER"] = worker;
+    e["TITAN_TEST_RANK"] = std::to_string(rank);
+    children.push_back(spawn({"/proc/self/exe"}, e, logs / ("rank" + std::to_string(rank) + ".log")));
+  }
+  return wait_all(children, timeout);
+}
+
+std::string python() {
+  std::string py = std::string(TITAN_SOURCE_DIR) + "/.venv/bin/python";
+  if (access(py.c_str(), X_OK) != 0)
+    throw std::runtime_error(py + " not found: run scripts/setup.sh to create the Python environment");
+  return py;
+}
+
+double relative_error(const at::Tensor& actual, const at::Tensor& expected) {
+  at::Tensor a = actual.detach().to(at::kCPU, at::kDouble), e = expected.detach().to(at::kCPU, at::kDouble);
+  if (a.sizes() != e.sizes()) return std::numeric_limits<double>::infinity();
+  const double scale = std::max(e.abs().max().item<double>(), 1e-30);
+  return (a - e).abs().max().item<double>() / scale;
+}
+
+std::map<std::string, WorkerFn>& workers() {
+  static std::map<std::string, WorkerFn> table;
+  return table;
+}
+
+}  // namespace titan::test

@@ -1,0 +1,61 @@
+// Helpers shared by the unit tests: temporary folders, subprocesses, and worker processes.
+//
+// Multi-process tests re-run this test binary as workers: TITAN_TEST_WORKER=<name> selects a
+// function registered with TITAN_TEST_WORKER_FN(name) instead of the tests (see main.cpp).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace titan::test {
+
+// A fresh folder under the system temp dir, removed when the object goes out of scope.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::string& path() const { return path_; }
+  std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+struct ProcessResult {
+  int exit_code = -1;    // -1 when killed by a signal or timed out
+  bool timed_out = false;
+  std::string output;    // stdout and stderr together
+};
+
+// Runs argv[0] with arguments argv (no shell), extra environment `env` added, killing it after `timeout`.
+ProcessResult run_process(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env = {},
+                          std::chrono::seconds timeout = std::chrono::seconds(300));
+
+// Starts `n` copies of this test binary as workers of `worker` with TITAN_TEST_RANK=0..n-1 plus `env`,
+// and waits for all of them. Results are in rank order.
+std::vector<ProcessResult> run_workers(const std::string& worker, int n, const std::map<std::string, std::string>& env,
+                                       std::chrono::seconds timeout = std::chrono::seconds(120));
+
+// The project's Python interpreter (.venv), for reference computations.
+std::string python();
+
+// Largest absolute difference relative to the largest magnitude of `expected`.
+double relative_error(const at::Tensor& actual, const at::Tensor& expected);
+
+using WorkerFn = std::function<int()>;
+std::map<std::string, WorkerFn>& workers();
+struct RegisterWorker {
+  RegisterWorker(const std::string& name, WorkerFn fn) { workers()[name] = std::move(fn); }
+};
+
+}  // namespace titan::test
+
+#define TITAN_TEST_WORKER_FN(name)                                                     \
+  static int titan_worker_##name();                                                    \
+  static ::titan::test::RegisterWorker titan_register_worker_##name(#name, titan_worker_##name); \
+  static int titan_worker_##name()
