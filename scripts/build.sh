@@ -8,6 +8,7 @@ PY="$ROOT/.venv/bin/python"
 [[ -x "$PY" ]] || { echo "[build] ERROR: $ROOT/.venv is missing: run scripts/setup.sh first" >&2; exit 1; }
 export PATH="$ROOT/.venv/bin:$PATH"   # the venv's CMake (new enough for CUDA 13) comes first
 export CCACHE_SLOPPINESS="${CCACHE_SLOPPINESS:-pch_defines,time_macros,include_file_mtime,include_file_ctime}"
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$ROOT}"  # relative paths: clones share cache entries
 export CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-5G}"
 if [[ -d /usr/local/cuda/bin ]]; then export PATH="$PATH:/usr/local/cuda/bin"; fi
 if [[ ! -f "$BUILD_DIR/build.ninja" ]]; then
