@@ -1,0 +1,132 @@
+#include "titan/components/optimizer/optimizer.h"
+
+#include "titan/common/error.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <functional>
+
+namespace titan {
+
+Optimizer::Optimizer(std::vector<std::pair<std::string, at::Tensor>> named_params, OptimizerOptions opts)
+    : opts_(std::move(opts)), lr_(opts_.lr) {
+  TITAN_USER_CHECK(opts_.name == "AdamW" || opts_.name == "Adam", "optimizer.name '", opts_.name,
+                   "' is not supported; choose AdamW or Adam");
+  TITAN_USER_CHECK(opts_.implementation == "fused" || opts_.implementation == "for-loop",
+                   "optimizer.implementation '", opts_.implementation,
+                   "' is not supported; choose fused or for-loop");
+  TITAN_USER_CHECK(opts_.lr >= 0 && opts_.eps >= 0 && opts_.weight_decay >= 0, "optimizer: lr, eps and weight_decay must be >= 0");
+  TITAN_USER_CHECK(opts_.beta1 >= 0 && opts_.beta1 < 1 && opts_.beta2 >= 0 && opts_.beta2 < 1,
+                   "optimizer: beta1 and beta2 must be in [0, 1)");
+  decoupled_ = opts_.name == "AdamW";
+  for (auto& [name, p] : named_params) {
+    ParamState s;
+    s.name = name;
+    s.param = p;
+    s.exp_avg = at::zeros_like(p, at::MemoryFormat::Preserve);
+    s.exp_avg_sq = at::zeros_like(p, at::MemoryFormat::Preserve);
+    s.step = at::zeros({}, p.options().dtype(at::kFloat));
+    params_.push_back(std::move(s));
+  }
+}
+
+void Optimizer::zero_grad() {
+  for (auto& s : params_) s.param.mutable_grad() = at::Tensor();
+}
+
+void Optimizer::step() {
+  at::NoGradGuard no_grad;
+  ++steps_;
+  if (opts_.implementation == "for-loop") {
+    for (auto& s : params_)
+      if (s.param.grad().defined()) step_for_loop(s);
+    return;
+  }
+  // The fused kernels take lists whose tensors share device and dtype.
+  std::map<std::pair<std::string, at::ScalarType>, std::vector<ParamState*>> groups;
+  for (auto& s : params_)
+    if (s.param.grad().defined()) groups[{s.param.device().str(), s.param.scalar_type()}].push_back(&s);
+  for (auto& [key, group] : groups) step_fused(group);
+}
+
+void Optimizer::step_fused(std::vector<ParamState*>& group) {
+  std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
+  for (auto* s : group) {
+    s->step.add_(1);  // the kernels read the already incremented step, as PyTorch's optimizer does
+    params.push_back(s->param);
+    grads.push_back(s->param.grad());
+    exp_avgs.push_back(s->exp_avg);
+    exp_avg_sqs.push_back(s->exp_avg_sq);
+    steps.push_back(s->step);
+  }
+  if (decoupled_) {
+    at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr_, opts_.beta1,
+                      opts_.beta2, opts_.weight_decay, opts_.eps, /*amsgrad=*/false, /*maximize=*/false);
+  } else {
+    at::_fused_adam_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr_, opts_.beta1,
+                     opts_.beta2, opts_.weight_decay, opts_.eps, /*amsgrad=*/false, /*maximize=*/false);
+  }
+}
+
+void Optimizer::step_for_loop(ParamState& s) {
+  at::Tensor grad = s.param.grad();
+  const double t = s.step.add_(1).item<double>();
+  if (decoupled_) {
+    s.param.mul_(1 - lr_ * opts_.weight_decay);
+  } else if (opts_.weight_decay != 0) {
+    grad = grad.add(s.param, opts_.weight_decay);
+  }
+  s.exp_avg.lerp_(grad, 1 - opts_.beta1);
+  s.exp_avg_sq.mul_(opts_.beta2).addcmul_(grad, grad, 1 - opts_.beta2);
+  const double bias1 = 1 - std::pow(opts_.beta1, t), bias2 = 1 - std::pow(opts_.beta2, t);
+  at::Tensor denom = (s.exp_avg_sq.sqrt() / std::sqrt(bias2)).add_(opts_.eps);
+  s.param.addcdiv_(s.exp_avg, denom, -lr_ / bias1);
+}
+
+std::map<std::string, at::Tensor> Optimizer::state_dict() const {
+  std::map<std::string, at::Tensor> out;
+  for (const auto& s : params_) {
+    out[s.name + ".exp_avg"] = s.exp_avg;
+    out[s.name + ".exp_avg_sq"] = s.exp_avg_sq;
+    out[s.name + ".step"] = s.step;
+  }
+  return out;
+}
+
+void Optimizer::load_state_dict(const std::map<std::string, at::Tensor>& state) {
+  at::NoGradGuard no_grad;
+  for (auto& s : params_) {
+    const std::pair<const char*, at::Tensor*> entries[] = {
+        {".exp_avg", &s.exp_avg}, {".exp_avg_sq", &s.exp_avg_sq}, {".step", &s.step}};
+    for (const auto& [suffix, dst] : entries) {
+      auto it = state.find(s.name + suffix);
+      TITAN_USER_CHECK(it != state.end(), "optimizer state has no '", s.name, suffix,
+                       "': the checkpoint was written for another model");
+      TITAN_USER_CHECK(it->second.sizes() == dst->sizes(), "optimizer state '", s.name, suffix, "' has shape ",
+                       it->second.sizes(), ", the parameter needs ", dst->sizes());
+      dst->copy_(it->second);
+    }
+  }
+}
+
+double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm,
+                      const std::function<void(at::Tensor&)>& reduce_sum_of_squares) {
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> grads;
+  for (const auto& p : params)
+    if (p.grad().defined()) grads.push_back(p.grad());
+  if (grads.empty()) return 0.0;
+  // Sum of squares in fp32 on the first gradient's device.
+  at::Tensor sum_sq = at::zeros({}, grads[0].options().dtype(at::kFloat));
+  for (const auto& n : at::_foreach_norm(grads, 2, at::kFloat)) sum_sq += n.to(sum_sq.device()).square();
+  if (reduce_sum_of_squares) reduce_sum_of_squares(sum_sq);
+  at::Tensor total = sum_sq.sqrt();
+  if (max_norm > 0) {
+    at::Tensor coef = (max_norm / (total + 1e-6)).clamp_max(1.0);
+    for (auto& g : grads) g.mul_(coef.to(g.device()));
+  }
+  return total.item<double>();
+}
+
+}  // namespace titan

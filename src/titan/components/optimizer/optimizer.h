@@ -1,0 +1,67 @@
+// Adam / AdamW over a model's named parameters, with torchtitan's defaults and PyTorch's update rule.
+//
+// implementation "fused": ATen's _fused_adam(w)_ kernels (CPU and CUDA), one call per (device, dtype)
+// group; "for-loop": the same update written with per-tensor ATen ops (the readable reference).
+// Adam's weight_decay is L2 added to the gradient; AdamW's is decoupled (w -= lr * wd * w).
+// State per parameter: exp_avg, exp_avg_sq (same dtype as the parameter) and the step count.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace titan {
+
+struct OptimizerOptions {
+  std::string name = "AdamW";  // "AdamW" | "Adam"
+  double lr = 8e-4;
+  double beta1 = 0.9, beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  std::string implementation = "fused";  // "fused" | "for-loop"
+};
+
+class Optimizer {
+ public:
+  // Throws UserError for an unknown name or implementation.
+  Optimizer(std::vector<std::pair<std::string, at::Tensor>> named_params, OptimizerOptions opts);
+
+  // One update of every parameter that has a gradient, at the current learning rate.
+  void step();
+  void zero_grad();  // drops the gradients (set to undefined), like set_to_none=True
+
+  double lr() const { return lr_; }
+  void set_lr(double lr) { lr_ = lr; }
+  const OptimizerOptions& options() const { return opts_; }
+  int64_t steps_taken() const { return steps_; }
+
+  // Flat state by parameter name: "<name>.exp_avg", "<name>.exp_avg_sq", "<name>.step".
+  std::map<std::string, at::Tensor> state_dict() const;
+  void load_state_dict(const std::map<std::string, at::Tensor>& state);
+
+ private:
+  struct ParamState {
+    std::string name;
+    at::Tensor param, exp_avg, exp_avg_sq, step;  // step: fp32 scalar on the parameter's device
+  };
+  void step_fused(std::vector<ParamState*>& group);
+  void step_for_loop(ParamState& s);
+
+  OptimizerOptions opts_;
+  double lr_;
+  int64_t steps_ = 0;
+  bool decoupled_;
+  std::vector<ParamState> params_;
+};
+
+// Clips gradients in place so that their global L2 norm is at most max_norm (like
+// torch.nn.utils.clip_grad_norm_: coefficient max_norm / (norm + 1e-6), clamped to 1).
+// `reduce_sum_of_squares`, if given, sums the local sum of squares across ranks (sharded gradients).
+// Returns the norm before clipping. max_norm <= 0 only measures.
+double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm,
+                      const std::function<void(at::Tensor&)>& reduce_sum_of_squares = {});
+
+}  // namespace titan
