@@ -1,0 +1,127 @@
+#include "titan/components/metrics/metrics.h"
+
+#include "titan/common/error.h"
+#include "titan/components/metrics/format.h"
+#include "titan/components/metrics/peak_flops.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <iostream>
+
+namespace titan::metrics {
+
+bool default_color(bool disable_color_printing) {
+  if (disable_color_printing || isatty(STDOUT_FILENO) != 1) return false;
+  if (std::getenv("NO_COLOR") != nullptr) return false;
+  const char* term = std::getenv("TERM");
+  return term == nullptr || std::strcmp(term, "dumb") != 0;
+}
+
+std::string log_prefix(const char* level) {
+  using namespace std::chrono;
+  const auto now = system_clock::now();
+  const std::time_t seconds = system_clock::to_time_t(now);
+  const auto millis = duration_cast<milliseconds>(now.time_since_epoch()).count() % 1000;
+  std::tm local{};
+  localtime_r(&seconds, &local);
+  char stamp[32];
+  std::strftime(stamp, sizeof(stamp), "%Y-%m-%d %H:%M:%S", &local);
+  char out[96];
+  std::snprintf(out, sizeof(out), "[titan] %s,%03d - root - %s - ", stamp, static_cast<int>(millis), level);
+  return out;
+}
+
+MetricsLogger::MetricsLogger(MetricsOptions options)
+    : options_(std::move(options)),
+      out_(options_.out != nullptr ? *options_.out : std::cout),
+      memory_(options_.device),
+      progress_(STDERR_FILENO, options_.total_steps, options_.progress && options_.rank == options_.metrics_rank) {
+  TITAN_USER_CHECK(options_.log_freq > 0, "metrics.log_freq must be greater than 0 (got ", options_.log_freq, ").");
+  TITAN_USER_CHECK(options_.non_data_parallel_size > 0, "metrics: non_data_parallel_size must be positive (got ",
+                   options_.non_data_parallel_size, ").");
+  TITAN_USER_CHECK(!options_.enable_tensorboard || !options_.save_tb_folder.empty(),
+                   "metrics.save_tb_folder is empty: name a folder (default \"tb\") or disable TensorBoard.");
+  peak_flops_ = peak_flops_for_device(memory_.device_name());
+  if (memory_.is_cuda() && !peak_flops_ && is_metrics_rank()) {
+    std::cerr << log_prefix("WARNING") << "peak bf16 FLOP/s unknown for " << memory_.device_name()
+              << ": mfu is shown as N/A." << std::endl;
+  }
+  if (options_.enable_tensorboard && (options_.save_for_all_ranks || is_metrics_rank())) {
+    tensorboard_ = std::make_unique<TensorBoardWriter>(tensorboard_run_dir(
+        options_.dump_folder, options_.save_tb_folder, options_.save_for_all_ranks, options_.rank));
+  }
+}
+
+bool MetricsLogger::should_log(int64_t step) const { return step == 1 || step % options_.log_freq == 0; }
+
+void MetricsLogger::on_step(int64_t step) { progress_.update(step); }
+
+const LoggedMetrics& MetricsLogger::log(const StepStats& s, const Scalars& extra) {
+  TITAN_ASSERT(s.seconds_since_last_log > 0, "seconds_since_last_log = ", s.seconds_since_last_log);
+  TITAN_ASSERT(s.steps_since_last_log > 0, "steps_since_last_log = ", s.steps_since_last_log);
+  TITAN_ASSERT(s.flops_per_token > 0, "flops_per_token must be set, got ", s.flops_per_token);
+  TITAN_ASSERT(s.tokens_since_last_log >= 0, "tokens_since_last_log = ", s.tokens_since_last_log);
+
+  LoggedMetrics m;
+  m.tps = static_cast<double>(s.tokens_since_last_log) /
+          (s.seconds_since_last_log * static_cast<double>(options_.non_data_parallel_size));
+  m.tflops = s.flops_per_token * m.tps / 1e12;
+  if (peak_flops_) m.mfu_pct = 100.0 * s.flops_per_token * m.tps / *peak_flops_;
+  m.memory = memory_.peak_stats();
+
+  Scalars& t = m.scalars;
+  t = {{"loss_metrics/global_avg_loss", s.loss},
+       {"loss_metrics/global_max_loss", s.max_loss},
+       {"grad_norm", s.grad_norm},
+       {"throughput(tps)", m.tps},
+       {"tflops", m.tflops}};
+  if (m.mfu_pct) t.emplace_back("mfu(%)", *m.mfu_pct);
+  t.emplace_back("time_metrics/end_to_end(s)", s.seconds_since_last_log / static_cast<double>(s.steps_since_last_log));
+  if (s.data_loading_seconds) {
+    t.emplace_back("time_metrics/data_loading(s)", *s.data_loading_seconds / static_cast<double>(s.steps_since_last_log));
+    t.emplace_back("time_metrics/data_loading(%)", 100.0 * *s.data_loading_seconds / s.seconds_since_last_log);
+  }
+  t.emplace_back("memory/max_active(GiB)", m.memory.max_active_gib);
+  t.emplace_back("memory/max_active(%)", m.memory.max_active_pct);
+  t.emplace_back("memory/max_reserved(GiB)", m.memory.max_reserved_gib);
+  t.emplace_back("memory/max_reserved(%)", m.memory.max_reserved_pct);
+  if (m.memory.num_alloc_retries) t.emplace_back("memory/num_alloc_retries", static_cast<double>(*m.memory.num_alloc_retries));
+  if (m.memory.num_ooms) t.emplace_back("memory/num_ooms", static_cast<double>(*m.memory.num_ooms));
+  if (s.ntokens_seen) t.emplace_back("n_tokens_seen", static_cast<double>(*s.ntokens_seen));
+  t.emplace_back("lr", s.lr);
+  t.insert(t.end(), extra.begin(), extra.end());
+  if (tensorboard_) tensorboard_->add_scalars(s.step, t);
+
+  LogLineFields fields;
+  fields.step = s.step;
+  fields.loss = s.loss;
+  fields.grad_norm = s.grad_norm;
+  fields.memory_gib = m.memory.max_reserved_gib;
+  fields.memory_pct = m.memory.max_reserved_pct;
+  fields.tps = m.tps;
+  fields.tflops = m.tflops;
+  fields.mfu_pct = m.mfu_pct;
+  m.line = format_log_line(fields, options_.color);
+
+  if (is_metrics_rank()) {
+    progress_.clear();  // the line must not land in the middle of the progress indicator
+    const int64_t retries = m.memory.num_alloc_retries.value_or(0), ooms = m.memory.num_ooms.value_or(0);
+    if (retries > seen_alloc_retries_) {
+      std::cerr << log_prefix("WARNING") << retries << " CUDA memory allocation retries." << std::endl;
+    }
+    if (ooms > seen_ooms_) std::cerr << log_prefix("WARNING") << ooms << " CUDA OOM errors thrown." << std::endl;
+    seen_alloc_retries_ = retries;
+    seen_ooms_ = ooms;
+    out_ << (options_.log_prefix ? log_prefix() : std::string()) << m.line << std::endl;  // endl: flush per line
+    progress_.update(s.step);
+  }
+  memory_.reset_peak_stats();
+  last_ = std::move(m);
+  return last_;
+}
+
+}  // namespace titan::metrics

@@ -1,0 +1,52 @@
+// A one-line progress indicator with ETA for interactive terminals, e.g.
+//   [step 120/1000 | 12%] eta 0:03:15
+// redrawn in place ("\r" + erase-line) on a terminal, and never written anywhere else: when the
+// stream is not a terminal (CI, pipes, files) the indicator prints nothing at all.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace titan::metrics {
+
+class ProgressLine {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // Draws on file descriptor `fd` (2 = stderr) when `enabled`, `total_steps` > 0 and `fd` is a
+  // terminal (isatty). Redraws at most every `min_interval` (the last step is always drawn).
+  ProgressLine(int fd, int64_t total_steps, bool enabled = true,
+               std::chrono::milliseconds min_interval = std::chrono::milliseconds(100));
+  ~ProgressLine();  // clears the line
+  ProgressLine(const ProgressLine&) = delete;
+  ProgressLine& operator=(const ProgressLine&) = delete;
+
+  // Whether anything will ever be drawn (a terminal, enabled, total_steps > 0).
+  bool active() const { return active_; }
+
+  // Records that `step` (1-based) has finished at `now` and redraws the line. The ETA is the mean
+  // time per step since the first recorded step times the remaining steps; no ETA is shown until two
+  // steps have been recorded.
+  void update(int64_t step, Clock::time_point now = Clock::now());
+
+  // Erases the line (call before printing anything else to the same terminal); the next update()
+  // draws it again.
+  void clear();
+
+  // The text update() draws for `step` with `eta_seconds` (negative: unknown), without control codes.
+  static std::string render(int64_t step, int64_t total_steps, double eta_seconds);
+
+ private:
+  void write_all(const std::string& text);
+
+  int fd_;
+  int64_t total_steps_;
+  bool active_;
+  std::chrono::milliseconds min_interval_;
+  bool drawn_ = false;
+  int64_t first_step_ = -1;
+  Clock::time_point first_time_, last_draw_;
+};
+
+}  // namespace titan::metrics
