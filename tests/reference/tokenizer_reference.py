@@ -8,6 +8,9 @@
       hf: `tokenizers` (encode without / with the post-processor, decode keeping special tokens);
       tiktoken: `tiktoken` with Llama 3's pattern and special tokens, allowed_special="all";
       sentencepiece: `sentencepiece`.
+  tokenizer_reference.py pretokenize <request.json> <response.json>
+      request: {"path": tokenizer.json, "texts": [...]}; response: {"pieces": [[...]]}, the pieces of
+      the file's pre-tokenizer (pre_tokenize_str), as raw UTF-8 strings (ByteLevel mapping undone).
   tokenizer_reference.py variants <tokenizer.json> <out_dir>
       Writes variants of a byte-level BPE tokenizer.json that exercise other supported features, each
       checked to load in `tokenizers`: merges_as_strings.json, gpt2_style.json (ByteLevel with its own
@@ -77,6 +80,13 @@ def encode_sentencepiece(path, texts):
     return out
 
 
+def pretokenize(path, texts):
+    from tokenizers import Tokenizer, decoders
+    tok = Tokenizer.from_file(path)
+    dec = decoders.ByteLevel()
+    return {"pieces": [[dec.decode([p]) for p, _ in tok.pre_tokenizer.pre_tokenize_str(t)] for t in texts]}
+
+
 def variants(path, out_dir):
     from tokenizers import AddedToken, Tokenizer
     with open(path) as f:
@@ -112,6 +122,11 @@ def main():
         return
     with open(sys.argv[2]) as f:
         req = json.load(f)
+    if sys.argv[1] == "pretokenize":
+        out = pretokenize(req["path"], req["texts"])
+        with open(sys.argv[3], "w") as f:
+            json.dump(out, f)
+        return
     fn = {"hf": encode_hf, "tiktoken": encode_tiktoken, "sentencepiece": encode_sentencepiece}[req["kind"]]
     out = fn(req["path"], req["texts"])
     with open(sys.argv[3], "w") as f:

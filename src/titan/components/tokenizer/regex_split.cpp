@@ -9,7 +9,9 @@ namespace titan::tokenizer {
 
 namespace {
 
-constexpr std::string_view kWhiteSpaceMembers = R"(\p{Xsp}\x{85})";
+// Unicode White_Space (PCRE2's \s and \p{Xsp} with UCP also hold U+180E).
+constexpr std::string_view kWhiteSpaceMembers =
+    R"(\t-\r\x{20}\x{85}\x{A0}\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000})";
 
 // Per-thread matching state: match data (the whole match is all we read) and a JIT stack large
 // enough for long runs of repeated characters.

@@ -2,7 +2,7 @@
 //
 // Hugging Face's Split pre-tokenizer (Oniguruma) and tiktoken (fancy-regex) define \s as Unicode
 // White_Space; PCRE2's \s also matches U+180E. The pattern is rewritten so that \s and \S mean
-// White_Space exactly: \s -> [\p{Xsp}\x{85}] (and its negation), inside and outside classes (a \S inside
+// White_Space exactly: \s -> a class listing White_Space (and its negation), inside and outside classes (a \S inside
 // a character class is rejected, as it has no such rewrite).
 #pragma once
 
