@@ -203,13 +203,13 @@ struct Validation {
 };
 
 struct Debug {
-  std::optional<int64_t> seed;  // unset: titan's fixed default seed
+  std::optional<int64_t> seed;  // unset: the trainer's default seed
   bool deterministic = false;
   bool deterministic_warn_only = false;
 
   template <class V>
   void visit(V& v) {
-    v(seed, "seed", "base random seed (initialization, data order); unset uses the default");
+    v(seed, "seed", "base random seed (initialization, data order); unset: the trainer's default seed");
     v(deterministic, "deterministic", "use deterministic kernels wherever they exist (slower)");
     v(deterministic_warn_only, "deterministic_warn_only", "with deterministic: warn instead of failing on ops without one");
   }

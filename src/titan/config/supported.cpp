@@ -105,8 +105,10 @@ void check_supported(const JobConfig& cfg, int64_t world_size) {
     const std::string key = g.key;
     const config::FieldRef* f = config::find_field(fields, key.substr(0, key.rfind('.')), key.substr(key.rfind('.') + 1));
     TITAN_ASSERT(f, "feature gate names a missing option: ", key);
-    problems << "\n  " << key << " = " << config::format_value(f->value) << ": " << g.feature
-             << " is not supported yet; turn it off with " << g.turn_off;
+    problems << "\n  " << key << " = " << config::format_value(f->value);
+    if (key == "parallelism.data_parallel_shard_degree" && cfg.parallelism.data_parallel_shard_degree == -1)
+      problems << " (the " << resolved_dp_shard(cfg, world_size) << " ranks left over of " << world_size << ")";
+    problems << " needs " << g.feature << ", not supported yet; turn it off with " << g.turn_off;
     ++count;
   }
   if (count)

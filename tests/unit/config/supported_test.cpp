@@ -9,7 +9,7 @@ JobConfig runnable() { return parse({"--activation_checkpoint.mode", "none"}); }
 
 TEST(ConfigSupported, DefaultsNeedOnlyActivationCheckpointingOff) {
   const std::string e = user_error([] { check_supported(JobConfig{}); });
-  EXPECT_NE(e.find("activation_checkpoint.mode = \"selective\": activation checkpointing is not supported yet; "
+  EXPECT_NE(e.find("activation_checkpoint.mode = \"selective\" needs activation checkpointing, not supported yet; "
                    "turn it off with --activation_checkpoint.mode none"),
             std::string::npos) << e;
   EXPECT_NO_THROW(check_supported(runnable()));
@@ -60,7 +60,9 @@ TEST(ConfigSupported, AllProblemsAreListedAtOnce) {
 TEST(ConfigSupported, ShardDegreeMinusOneIsTheRestOfTheProcesses) {
   const JobConfig cfg = runnable();  // data_parallel_shard_degree = -1
   EXPECT_NO_THROW(check_supported(cfg, 1));
-  EXPECT_NE(user_error([&] { check_supported(cfg, 4); }).find("sharded data parallelism"), std::string::npos);
+  const std::string e = user_error([&] { check_supported(cfg, 4); });
+  EXPECT_NE(e.find("data_parallel_shard_degree = -1 (the 4 ranks left over of 4) needs sharded data parallelism"),
+            std::string::npos) << e;
   // global_batch_size equal to local x data-parallel degree is no accumulation.
   EXPECT_NO_THROW(check_supported(parse({"--activation_checkpoint.mode", "none", "--training.global_batch_size", "8"})));
 }
