@@ -1,0 +1,92 @@
+// to_toml and config_help: both are the visit() lists, printed.
+#include "titan/config/field.h"
+#include "titan/config/job_config.h"
+#include "titan/config/legacy.h"
+
+#include <sstream>
+#include <variant>
+
+namespace titan {
+
+namespace {
+
+using config::FieldRef;
+
+std::string metavar(const FieldRef& f) {
+  return std::visit(
+      [](auto* p) -> std::string {
+        using T = std::remove_pointer_t<decltype(p)>;
+        if constexpr (std::is_same_v<T, bool>) return "[BOOL]";
+        else if constexpr (std::is_same_v<T, int64_t>) return "INT";
+        else if constexpr (std::is_same_v<T, double>) return "FLOAT";
+        else if constexpr (std::is_same_v<T, std::string>) return "STR";
+        else if constexpr (std::is_same_v<T, std::vector<std::string>>) return "A,B,...";
+        else if constexpr (std::is_same_v<T, std::vector<int64_t>>) return "N,M,...";
+        else if constexpr (std::is_same_v<T, std::optional<int64_t>>) return "INT|none";
+        else return "FLOAT|none";
+      },
+      f.value);
+}
+
+std::string legacy_meaning(const config::LegacyKey& l) {
+  using K = config::LegacyKind;
+  switch (l.kind) {
+    case K::Rename: return std::string("same as ") + l.target;
+    case K::Negate: return std::string("the opposite of ") + l.target;
+    case K::Float8Switch: return std::string("true adds \"") + config::kFloat8Converter + "\" to model.converters";
+    case K::FixedValue: return std::string("only \"") + l.target + "\" (" + l.note + ")";
+    case K::NoEffect: return std::string("accepted, no effect: ") + l.note;
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string to_toml(const JobConfig& cfg) {
+  JobConfig copy = cfg;  // fields_of needs a mutable config; the copy is only read
+  const auto fields = config::fields_of(copy);
+  std::ostringstream os;
+  os << "# Resolved titan config; run it again with --job.config_file <this file>.\n";
+  std::string section;
+  for (const auto& f : fields) {
+    if (f.section != section) {
+      section = f.section;
+      os << "\n[" << section << "]\n";
+    }
+    if (config::is_set(f.value)) {
+      os << f.key << " = " << config::format_value(f.value) << "\n";
+    } else {
+      os << "# " << f.key << " is unset: " << f.help << "\n";
+    }
+  }
+  return os.str();
+}
+
+std::string config_help() {
+  JobConfig defaults;
+  const auto fields = config::fields_of(defaults);
+  std::ostringstream os;
+  os << "Options: --section.key VALUE or --section.key=VALUE (later ones win). Booleans may be bare\n"
+        "(--compile.enable) or take true/false; --section.no_key sets one to false. Lists are\n"
+        "comma-separated (--compile.components model,loss). --job.config_file FILE reads a TOML file with\n"
+        "the same keys under [section] tables; the command line overrides the file, the file the defaults.\n";
+  for (const auto& s : config::sections()) {
+    os << "\n[" << s.name << "]  " << s.help << "\n";
+    for (const auto& f : fields) {
+      if (f.section != s.name) continue;
+      os << "  --" << f.path() << " " << metavar(f) << "  (default: " << config::format_value(f.value) << ")\n";
+      os << "      " << f.help;
+      if (!f.choices.empty()) {
+        os << "; one of:";
+        for (const auto& c : f.choices) os << " \"" << c << "\"";
+      }
+      os << "\n";
+    }
+  }
+  os << "\nOlder torchtitan spellings, accepted in files and on the command line:\n";
+  for (const auto& l : config::legacy_keys())
+    os << "  [" << l.section << "] " << l.key << ": " << legacy_meaning(l) << "\n";
+  return os.str();
+}
+
+}  // namespace titan

@@ -1,0 +1,68 @@
+#include "titan/config/legacy.h"
+
+#include "titan/config/field.h"
+
+namespace titan::config {
+
+const std::vector<LegacyKey>& legacy_keys() {
+  using K = LegacyKind;
+  static const std::vector<LegacyKey> keys = {
+      {"job", "use_for_integration_test", K::NoEffect, "bool", "marks a config for torchtitan's own test suite"},
+      {"job", "print_args", K::Rename, "job.print_config", ""},
+      {"metrics", "enable_color_printing", K::Negate, "metrics.disable_color_printing", ""},
+      {"metrics", "rank_0_only", K::Negate, "metrics.save_for_all_ranks", ""},
+      {"model", "tokenizer_path", K::Rename, "model.hf_assets_path",
+       "a tokenizer file or a folder holding one"},
+      {"model", "norm_type", K::FixedValue, "rmsnorm", "Llama 3 uses RMSNorm; no other value is accepted"},
+      {"lr_scheduler", "lr_min", K::Rename, "lr_scheduler.min_lr_factor", ""},
+      {"training", "batch_size", K::Rename, "training.local_batch_size", ""},
+      {"training", "warmup_steps", K::Rename, "lr_scheduler.warmup_steps", ""},
+      {"training", "data_parallel_replicate_degree", K::Rename, "parallelism.data_parallel_replicate_degree", ""},
+      {"training", "data_parallel_shard_degree", K::Rename, "parallelism.data_parallel_shard_degree", ""},
+      {"training", "tensor_parallel_degree", K::Rename, "parallelism.tensor_parallel_degree", ""},
+      {"training", "context_parallel_degree", K::Rename, "parallelism.context_parallel_degree", ""},
+      {"training", "enable_async_tensor_parallel", K::Rename, "parallelism.enable_async_tensor_parallel", ""},
+      {"training", "enable_loss_parallel", K::Negate, "parallelism.disable_loss_parallel", ""},
+      {"training", "compile", K::Rename, "compile.enable", ""},
+      {"training", "enable_float8_linear", K::Float8Switch, "model.converters", ""},
+      {"training", "seed", K::Rename, "debug.seed", ""},
+      {"training", "deterministic", K::Rename, "debug.deterministic", ""},
+      {"training", "gc_freq", K::NoEffect, "int", "Python garbage-collection interval; titan has no garbage collector"},
+      {"training", "gc_debug", K::NoEffect, "bool", "Python garbage-collection debugging; titan has no garbage collector"},
+      {"experimental", "pipeline_parallel_degree", K::Rename, "parallelism.pipeline_parallel_degree", ""},
+      {"experimental", "pipeline_parallel_split_points", K::Rename, "parallelism.pipeline_parallel_split_points", ""},
+      {"experimental", "pipeline_parallel_schedule", K::Rename, "parallelism.pipeline_parallel_schedule", ""},
+      {"experimental", "pipeline_parallel_schedule_csv", K::Rename, "parallelism.pipeline_parallel_schedule_csv", ""},
+      {"experimental", "pipeline_parallel_microbatch_size", K::Rename,
+       "parallelism.pipeline_parallel_microbatch_size", ""},
+      {"experimental", "context_parallel_degree", K::Rename, "parallelism.context_parallel_degree", ""},
+      {"experimental", "enable_async_tensor_parallel", K::Rename, "parallelism.enable_async_tensor_parallel", ""},
+      {"checkpoint", "enable_checkpoint", K::Rename, "checkpoint.enable", ""},
+      {"checkpoint", "model_weights_only", K::Rename, "checkpoint.last_save_model_only", ""},
+      {"checkpoint", "interval_type", K::FixedValue, "steps", "checkpoint intervals are counted in steps"},
+      {"float8", "enable_float8_linear", K::Float8Switch, "model.converters", ""},
+      {"float8", "enable_fsdp_float8_all_gather", K::Rename, "quantize.linear.float8.enable_fsdp_float8_all_gather", ""},
+      {"float8", "precompute_float8_dynamic_scale_for_fsdp", K::Rename,
+       "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp", ""},
+      {"float8", "recipe_name", K::Rename, "quantize.linear.float8.recipe_name", ""},
+      {"float8", "filter_fqns", K::Rename, "quantize.linear.float8.filter_fqns", ""},
+      {"float8", "emulate", K::Rename, "quantize.linear.float8.emulate", ""},
+  };
+  return keys;
+}
+
+const LegacyKey* find_legacy(std::string_view section, std::string_view key) {
+  for (const auto& k : legacy_keys())
+    if (section == k.section && key == k.key) return &k;
+  return nullptr;
+}
+
+bool is_legacy_section(std::string_view section) {
+  for (const auto& s : sections())
+    if (s.name == section) return false;
+  for (const auto& k : legacy_keys())
+    if (section == k.section) return true;
+  return false;
+}
+
+}  // namespace titan::config

@@ -1,0 +1,120 @@
+// The feature gate: options that configs may contain (torchtitan's files do) but whose feature
+// titan does not implement yet. Switching one on is an error that names the option and how to
+// switch it off; nothing is silently ignored. When a feature lands, delete its row.
+#include "titan/common/error.h"
+#include "titan/config/field.h"
+#include "titan/config/job_config.h"
+
+#include <sstream>
+
+namespace titan {
+
+namespace {
+
+// data_parallel_shard_degree with -1 resolved to the ranks the other degrees leave over.
+int64_t resolved_dp_shard(const JobConfig& c, int64_t world_size) {
+  const auto& p = c.parallelism;
+  if (p.data_parallel_shard_degree != -1) return p.data_parallel_shard_degree;
+  const int64_t others =
+      p.data_parallel_replicate_degree * p.tensor_parallel_degree * p.pipeline_parallel_degree * p.context_parallel_degree;
+  return others > 0 && world_size % others == 0 ? world_size / others : 1;
+}
+
+struct Gate {
+  const char* key;       // the option that switches the feature on
+  const char* feature;
+  const char* turn_off;  // command-line spelling that switches it off
+  bool (*on)(const JobConfig&, int64_t world_size);
+};
+
+// clang-format off
+const Gate kGates[] = {
+  {"parallelism.data_parallel_replicate_degree", "replicated data parallelism (DDP/HSDP)",
+   "--parallelism.data_parallel_replicate_degree 1",
+   [](const JobConfig& c, int64_t) { return c.parallelism.data_parallel_replicate_degree > 1; }},
+  {"parallelism.data_parallel_shard_degree", "sharded data parallelism (FSDP)",
+   "--parallelism.data_parallel_shard_degree 1 and run one process",
+   [](const JobConfig& c, int64_t w) { return resolved_dp_shard(c, w) > 1; }},
+  {"parallelism.tensor_parallel_degree", "tensor parallelism", "--parallelism.tensor_parallel_degree 1",
+   [](const JobConfig& c, int64_t) { return c.parallelism.tensor_parallel_degree > 1; }},
+  {"parallelism.enable_async_tensor_parallel", "asynchronous tensor parallelism",
+   "--parallelism.enable_async_tensor_parallel false",
+   [](const JobConfig& c, int64_t) { return c.parallelism.enable_async_tensor_parallel; }},
+  {"parallelism.pipeline_parallel_degree", "pipeline parallelism", "--parallelism.pipeline_parallel_degree 1",
+   [](const JobConfig& c, int64_t) { return c.parallelism.pipeline_parallel_degree > 1; }},
+  {"parallelism.context_parallel_degree", "context parallelism", "--parallelism.context_parallel_degree 1",
+   [](const JobConfig& c, int64_t) { return c.parallelism.context_parallel_degree > 1; }},
+  {"parallelism.expert_parallel_degree", "expert parallelism", "--parallelism.expert_parallel_degree 1",
+   [](const JobConfig& c, int64_t) { return c.parallelism.expert_parallel_degree > 1; }},
+  {"parallelism.expert_tensor_parallel_degree", "expert tensor parallelism",
+   "--parallelism.expert_tensor_parallel_degree 1",
+   [](const JobConfig& c, int64_t) { return c.parallelism.expert_tensor_parallel_degree > 1; }},
+  {"training.enable_cpu_offload", "CPU offloading", "--training.enable_cpu_offload false",
+   [](const JobConfig& c, int64_t) { return c.training.enable_cpu_offload; }},
+  {"training.global_batch_size", "gradient accumulation (global batch larger than local batch x data-parallel degree)",
+   "--training.global_batch_size -1",
+   [](const JobConfig& c, int64_t w) {
+     const int64_t dp = c.parallelism.data_parallel_replicate_degree * resolved_dp_shard(c, w);
+     return c.training.global_batch_size != -1 && c.training.global_batch_size != c.training.local_batch_size * dp;
+   }},
+  {"optimizer.early_step_in_backward", "optimizer steps inside backward", "--optimizer.early_step_in_backward false",
+   [](const JobConfig& c, int64_t) { return c.optimizer.early_step_in_backward; }},
+  {"model.converters", "model converters (float8, MX)", "--model.converters= (an empty list)",
+   [](const JobConfig& c, int64_t) { return !c.model.converters.empty(); }},
+  {"activation_checkpoint.mode", "activation checkpointing", "--activation_checkpoint.mode none",
+   [](const JobConfig& c, int64_t) { return c.activation_checkpoint.mode != "none"; }},
+  {"compile.enable", "graph compilation", "--compile.enable false",
+   [](const JobConfig& c, int64_t) { return c.compile.enable; }},
+  {"checkpoint.enable", "checkpointing", "--checkpoint.enable false",
+   [](const JobConfig& c, int64_t) { return c.checkpoint.enable; }},
+  {"checkpoint.create_seed_checkpoint", "seed checkpoints", "--checkpoint.create_seed_checkpoint false",
+   [](const JobConfig& c, int64_t) { return c.checkpoint.create_seed_checkpoint; }},
+  {"profiling.enable_profiling", "profiler traces", "--profiling.enable_profiling false",
+   [](const JobConfig& c, int64_t) { return c.profiling.enable_profiling; }},
+  {"profiling.enable_memory_snapshot", "memory snapshots", "--profiling.enable_memory_snapshot false",
+   [](const JobConfig& c, int64_t) { return c.profiling.enable_memory_snapshot; }},
+  {"metrics.enable_tensorboard", "TensorBoard logging", "--metrics.enable_tensorboard false",
+   [](const JobConfig& c, int64_t) { return c.metrics.enable_tensorboard; }},
+  {"metrics.enable_wandb", "Weights & Biases logging", "--metrics.enable_wandb false",
+   [](const JobConfig& c, int64_t) { return c.metrics.enable_wandb; }},
+  {"validation.enable", "validation during training", "--validation.enable false",
+   [](const JobConfig& c, int64_t) { return c.validation.enable; }},
+  {"fault_tolerance.enable", "fault-tolerant training", "--fault_tolerance.enable false",
+   [](const JobConfig& c, int64_t) { return c.fault_tolerance.enable; }},
+  {"comm.mode", "fake or local-tensor communication modes", "--comm.mode default",
+   [](const JobConfig& c, int64_t) { return c.comm.mode != "default"; }},
+  {"job.custom_config_module", "custom config modules", "--job.custom_config_module=",
+   [](const JobConfig& c, int64_t) { return !c.job.custom_config_module.empty(); }},
+  {"experimental.custom_import", "custom model or component modules", "--experimental.custom_import=",
+   [](const JobConfig& c, int64_t) { return !c.experimental.custom_import.empty(); }},
+  {"experimental.custom_args_module", "custom config modules", "--experimental.custom_args_module=",
+   [](const JobConfig& c, int64_t) { return !c.experimental.custom_args_module.empty(); }},
+};
+// clang-format on
+
+}  // namespace
+
+void check_supported(const JobConfig& cfg, int64_t world_size) {
+  TITAN_ASSERT(world_size >= 1, "world_size must be positive");
+  JobConfig copy = cfg;  // for printing values by name
+  const auto fields = config::fields_of(copy);
+  std::ostringstream problems;
+  int count = 0;
+  for (const Gate& g : kGates) {
+    if (!g.on(cfg, world_size)) continue;
+    const std::string key = g.key;
+    const config::FieldRef* f = config::find_field(fields, key.substr(0, key.rfind('.')), key.substr(key.rfind('.') + 1));
+    TITAN_ASSERT(f, "feature gate names a missing option: ", key);
+    problems << "\n  " << key << " = " << config::format_value(f->value);
+    if (key == "parallelism.data_parallel_shard_degree" && cfg.parallelism.data_parallel_shard_degree == -1)
+      problems << " (the " << resolved_dp_shard(cfg, world_size) << " ranks left over of " << world_size << ")";
+    problems << " needs " << g.feature << ", not supported yet; turn it off with " << g.turn_off;
+    ++count;
+  }
+  if (count)
+    throw UserError(detail::concat("this config switches on ", count == 1 ? "a feature" : "features",
+                                   " titan does not support yet (set these in the TOML file or on the command line):",
+                                   problems.str()));
+}
+
+}  // namespace titan

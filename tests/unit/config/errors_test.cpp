@@ -1,0 +1,109 @@
+// TOML errors: unknown keys and tables with file:line and a suggestion, wrong types, conflicts.
+#include "config_test_util.h"
+
+#include "titan/config/suggest.h"
+#include "test_util.h"
+
+#include <fstream>
+
+namespace titan::test {
+namespace {
+
+std::string error_of_file(const std::string& text) {
+  TempDir dir;
+  const std::string path = dir / "bad.toml";
+  std::ofstream(path) << text;
+  std::string e = user_error([&] { parse({"--job.config_file", path}); });
+  // Name the file by its base name so the expectations below do not depend on the temp folder.
+  if (auto at = e.find(path); at != std::string::npos) e.replace(at, path.size(), "bad.toml");
+  return e;
+}
+
+TEST(ConfigErrors, UnknownKeyNamesFileLineAndNearestKey) {
+  const std::string e = error_of_file("[training]\nsteps = 3\nseq_lenn = 128\n");
+  EXPECT_NE(e.find("unknown key 'seq_lenn' in [training] at bad.toml:3:1"), std::string::npos) << e;
+  EXPECT_NE(e.find("did you mean [training] seq_len?"), std::string::npos) << e;
+}
+
+TEST(ConfigErrors, OlderKeyInTheWrongTableSuggestsItsNewHome) {
+  std::string e = error_of_file("[parallelism]\nbatch_size = 4\n");
+  EXPECT_NE(e.find("at bad.toml:2:1"), std::string::npos) << e;
+  EXPECT_NE(e.find("did you mean [training] local_batch_size? ([training] batch_size is its older spelling)"),
+            std::string::npos) << e;
+  e = error_of_file("[training]\npipeline_parallel_degree = 2\n");
+  EXPECT_NE(e.find("did you mean [parallelism] pipeline_parallel_degree?"), std::string::npos) << e;
+  e = error_of_file("[lr_scheduler]\nlocal_batch_sizee = 2\n");
+  EXPECT_NE(e.find("did you mean [training] local_batch_size?"), std::string::npos) << e;
+  // A typo of an older key: suggest the newer spelling.
+  e = error_of_file("[training]\nbatch_sizes = 2\n");
+  EXPECT_NE(e.find("did you mean [training] local_batch_size?"), std::string::npos) << e;
+}
+
+TEST(ConfigErrors, UnknownTablesAndStrayKeys) {
+  std::string e = error_of_file("[trainig]\nsteps = 3\n");
+  EXPECT_NE(e.find("unknown table [trainig] at bad.toml:1"), std::string::npos) << e;
+  EXPECT_NE(e.find("did you mean [training]?"), std::string::npos) << e;
+  e = error_of_file("[quantize.linear.float9]\nemulate = true\n");
+  EXPECT_NE(e.find("unknown table [quantize.linear.float9]"), std::string::npos) << e;
+  EXPECT_NE(e.find("did you mean [quantize.linear.float8]?"), std::string::npos) << e;
+  e = error_of_file("steps = 3\n[training]\n");
+  EXPECT_NE(e.find("key 'steps' at bad.toml:1:1 is outside any table"), std::string::npos) << e;
+  EXPECT_NE(e.find("did you mean [training] steps?"), std::string::npos) << e;
+}
+
+TEST(ConfigErrors, WrongTypeNamesKeyFileLineAndTypes) {
+  std::string e = error_of_file("[job]\ndescription = \"x\"\n[training]\nsteps = \"ten\"\n");
+  EXPECT_NE(e.find("training.steps at bad.toml:4:1: expected an integer, got a string (\"ten\")"), std::string::npos) << e;
+  e = error_of_file("[compile]\ncomponents = \"model\"\n");
+  EXPECT_NE(e.find("compile.components at bad.toml:2:1: expected a list of strings"), std::string::npos) << e;
+  e = error_of_file("[compile]\nenable = 1\n");
+  EXPECT_NE(e.find("expected a boolean, got an integer"), std::string::npos) << e;
+  e = error_of_file("[training]\nsteps = 10.5\n");
+  EXPECT_NE(e.find("expected an integer, got a float"), std::string::npos) << e;
+  // Older spellings are named as written.
+  e = error_of_file("[training]\nbatch_size = \"8\"\n");
+  EXPECT_NE(e.find("training.batch_size at bad.toml:2:1: expected an integer"), std::string::npos) << e;
+  e = error_of_file("[model]\nnorm_type = \"layernorm\"\n");
+  EXPECT_NE(e.find("model.norm_type at bad.toml:2:1: \"layernorm\" is not one of \"rmsnorm\""), std::string::npos) << e;
+  // Integers are fine where a number is expected.
+  TempDir dir;
+  std::ofstream(dir / "ok.toml") << "[optimizer]\nlr = 1\n";
+  EXPECT_DOUBLE_EQ(parse({"--job.config_file", dir / "ok.toml"}).optimizer.lr, 1.0);
+}
+
+TEST(ConfigErrors, InvalidTomlNamesFileAndLine) {
+  const std::string e = error_of_file("[training]\nsteps = = 3\n");
+  EXPECT_NE(e.find("bad.toml:2:"), std::string::npos) << e;
+  EXPECT_NE(e.find("invalid TOML"), std::string::npos) << e;
+}
+
+TEST(ConfigErrors, OlderAndNewerSpellingWithDifferentValues) {
+  std::string e = error_of_file("[training]\nbatch_size = 4\nlocal_batch_size = 8\n");
+  EXPECT_NE(e.find("two spellings of the same option training.local_batch_size"), std::string::npos) << e;
+  EXPECT_NE(e.find("bad.toml:2:1"), std::string::npos) << e;
+  EXPECT_NE(e.find("bad.toml:3:1"), std::string::npos) << e;
+  e = error_of_file("[training]\ntensor_parallel_degree = 2\n[parallelism]\ntensor_parallel_degree = 4\n");
+  EXPECT_NE(e.find("parallelism.tensor_parallel_degree"), std::string::npos) << e;
+  e = error_of_file("[metrics]\nenable_color_printing = true\ndisable_color_printing = true\n");
+  EXPECT_NE(e.find("metrics.disable_color_printing"), std::string::npos) << e;
+  e = user_error([] { parse({"--training.batch_size", "2", "--training.local_batch_size", "3"}); });
+  EXPECT_NE(e.find("two spellings"), std::string::npos) << e;
+  // The same value twice is fine.
+  TempDir dir;
+  std::ofstream(dir / "same.toml") << "[training]\nbatch_size = 4\nlocal_batch_size = 4\n"
+                                   << "[float8]\nenable_float8_linear = true\n[model]\nconverters = [\"float8\"]\n";
+  const JobConfig same = parse({"--job.config_file", dir / "same.toml"});
+  EXPECT_EQ(same.training.local_batch_size, 4);
+  EXPECT_EQ(same.model.converters, std::vector<std::string>{"quantize.linear.float8"});
+}
+
+TEST(ConfigErrors, EditDistance) {
+  EXPECT_EQ(config::edit_distance("", "abc"), 3u);
+  EXPECT_EQ(config::edit_distance("kitten", "sitting"), 3u);
+  EXPECT_EQ(config::edit_distance("seq_len", "seq_len"), 0u);
+  EXPECT_EQ(config::nearest("stpes", {"steps", "seq_len"}), "steps");
+  EXPECT_FALSE(config::nearest("completely_unrelated", {"steps", "seq_len"}));
+}
+
+}  // namespace
+}  // namespace titan::test

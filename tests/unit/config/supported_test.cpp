@@ -1,0 +1,107 @@
+// The feature gate and the sanity checks.
+#include "config_test_util.h"
+
+namespace titan::test {
+namespace {
+
+// A config the gate accepts: torchtitan's defaults with activation checkpointing off.
+JobConfig runnable() { return parse({"--activation_checkpoint.mode", "none"}); }
+
+TEST(ConfigSupported, DefaultsNeedOnlyActivationCheckpointingOff) {
+  const std::string e = user_error([] { check_supported(JobConfig{}); });
+  EXPECT_NE(e.find("activation_checkpoint.mode = \"selective\" needs activation checkpointing, not supported yet; "
+                   "turn it off with --activation_checkpoint.mode none"),
+            std::string::npos) << e;
+  EXPECT_NO_THROW(check_supported(runnable()));
+}
+
+TEST(ConfigSupported, EachGatedFeatureIsAnErrorNamingItsKey) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--parallelism.data_parallel_replicate_degree", "2"}, "--parallelism.data_parallel_replicate_degree 1"},
+      {{"--parallelism.data_parallel_shard_degree", "2"}, "parallelism.data_parallel_shard_degree = 2"},
+      {{"--parallelism.tensor_parallel_degree", "2"}, "--parallelism.tensor_parallel_degree 1"},
+      {{"--parallelism.pipeline_parallel_degree", "2"}, "--parallelism.pipeline_parallel_degree 1"},
+      {{"--parallelism.context_parallel_degree", "2"}, "--parallelism.context_parallel_degree 1"},
+      {{"--parallelism.enable_async_tensor_parallel"}, "parallelism.enable_async_tensor_parallel = true"},
+      {{"--profiling.enable_profiling"}, "--profiling.enable_profiling false"},
+      {{"--profiling.enable_memory_snapshot"}, "profiling.enable_memory_snapshot"},
+      {{"--activation_checkpoint.mode", "full"}, "activation_checkpoint.mode = \"full\""},
+      {{"--model.converters", "float8"}, "model.converters = [\"quantize.linear.float8\"]"},
+      {{"--float8.enable_float8_linear"}, "--model.converters="},
+      {{"--compile.enable"}, "--compile.enable false"},
+      {{"--training.compile"}, "compile.enable = true"},
+      {{"--checkpoint.enable"}, "--checkpoint.enable false"},
+      {{"--checkpoint.enable_checkpoint"}, "checkpoint.enable = true"},
+      {{"--validation.enable"}, "--validation.enable false"},
+      {{"--metrics.enable_wandb"}, "--metrics.enable_wandb false"},
+      {{"--metrics.enable_tensorboard"}, "metrics.enable_tensorboard"},
+      {{"--fault_tolerance.enable"}, "fault_tolerance.enable"},
+      {{"--experimental.custom_import", "my.models"}, "experimental.custom_import = \"my.models\""},
+      {{"--training.global_batch_size", "32"}, "gradient accumulation"},
+      {{"--training.enable_cpu_offload"}, "training.enable_cpu_offload"},
+  };
+  for (const auto& [args, expected] : cases) {
+    std::vector<std::string> all = {"--activation_checkpoint.mode", "none"};
+    all.insert(all.end(), args.begin(), args.end());
+    const JobConfig cfg = parse(all);
+    const std::string e = user_error([&] { check_supported(cfg); });
+    EXPECT_NE(e.find(expected), std::string::npos) << args[0] << ": " << e;
+    EXPECT_NE(e.find("not supported yet"), std::string::npos) << e;
+  }
+}
+
+TEST(ConfigSupported, AllProblemsAreListedAtOnce) {
+  const JobConfig cfg = parse({"--compile.enable", "--checkpoint.enable"});
+  const std::string e = user_error([&] { check_supported(cfg); });
+  for (const char* key : {"activation_checkpoint.mode", "compile.enable", "checkpoint.enable"})
+    EXPECT_NE(e.find(key), std::string::npos) << key;
+}
+
+TEST(ConfigSupported, ShardDegreeMinusOneIsTheRestOfTheProcesses) {
+  const JobConfig cfg = runnable();  // data_parallel_shard_degree = -1
+  EXPECT_NO_THROW(check_supported(cfg, 1));
+  const std::string e = user_error([&] { check_supported(cfg, 4); });
+  EXPECT_NE(e.find("data_parallel_shard_degree = -1 (the 4 ranks left over of 4) needs sharded data parallelism"),
+            std::string::npos) << e;
+  // global_batch_size equal to local x data-parallel degree is no accumulation.
+  EXPECT_NO_THROW(check_supported(parse({"--activation_checkpoint.mode", "none", "--training.global_batch_size", "8"})));
+}
+
+TEST(ConfigValidate, SanityChecks) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--training.steps", "0"}, "training.steps must be positive, got 0"},
+      {{"--training.local_batch_size", "-2"}, "training.local_batch_size must be positive"},
+      {{"--training.batch_size", "0"}, "training.local_batch_size must be positive"},
+      {{"--training.seq_len", "0"}, "training.seq_len must be positive"},
+      {{"--training.global_batch_size", "12"}, "must be a multiple of training.local_batch_size"},
+      {{"--lr_scheduler.warmup_steps", "-1"}, "lr_scheduler.warmup_steps must not be negative"},
+      {{"--lr_scheduler.decay_ratio", "1.5"}, "lr_scheduler.decay_ratio must be between 0 and 1"},
+      {{"--parallelism.data_parallel_shard_degree", "0"}, "must be -1 (the ranks left over) or at least 1"},
+      {{"--parallelism.tensor_parallel_degree", "0"}, "parallelism.tensor_parallel_degree must be positive"},
+      {{"--checkpoint.keep_latest_k", "1"}, "checkpoint.keep_latest_k must be 0"},
+      {{"--activation_checkpoint.selective_ac_option", "every"}, "must be 'op' or a positive integer"},
+      {{"--metrics.log_freq", "0"}, "metrics.log_freq must be positive"},
+      {{"--validation.steps", "0"}, "validation.steps must be positive or -1"},
+  };
+  for (const auto& [args, expected] : cases) {
+    const std::string e = user_error([&] { parse(args); });
+    EXPECT_NE(e.find(expected), std::string::npos) << args[0] << ": " << e;
+  }
+}
+
+TEST(ConfigValidate, WarmupLongerThanTheRunIsClampedWithAWarning) {
+  // torchtitan shortens warmup to the total steps (and then the decay) instead of failing.
+  const JobConfig cfg = parse({"--training.steps", "10", "--lr_scheduler.warmup_steps", "20"});
+  const auto warnings = config_warnings(cfg);
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("warmup is shortened to 10 steps"), std::string::npos) << warnings[0];
+  const auto wsd = config_warnings(parse({"--training.steps", "10", "--lr_scheduler.warmup_steps", "5",
+                                          "--lr_scheduler.decay_ratio", "0.8"}));
+  ASSERT_EQ(wsd.size(), 1u);
+  EXPECT_NE(wsd[0].find("decay is shortened to 5 steps"), std::string::npos) << wsd[0];
+  EXPECT_TRUE(config_warnings(parse({"--training.steps", "10", "--lr_scheduler.warmup_steps", "2",
+                                     "--lr_scheduler.decay_ratio", "0.8"})).empty());
+}
+
+}  // namespace
+}  // namespace titan::test
