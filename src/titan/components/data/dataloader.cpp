@@ -1,0 +1,131 @@
+#include "titan/components/data/dataloader.h"
+
+#include "titan/common/error.h"
+#include "titan/components/data/jsonl_reader.h"
+#include "titan/components/data/text_windows.h"
+#include "titan/components/data/token_shards.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <filesystem>
+
+namespace titan::data {
+namespace fs = std::filesystem;
+
+namespace {
+constexpr const char* kCorpus = "assets/corpus/corpus.jsonl.zst";
+constexpr const char* kC4Test = "assets/c4_test";
+}  // namespace
+
+std::string find_asset(const std::string& relative) {
+  std::error_code ec;
+  if (fs::exists(relative, ec)) return relative;
+  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) return {};
+  fs::path dir = exe.parent_path();
+  for (int up = 0; up < 4 && !dir.empty(); ++up, dir = dir.parent_path()) {
+    if (fs::exists(dir / relative, ec)) return (dir / relative).string();
+    if (dir == dir.parent_path()) break;
+  }
+  return {};
+}
+
+ResolvedDataset resolve_dataset(const std::string& name_in, const std::string& dataset_path) {
+  std::string name = name_in;
+  std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
+  ResolvedDataset r;
+  r.split = name == "c4_validation" ? "validation" : "train";
+  if (name == "c4_test" || name == "titan_corpus") {
+    r.path = dataset_path;
+    if (r.path.empty() && name == "c4_test") r.path = find_asset(kC4Test);
+    if (r.path.empty()) r.path = find_asset(kCorpus);
+    TITAN_USER_CHECK(!r.path.empty(), "dataset '", name, "': the bundled corpus ", kCorpus,
+                     " was not found (looked in the current folder and beside the titan binary): run titan from the "
+                     "repository, or set training.dataset_path to a local .jsonl file or folder");
+  } else if (name == "c4" || name == "c4_validation") {
+    TITAN_USER_CHECK(!dataset_path.empty(), "dataset '", name, "' has no default location (titan downloads nothing at run "
+                     "time): set training.dataset_path to a local copy of allenai/c4 (the folder holding en/, or en/ "
+                     "itself), to JSON Lines files with a 'text' field, or to token shards from `titan tokenize`");
+    r.path = dataset_path;
+  } else {
+    TITAN_USER_CHECK(false, "unknown dataset '", name_in,
+                     "': supported are c4_test, c4, c4_validation, titan_corpus (each reads local files; see "
+                     "training.dataset_path)");
+  }
+  std::error_code ec;
+  TITAN_USER_CHECK(fs::exists(r.path, ec), "dataset '", name, "': path '", r.path,
+                   "' does not exist: set training.dataset_path to a local .jsonl/.json file (optionally .gz/.zst), "
+                   "a folder of them, or a token shard folder");
+  r.kind = is_shard_folder(r.path) ? "shards" : "text";
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+DataLoader::DataLoader(const DataConfig& config, std::unique_ptr<WindowSource> source, std::string description)
+    : config_(config), source_(std::move(source)), description_(std::move(description)) {
+  TITAN_USER_CHECK(config_.local_batch_size >= 1, "local_batch_size must be at least 1, got ", config_.local_batch_size);
+  TITAN_USER_CHECK(config_.dp_world >= 1 && config_.dp_rank >= 0 && config_.dp_rank < config_.dp_world,
+                   "data-parallel rank ", config_.dp_rank, " is not within world size ", config_.dp_world);
+  TITAN_ASSERT(source_ && source_->window_len() == config_.seq_len + 1);
+  window_.resize(static_cast<size_t>(source_->window_len()));
+}
+
+Batch DataLoader::next() {
+  const int64_t B = config_.local_batch_size, S = config_.seq_len;
+  const int64_t before = config_.dp_rank * B;                      // samples of lower ranks
+  const int64_t after = (config_.dp_world - 1 - config_.dp_rank) * B;  // samples of higher ranks
+  at::Tensor inputs = at::empty({B, S}, at::kLong);
+  at::Tensor labels = at::empty({B, S}, at::kLong);
+  int64_t* in = inputs.data_ptr<int64_t>();
+  int64_t* lab = labels.data_ptr<int64_t>();
+  source_->skip(before);
+  for (int64_t b = 0; b < B; ++b) {
+    source_->read(window_.data());
+    std::copy(window_.begin(), window_.end() - 1, in + b * S);
+    std::copy(window_.begin() + 1, window_.end(), lab + b * S);
+  }
+  source_->skip(after);
+  global_samples_ += B * config_.dp_world;
+  return {inputs, labels};
+}
+
+std::string DataLoader::state() const {
+  nlohmann::json s = {{"version", 1},
+                      {"kind", source_->kind()},
+                      {"seq_len", config_.seq_len},
+                      {"global_samples", global_samples_},
+                      {"source", source_->state()}};
+  return s.dump();
+}
+
+void DataLoader::load_state(const std::string& text) {
+  nlohmann::json s;
+  try {
+    s = nlohmann::json::parse(text);
+    TITAN_USER_CHECK(s.at("version") == 1, "unsupported data loader state version ", s.at("version"));
+    TITAN_USER_CHECK(s.at("kind") == source_->kind(), "the data loader state is for ", s.at("kind"),
+                     " data but the dataset is ", source_->kind(), " data: resume with the same dataset");
+    TITAN_USER_CHECK(s.at("seq_len").get<int64_t>() == config_.seq_len, "the data loader state was saved with seq_len ",
+                     s.at("seq_len"), ", this run has ", config_.seq_len, ": resume with the same seq_len");
+    source_->load_state(s.at("source"));
+    global_samples_ = s.at("global_samples").get<int64_t>();
+  } catch (const nlohmann::json::exception& e) {
+    TITAN_USER_CHECK(false, "bad data loader state (", e.what(), "): ", text.substr(0, 200));
+  }
+}
+
+std::unique_ptr<DataLoader> make_dataloader(const DataConfig& config, const Tokenizer& tokenizer) {
+  ResolvedDataset r = resolve_dataset(config.dataset, config.dataset_path);
+  std::unique_ptr<WindowSource> source;
+  if (r.kind == "shards") {
+    source = std::make_unique<ShardWindowSource>(r.path, tokenizer, config.seq_len);
+  } else {
+    source = std::make_unique<TextWindowSource>(list_data_files(r.path, r.split), config.text_field, tokenizer, config.seq_len);
+  }
+  std::string description = config.dataset + ": " + r.kind + " from " + r.path;
+  return std::make_unique<DataLoader>(config, std::move(source), std::move(description));
+}
+
+}  // namespace titan::data

@@ -1,0 +1,279 @@
+#include "titan/components/data/jsonl_reader.h"
+
+#include "titan/common/error.h"
+
+#include <nlohmann/json.hpp>
+#include <zlib.h>
+#include <zstd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+namespace titan::data {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr size_t kChunk = 1 << 20;  // bytes decompressed per read
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+bool is_data_file(const std::string& name) {
+  for (const char* ext : {".json", ".jsonl"})
+    for (const char* z : {"", ".gz", ".zst"})
+      if (ends_with(name, std::string(ext) + z)) return true;
+  return false;
+}
+
+}  // namespace
+
+std::vector<std::string> list_data_files(const std::string& path, const std::string& split) {
+  std::error_code ec;
+  TITAN_USER_CHECK(fs::exists(path, ec), "dataset path '", path,
+                   "' does not exist: set training.dataset_path to a .jsonl/.json file (optionally .gz or .zst) "
+                   "or a folder of them");
+  if (!fs::is_directory(path)) return {path};
+
+  fs::path root(path);
+  // allenai/c4 layout: en/c4-train.00000-of-01024.json.gz, en/c4-validation.*, plus other variants.
+  std::string prefix;
+  if (fs::is_directory(root / "en")) {
+    for (const auto& e : fs::directory_iterator(root / "en"))
+      if (e.path().filename().string().rfind("c4-", 0) == 0) {
+        root /= "en";
+        prefix = "c4-" + split + ".";
+        break;
+      }
+  }
+  std::vector<std::string> rel;
+  for (const auto& e : fs::recursive_directory_iterator(root, fs::directory_options::follow_directory_symlink)) {
+    if (!e.is_regular_file()) continue;
+    std::string name = e.path().filename().string();
+    if (!is_data_file(name) || (!prefix.empty() && name.rfind(prefix, 0) != 0)) continue;
+    rel.push_back(fs::relative(e.path(), root).string());
+  }
+  TITAN_USER_CHECK(!rel.empty(), "dataset folder '", root.string(), "' holds no data file",
+                   prefix.empty() ? "" : " named " + prefix + "*",
+                   ": expected .json or .jsonl files (one JSON object per line), optionally compressed as .gz or .zst");
+  std::sort(rel.begin(), rel.end());
+  std::vector<std::string> files;
+  for (const auto& r : rel) files.push_back((root / r).string());
+  return files;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decompressed byte streams: plain, gzip (zlib, concatenated members too) and zstd (any number of frames).
+
+struct LineReader::Stream {
+  enum Kind { kPlain, kGzip, kZstd } kind = kPlain;
+  std::string path;
+  std::FILE* file = nullptr;
+  gzFile gz = nullptr;
+  ZSTD_DCtx* zctx = nullptr;
+  std::vector<char> zin;
+  ZSTD_inBuffer zbuf{nullptr, 0, 0};
+  size_t zlast = 0;  // last ZSTD_decompressStream result: 0 when a frame just ended
+  bool zeof = false;
+
+  explicit Stream(const std::string& p) : path(p) {
+    std::FILE* f = std::fopen(p.c_str(), "rb");
+    TITAN_USER_CHECK(f, "cannot open dataset file '", p, "': ", std::strerror(errno));
+    unsigned char magic[4] = {0, 0, 0, 0};
+    size_t n = std::fread(magic, 1, 4, f);
+    if (n >= 2 && magic[0] == 0x1f && magic[1] == 0x8b) {
+      kind = kGzip;
+      std::fclose(f);
+      gz = gzopen(p.c_str(), "rb");
+      TITAN_USER_CHECK(gz, "cannot open gzip file '", p, "'");
+      gzbuffer(gz, kChunk);
+    } else if (n == 4 && magic[0] == 0x28 && magic[1] == 0xb5 && magic[2] == 0x2f && magic[3] == 0xfd) {
+      kind = kZstd;
+      std::rewind(f);
+      file = f;
+      zctx = ZSTD_createDCtx();
+      TITAN_ASSERT(zctx, "ZSTD_createDCtx failed");
+      zin.resize(ZSTD_DStreamInSize());
+    } else {
+      std::rewind(f);
+      file = f;
+    }
+  }
+  ~Stream() {
+    if (file) std::fclose(file);
+    if (gz) gzclose(gz);
+    if (zctx) ZSTD_freeDCtx(zctx);
+  }
+
+  // Reads up to `cap` decompressed bytes into `out`; 0 at end of file.
+  size_t read(char* out, size_t cap) {
+    if (kind == kPlain) {
+      size_t n = std::fread(out, 1, cap, file);
+      TITAN_USER_CHECK(n > 0 || !std::ferror(file), "read error in dataset file '", path, "'");
+      return n;
+    }
+    if (kind == kGzip) {
+      int n = gzread(gz, out, static_cast<unsigned>(cap));
+      if (n < 0) {
+        int err = 0;
+        const char* msg = gzerror(gz, &err);
+        TITAN_USER_CHECK(false, "dataset file '", path, "' is not valid gzip data: ", msg);
+      }
+      return static_cast<size_t>(n);
+    }
+    ZSTD_outBuffer ob{out, cap, 0};
+    while (ob.pos == 0) {
+      if (zbuf.pos == zbuf.size) {
+        if (zeof) break;
+        zbuf.size = std::fread(zin.data(), 1, zin.size(), file);
+        zbuf.src = zin.data();
+        zbuf.pos = 0;
+        if (zbuf.size == 0) {
+          zeof = true;
+          break;
+        }
+      }
+      zlast = ZSTD_decompressStream(zctx, &ob, &zbuf);
+      TITAN_USER_CHECK(!ZSTD_isError(zlast), "dataset file '", path, "' is not valid zstd data: ",
+                       ZSTD_getErrorName(zlast));
+    }
+    TITAN_USER_CHECK(ob.pos > 0 || zlast == 0, "dataset file '", path, "' is truncated (its last zstd frame is incomplete)");
+    return ob.pos;
+  }
+};
+
+LineReader::LineReader(const std::string& path) : path_(path), stream_(std::make_unique<Stream>(path)) {}
+LineReader::~LineReader() = default;
+
+bool LineReader::fill() {
+  if (eof_) return false;
+  // Drop consumed bytes, then append a chunk.
+  buf_offset_ += static_cast<int64_t>(pos_);
+  buf_.erase(0, pos_);
+  pos_ = 0;
+  size_t old = buf_.size();
+  buf_.resize(old + kChunk);
+  size_t n = stream_->read(buf_.data() + old, kChunk);
+  buf_.resize(old + n);
+  if (n == 0) eof_ = true;
+  return n > 0;
+}
+
+bool LineReader::next(std::string& line, int64_t& offset, int64_t& line_no) {
+  size_t scan = pos_;
+  while (true) {
+    size_t nl = buf_.find('\n', scan);
+    if (nl != std::string::npos) {
+      offset = buf_offset_ + static_cast<int64_t>(pos_);
+      line_no = line_no_;
+      line.assign(buf_, pos_, nl - pos_);
+      pos_ = nl + 1;
+      ++line_no_;
+      break;
+    }
+    scan = buf_.size() - pos_;  // relative: fill() moves the unread bytes to the front
+    if (!fill()) {
+      if (pos_ == buf_.size()) return false;
+      offset = buf_offset_ + static_cast<int64_t>(pos_);
+      line_no = line_no_;
+      line.assign(buf_, pos_, std::string::npos);  // last line without '\n'
+      pos_ = buf_.size();
+      ++line_no_;
+      break;
+    }
+  }
+  if (!line.empty() && line.back() == '\r') line.pop_back();
+  return true;
+}
+
+void LineReader::seek(int64_t offset, int64_t line_no) {
+  TITAN_USER_CHECK(offset >= 0, "bad dataset offset ", offset, " for '", path_, "'");
+  if (offset < buf_offset_ + static_cast<int64_t>(pos_)) {  // backwards: start over
+    stream_ = std::make_unique<Stream>(path_);
+    buf_.clear();
+    pos_ = 0;
+    buf_offset_ = 0;
+    eof_ = false;
+  }
+  if (stream_->kind == Stream::kPlain && offset > buf_offset_ + static_cast<int64_t>(buf_.size())) {
+    TITAN_USER_CHECK(std::fseek(stream_->file, offset, SEEK_SET) == 0, "cannot seek to byte ", offset, " of '", path_, "'");
+    buf_.clear();
+    pos_ = 0;
+    buf_offset_ = offset;
+    eof_ = false;
+  } else {
+    while (offset > buf_offset_ + static_cast<int64_t>(buf_.size())) {
+      pos_ = buf_.size();
+      TITAN_USER_CHECK(fill(), "dataset file '", path_, "' is shorter than the saved position (byte ", offset,
+                       "): was it changed since the checkpoint was written?");
+    }
+    pos_ = static_cast<size_t>(offset - buf_offset_);
+  }
+  line_no_ = line_no;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+JsonlReader::JsonlReader(std::vector<std::string> files, std::string text_field)
+    : files_(std::move(files)), field_(std::move(text_field)) {
+  TITAN_USER_CHECK(!files_.empty(), "no dataset files given");
+  TITAN_USER_CHECK(!field_.empty(), "the dataset text field name is empty");
+}
+
+void JsonlReader::rewind(int64_t epoch) {
+  reader_.reset();
+  file_ = 0;
+  epoch_ = epoch;
+}
+
+void JsonlReader::seek(const DocPos& pos) {
+  TITAN_USER_CHECK(pos.file >= 0 && pos.file < static_cast<int64_t>(files_.size()), "saved dataset position names file #",
+                   pos.file, " but the dataset has ", files_.size(), " files: was the dataset changed?");
+  epoch_ = pos.epoch;
+  file_ = pos.file;
+  reader_ = std::make_unique<LineReader>(files_[file_]);
+  reader_->seek(pos.offset, pos.line);
+}
+
+bool JsonlReader::next(std::string& text, DocPos& pos) {
+  while (file_ < static_cast<int64_t>(files_.size())) {
+    if (!reader_) reader_ = std::make_unique<LineReader>(files_[file_]);
+    int64_t offset = 0, line_no = 0;
+    if (!reader_->next(line_, offset, line_no)) {
+      reader_.reset();
+      ++file_;
+      continue;
+    }
+    if (line_.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank line
+    const std::string& path = files_[file_];
+    nlohmann::json obj;
+    try {
+      obj = nlohmann::json::parse(line_);
+    } catch (const nlohmann::json::parse_error& e) {
+      TITAN_USER_CHECK(false, path, ":", line_no, ": malformed JSON (", e.what(),
+                       "); each line must be one JSON object (JSON Lines). Fix or remove that line.");
+    }
+    TITAN_USER_CHECK(obj.is_object(), path, ":", line_no, ": expected a JSON object per line, found a ", obj.type_name(),
+                     obj.is_array() && line_no == 1 ? " (a file holding one JSON array is not supported: write one "
+                                                      "object per line)"
+                                                    : "");
+    auto it = obj.find(field_);
+    if (it == obj.end()) {
+      std::string keys;
+      for (auto k = obj.begin(); k != obj.end(); ++k) keys += (keys.empty() ? "" : ", ") + k.key();
+      TITAN_USER_CHECK(false, path, ":", line_no, ": no text field '", field_, "' (fields: ", keys,
+                       "); set the dataset text field to the one holding the text");
+    }
+    TITAN_USER_CHECK(it->is_string(), path, ":", line_no, ": field '", field_, "' is a ", it->type_name(),
+                     ", expected a string");
+    text = it->get<std::string>();
+    pos = DocPos{epoch_, file_, offset, line_no};
+    return true;
+  }
+  return false;
+}
+
+}  // namespace titan::data

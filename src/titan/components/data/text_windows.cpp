@@ -1,0 +1,101 @@
+#include "titan/components/data/text_windows.h"
+
+#include "titan/common/error.h"
+
+#include <algorithm>
+
+namespace titan::data {
+
+TextWindowSource::TextWindowSource(std::vector<std::string> files, std::string text_field, const Tokenizer& tokenizer,
+                                   int64_t seq_len)
+    : reader_(std::move(files), std::move(text_field)), tokenizer_(tokenizer), window_len_(seq_len + 1) {
+  TITAN_USER_CHECK(seq_len >= 1, "seq_len must be at least 1, got ", seq_len);
+  reader_.rewind(0);
+  pass_tokens_ = 0;
+  while (head_ == buf_.size()) read_document();
+}
+
+void TextWindowSource::read_document() {
+  DocPos pos;
+  while (!reader_.next(text_, pos)) {
+    TITAN_USER_CHECK(pass_tokens_ != 0, "the dataset yields no tokens (", reader_.files().size(), " file(s) starting with '",
+                     reader_.files().front(), "', field '", reader_.text_field(),
+                     "'): it has no documents, or they are all empty and the tokenizer has no BOS/EOS");
+    ++epoch_;
+    reader_.rewind(epoch_);
+    pass_tokens_ = 0;
+  }
+  std::vector<int32_t> ids = tokenizer_.encode(text_, /*add_bos=*/true, /*add_eos=*/true);
+  buf_.insert(buf_.end(), ids.begin(), ids.end());
+  docs_.push_back({pos, static_cast<int64_t>(ids.size())});
+  if (pass_tokens_ >= 0) pass_tokens_ += static_cast<int64_t>(ids.size());
+}
+
+void TextWindowSource::pop_consumed() {
+  // Invariant afterwards: head_ < buf_.size() and docs_.front() holds buf_[head_].
+  while (head_ == buf_.size()) read_document();
+  while (static_cast<int64_t>(head_ - base_) >= docs_.front().num_tokens) {
+    base_ += static_cast<size_t>(docs_.front().num_tokens);
+    docs_.pop_front();
+  }
+  if (base_ >= 65536 && 2 * base_ >= buf_.size()) {  // compact: drop the tokens of popped documents
+    buf_.erase(buf_.begin(), buf_.begin() + static_cast<std::ptrdiff_t>(base_));
+    head_ -= base_;
+    base_ = 0;
+  }
+}
+
+void TextWindowSource::advance(int32_t* out) {
+  const size_t L = static_cast<size_t>(window_len_);
+  while (buf_.size() - head_ < L) read_document();
+  if (out) std::copy_n(buf_.begin() + static_cast<std::ptrdiff_t>(head_), L, out);
+  head_ += L;
+  pop_consumed();
+}
+
+void TextWindowSource::read(int32_t* out) { advance(out); }
+
+void TextWindowSource::skip(int64_t n) {
+  for (int64_t i = 0; i < n; ++i) advance(nullptr);
+}
+
+int64_t TextWindowSource::epoch() const { return docs_.front().pos.epoch; }
+
+nlohmann::json TextWindowSource::state() const {
+  const DocPos& p = docs_.front().pos;
+  return {{"epoch", p.epoch},   {"file", p.file},
+          {"offset", p.offset}, {"line", p.line},
+          {"skip_tokens", static_cast<int64_t>(head_ - base_)},
+          {"num_files", static_cast<int64_t>(reader_.files().size())}};
+}
+
+void TextWindowSource::load_state(const nlohmann::json& s) {
+  DocPos anchor;
+  int64_t skip = 0, num_files = 0;
+  try {
+    anchor = DocPos{s.at("epoch").get<int64_t>(), s.at("file").get<int64_t>(), s.at("offset").get<int64_t>(),
+                    s.at("line").get<int64_t>()};
+    skip = s.at("skip_tokens").get<int64_t>();
+    num_files = s.at("num_files").get<int64_t>();
+  } catch (const nlohmann::json::exception& e) {
+    TITAN_USER_CHECK(false, "bad text data loader state (", e.what(), "): ", s.dump());
+  }
+  TITAN_USER_CHECK(num_files == static_cast<int64_t>(reader_.files().size()), "the data loader state was saved with ",
+                   num_files, " dataset files but the dataset now has ", reader_.files().size(),
+                   ": resume with the same dataset");
+  reader_.seek(anchor);
+  epoch_ = anchor.epoch;
+  pass_tokens_ = -1;
+  docs_.clear();
+  buf_.clear();
+  base_ = head_ = 0;
+  read_document();
+  const BufferedDoc& doc = docs_.front();
+  TITAN_USER_CHECK(doc.pos == anchor && skip >= 0 && skip < doc.num_tokens, "the dataset no longer matches the data loader state (",
+                   reader_.files()[anchor.file], ":", anchor.line, " at byte ", anchor.offset,
+                   "): resume with the same dataset files and tokenizer");
+  head_ = static_cast<size_t>(skip);
+  pop_consumed();
+}
+
+}  // namespace titan::data

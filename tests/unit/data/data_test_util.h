@@ -1,0 +1,93 @@
+// Fixtures of the data tests: a byte-level tokenizer and writers of JSON Lines files, plain or
+// compressed (gzip through zlib, zstd through libzstd).
+#pragma once
+
+#include "titan/components/tokenizer/tokenizer.h"
+
+#include <nlohmann/json.hpp>
+#include <zlib.h>
+#include <zstd.h>
+
+#include <fstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace titan::test {
+
+// One token per byte (id = byte value), BOS = 256, EOS = 257.
+class ByteTokenizer : public Tokenizer {
+ public:
+  static constexpr int32_t kBos = 256, kEos = 257;
+  std::vector<int32_t> encode(std::string_view text, bool add_bos, bool add_eos) const override {
+    std::vector<int32_t> ids;
+    if (add_bos && bos_id()) ids.push_back(*bos_id());
+    for (unsigned char c : text) ids.push_back(c);
+    if (add_eos && eos_id()) ids.push_back(*eos_id());
+    return ids;
+  }
+  std::string decode(const std::vector<int32_t>& ids) const override {
+    std::string s;
+    for (int32_t id : ids)
+      if (id < 256) s.push_back(static_cast<char>(id));
+    return s;
+  }
+  int64_t vocab_size() const override { return 258; }
+  std::optional<int32_t> bos_id() const override { return kBos; }
+  std::optional<int32_t> eos_id() const override { return kEos; }
+};
+
+// The same, without BOS/EOS ids.
+class ByteTokenizerNoSpecials : public ByteTokenizer {
+ public:
+  int64_t vocab_size() const override { return 256; }
+  std::optional<int32_t> bos_id() const override { return std::nullopt; }
+  std::optional<int32_t> eos_id() const override { return std::nullopt; }
+};
+
+// `docs` as JSON Lines: {"text": doc, "id": i}.
+inline std::string jsonl(const std::vector<std::string>& docs, const std::string& field = "text") {
+  std::string out;
+  for (size_t i = 0; i < docs.size(); ++i) out += nlohmann::json{{field, docs[i]}, {"id", i}}.dump() + "\n";
+  return out;
+}
+
+inline void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary) << bytes;
+}
+
+// gzip, as `parts` concatenated members (a valid gzip file, as `cat a.gz b.gz` makes).
+inline void write_gzip(const std::string& path, const std::vector<std::string>& parts) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc).close();
+  for (const auto& part : parts) {
+    gzFile f = gzopen(path.c_str(), "ab");
+    if (!f || gzwrite(f, part.data(), static_cast<unsigned>(part.size())) != static_cast<int>(part.size()))
+      throw std::runtime_error("gzwrite failed");
+    gzclose(f);
+  }
+}
+
+// zstd, one frame per part.
+inline std::string zstd_bytes(const std::vector<std::string>& parts) {
+  std::string out;
+  for (const auto& part : parts) {
+    std::string frame(ZSTD_compressBound(part.size()), '\0');
+    size_t n = ZSTD_compress(frame.data(), frame.size(), part.data(), part.size(), 3);
+    if (ZSTD_isError(n)) throw std::runtime_error("ZSTD_compress failed");
+    out += frame.substr(0, n);
+  }
+  return out;
+}
+
+// The reference token stream of one epoch: for each document BOS, its bytes, EOS.
+inline std::vector<int32_t> byte_stream(const std::vector<std::string>& docs) {
+  std::vector<int32_t> s;
+  for (const auto& d : docs) {
+    s.push_back(ByteTokenizer::kBos);
+    for (unsigned char c : d) s.push_back(c);
+    s.push_back(ByteTokenizer::kEos);
+  }
+  return s;
+}
+
+}  // namespace titan::test
