@@ -1,52 +1,69 @@
-// titan: the one binary. Subcommands:
-//   titan estimate --model.name llama3 --model.flavor 8B [--training.seq_len 8192]
+// titan: the one binary. Every subcommand reads the same config: defaults < --job.config_file TOML
+// < --section.key overrides (see `titan train --help`).
+//
+//   titan train     [--job.config_file F] [--section.key value ...]   train (torchtitan's log lines)
+//   titan estimate  [...]                                             parameters, FLOPs/token, memory
+//   titan tokenize  --output DIR [...]                                pre-tokenize the dataset to shards
 #include "titan/common/error.h"
+#include "titan/components/data/dataloader.h"
+#include "titan/components/data/token_shards.h"
+#include "titan/components/tokenizer/tokenizer.h"
+#include "titan/config/job_config.h"
 #include "titan/tools/estimate.h"
+#include "titan/trainer/trainer.h"
+
+#include <c10/util/Exception.h>
 
 #include <cstdio>
 #include <cstring>
 #include <iostream>
-#include <map>
 #include <string>
+#include <vector>
 
 namespace {
 
 const char* kUsage =
-    "usage: titan <command> [--section.key value ...]\n"
+    "usage: titan <command> [--job.config_file FILE.toml] [--section.key value ...]\n"
     "commands:\n"
-    "  estimate   parameters, training FLOPs per token and memory of a model flavor\n"
-    "             --model.name NAME (llama3)  --model.flavor FLAVOR (debugmodel)  --training.seq_len N (2048)\n";
+    "  train      train a model (the log line and metrics of torchtitan)\n"
+    "  estimate   parameters, training FLOPs per token and memory of [model] name/flavor at [training] seq_len\n"
+    "  tokenize   --output DIR: tokenize [training] dataset/dataset_path with [model] hf_assets_path into\n"
+    "             binary shards; train on them with --training.dataset_path DIR\n"
+    "Options of every command: titan <command> --help\n";
 
-// --section.key value | --section.key=value, restricted to `allowed` keys (name -> default).
-std::map<std::string, std::string> parse_overrides(int argc, char** argv, std::map<std::string, std::string> allowed) {
-  for (int i = 0; i < argc; ++i) {
-    std::string arg = argv[i];
-    TITAN_USER_CHECK(arg.rfind("--", 0) == 0, "unexpected argument '", arg, "'\n", kUsage);
-    std::string key = arg.substr(2), value;
-    if (auto eq = key.find('='); eq != std::string::npos) {
-      value = key.substr(eq + 1);
-      key = key.substr(0, eq);
-    } else {
-      TITAN_USER_CHECK(i + 1 < argc, "--", key, " needs a value");
-      value = argv[++i];
-    }
-    TITAN_USER_CHECK(allowed.count(key), "unknown option --", key, "\n", kUsage);
-    allowed[key] = value;
-  }
-  return allowed;
+int run_estimate(const titan::JobConfig& cfg) {
+  std::cout << titan::format_estimate(
+      titan::estimate_model(cfg.model.name, cfg.model.flavor, cfg.training.seq_len));
+  return 0;
 }
 
-int run_estimate(int argc, char** argv) {
-  auto opts = parse_overrides(argc, argv, {{"model.name", "llama3"}, {"model.flavor", "debugmodel"},
-                                           {"training.seq_len", "2048"}});
-  int64_t seq_len = 0;
-  try {
-    seq_len = std::stoll(opts["training.seq_len"]);
-  } catch (const std::exception&) {
-    throw titan::UserError("--training.seq_len expects an integer, got '" + opts["training.seq_len"] + "'");
+int run_tokenize(std::vector<std::string> args) {
+  std::string output;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--output" || args[i] == "-o") {
+      TITAN_USER_CHECK(i + 1 < args.size(), "--output needs a folder");
+      output = args[i + 1];
+      args.erase(args.begin() + i, args.begin() + i + 2);
+      break;
+    }
+    if (args[i].rfind("--output=", 0) == 0) {
+      output = args[i].substr(9);
+      args.erase(args.begin() + i);
+      break;
+    }
   }
-  TITAN_USER_CHECK(seq_len > 0, "--training.seq_len must be positive");
-  std::cout << titan::format_estimate(titan::estimate_model(opts["model.name"], opts["model.flavor"], seq_len));
+  TITAN_USER_CHECK(!output.empty(), "titan tokenize needs --output DIR (a new or empty folder for the shards)");
+  const titan::JobConfig cfg = titan::parse_config(args);
+  auto tokenizer = titan::load_tokenizer(cfg.model.hf_assets_path);
+  auto dataset = titan::data::resolve_dataset(cfg.training.dataset, cfg.training.dataset_path);
+  TITAN_USER_CHECK(dataset.kind == "text", dataset.path, " is already tokenized");
+  titan::data::ShardWriteOptions opts;
+  opts.tokenizer_name = cfg.model.hf_assets_path;
+  opts.split = dataset.split.empty() ? "train" : dataset.split;
+  auto r = titan::data::tokenize_to_shards(dataset.path, *tokenizer, output, opts);
+  std::printf("tokenized %lld documents into %lld tokens in %lld shard(s) under %s\n",
+              static_cast<long long>(r.num_documents), static_cast<long long>(r.num_tokens),
+              static_cast<long long>(r.num_shards), output.c_str());
   return 0;
 }
 
@@ -58,12 +75,26 @@ int main(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   const std::string command = argv[1];
+  const std::vector<std::string> args(argv + 2, argv + argc);
   try {
-    if (command == "estimate") return run_estimate(argc - 2, argv + 2);
-    std::fprintf(stderr, "titan: unknown command '%s'\n%s", command.c_str(), kUsage);
-    return 2;
+    if (command != "train" && command != "estimate" && command != "tokenize") {
+      std::fprintf(stderr, "titan: unknown command '%s'\n%s", command.c_str(), kUsage);
+      return 2;
+    }
+    if (titan::help_requested(args)) {
+      std::cout << "titan " << command << (command == "tokenize" ? " --output DIR" : "") << " [options]\n\n"
+                << titan::config_help();
+      return 0;
+    }
+    if (command == "tokenize") return run_tokenize(args);
+    const titan::JobConfig cfg = titan::parse_config(args);
+    if (command == "estimate") return run_estimate(cfg);
+    return titan::run_training(cfg);
   } catch (const titan::UserError& e) {
     std::fprintf(stderr, "titan %s: error: %s\n", command.c_str(), e.what());
+    return 1;
+  } catch (const c10::Error& e) {
+    std::fprintf(stderr, "titan %s: error from LibTorch: %s\n", command.c_str(), e.what_without_backtrace());
     return 1;
   }
 }

@@ -51,12 +51,6 @@ const Gate kGates[] = {
    [](const JobConfig& c, int64_t) { return c.parallelism.expert_tensor_parallel_degree > 1; }},
   {"training.enable_cpu_offload", "CPU offloading", "--training.enable_cpu_offload false",
    [](const JobConfig& c, int64_t) { return c.training.enable_cpu_offload; }},
-  {"training.global_batch_size", "gradient accumulation (global batch larger than local batch x data-parallel degree)",
-   "--training.global_batch_size -1",
-   [](const JobConfig& c, int64_t w) {
-     const int64_t dp = c.parallelism.data_parallel_replicate_degree * resolved_dp_shard(c, w);
-     return c.training.global_batch_size != -1 && c.training.global_batch_size != c.training.local_batch_size * dp;
-   }},
   {"optimizer.early_step_in_backward", "optimizer steps inside backward", "--optimizer.early_step_in_backward false",
    [](const JobConfig& c, int64_t) { return c.optimizer.early_step_in_backward; }},
   {"model.converters", "model converters (float8, MX)", "--model.converters= (an empty list)",
@@ -73,8 +67,6 @@ const Gate kGates[] = {
    [](const JobConfig& c, int64_t) { return c.profiling.enable_profiling; }},
   {"profiling.enable_memory_snapshot", "memory snapshots", "--profiling.enable_memory_snapshot false",
    [](const JobConfig& c, int64_t) { return c.profiling.enable_memory_snapshot; }},
-  {"metrics.enable_tensorboard", "TensorBoard logging", "--metrics.enable_tensorboard false",
-   [](const JobConfig& c, int64_t) { return c.metrics.enable_tensorboard; }},
   {"metrics.enable_wandb", "Weights & Biases logging", "--metrics.enable_wandb false",
    [](const JobConfig& c, int64_t) { return c.metrics.enable_wandb; }},
   {"validation.enable", "validation during training", "--validation.enable false",

@@ -1,0 +1,66 @@
+// The trainer: builds everything a run needs from a JobConfig and the model registry, then trains.
+// Read top to bottom: Trainer() sets the run up, train() is the loop, train_step() one step.
+#pragma once
+
+#include "titan/components/data/dataloader.h"
+#include "titan/components/metrics/metrics.h"
+#include "titan/components/optimizer/lr_scheduler.h"
+#include "titan/components/optimizer/optimizer.h"
+#include "titan/components/tokenizer/tokenizer.h"
+#include "titan/config/job_config.h"
+#include "titan/models/registry.h"
+
+#include <c10/core/Device.h>
+
+#include <memory>
+#include <vector>
+
+namespace titan {
+
+// What one optimizer step produced (the loss is averaged over every token of the global batch).
+struct StepResult {
+  double loss = 0;
+  double grad_norm = 0;
+  double lr = 0;
+};
+
+class Trainer {
+ public:
+  // Builds tokenizer, model, optimizer, schedule, data loader and metrics. Throws UserError for a
+  // config that cannot run here (unsupported features, missing files, mismatched tokenizer).
+  explicit Trainer(JobConfig cfg);
+
+  // Runs training.steps steps, logging every metrics.log_freq steps. Returns the per-step losses.
+  std::vector<double> train();
+
+  // One optimizer step over gradient_accumulation_steps() micro-batches of local_batch_size.
+  StepResult train_step();
+
+  int64_t step() const { return step_; }
+  int64_t gradient_accumulation_steps() const { return grad_accum_steps_; }
+  const LanguageModel& model() const { return model_; }
+  const c10::Device& device() const { return device_; }
+
+ private:
+  JobConfig cfg_;
+  c10::Device device_{c10::kCPU};
+  bool bf16_autocast_ = false;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  LanguageModel model_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<LRSchedule> lr_schedule_;
+  std::unique_ptr<data::DataLoader> dataloader_;
+  std::unique_ptr<metrics::MetricsLogger> metrics_;
+  int64_t grad_accum_steps_ = 1;
+  int64_t step_ = 0;
+  int64_t ntokens_seen_ = 0;
+  double data_seconds_ = 0;  // time spent waiting for batches since the last log
+};
+
+// `titan train`: trains with `cfg`, printing torchtitan's log lines. Returns the process exit code.
+int run_training(const JobConfig& cfg);
+
+// The options whose values differ from the defaults, one "section.key = value" per line.
+std::string config_changes(const JobConfig& cfg);
+
+}  // namespace titan
