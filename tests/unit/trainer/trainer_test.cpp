@@ -1,0 +1,140 @@
+// The trainer end to end: gradient accumulation, determinism, the log line of a real run, and
+// torchtitan's own TOML files (both generations) run through the titan binary.
+#include "test_util.h"
+
+#include "titan/config/job_config.h"
+#include "titan/trainer/trainer.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <regex>
+
+namespace titan {
+namespace {
+
+const std::string kSource = TITAN_SOURCE_DIR;
+const std::string kTitan = std::string(TITAN_BINARY_DIR) + "/titan";
+
+JobConfig small_config(const test::TempDir& dir, std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = {"--job.config_file", kSource + "/configs/llama3_debugmodel.toml",
+                                   "--job.dump_folder", dir.path(),
+                                   "--model.hf_assets_path", kSource + "/assets/tokenizer",
+                                   "--training.seq_len", "32", "--training.local_batch_size", "8",
+                                   "--training.steps", "3", "--metrics.log_freq", "100"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return parse_config(args);
+}
+
+TEST(Trainer, GradientAccumulationEqualsTheBigBatch) {
+  // 2 micro-batches of 4 read the same 8 samples as one batch of 8; the loss of each micro-batch
+  // is scaled by the global token count, so gradients and losses agree to fp32 rounding.
+  test::TempDir a_dir, b_dir;
+  Trainer big(small_config(a_dir));
+  Trainer accum(small_config(b_dir, {"--training.local_batch_size", "4", "--training.global_batch_size", "8"}));
+  ASSERT_EQ(accum.gradient_accumulation_steps(), 2);
+  for (int step = 0; step < 3; ++step) {
+    StepResult rb = big.train_step(), ra = accum.train_step();
+    EXPECT_NEAR(ra.loss, rb.loss, 1e-5 * rb.loss) << "step " << step + 1;
+    EXPECT_NEAR(ra.grad_norm, rb.grad_norm, 1e-4 * rb.grad_norm) << "step " << step + 1;
+    if (step > 0) continue;
+    auto pa = accum.model()->named_parameters(), pb = big.model()->named_parameters();
+    for (const auto& p : pb) {
+      EXPECT_LT(test::relative_error(pa[p.key()].grad(), p.value().grad()), 1e-5) << p.key();
+      EXPECT_TRUE(p.value().grad().abs().sum().item<double>() > 0) << p.key();
+    }
+  }
+}
+
+TEST(Trainer, DeterministicRunsAreBitwiseRepeatable) {
+  test::TempDir a_dir, b_dir;
+  Trainer a(small_config(a_dir, {"--debug.seed", "7", "--debug.deterministic"}));
+  Trainer b(small_config(b_dir, {"--debug.seed", "7", "--debug.deterministic"}));
+  EXPECT_EQ(a.train(), b.train());
+  auto pa = a.model()->named_parameters();
+  for (const auto& p : b.model()->named_parameters()) EXPECT_TRUE(at::equal(pa[p.key()], p.value())) << p.key();
+}
+
+// The pattern torchtitan users parse their logs with.
+const std::regex kLogLine(
+    R"(step:\s*(\d+)\s+loss:\s*([\d.]+)\s+grad_norm:\s*([\d.]+)\s+memory:\s*([\d.]+)GiB\(([\d.]+)%\)\s+)"
+    R"(tps:\s*([\d,]+)\s+tflops:\s*([\d.]+)\s+mfu:\s*([\d.]+%|N/A))");
+
+std::vector<std::pair<int, double>> parse_losses(const std::string& output) {
+  std::vector<std::pair<int, double>> out;
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), kLogLine); it != std::sregex_iterator(); ++it)
+    out.emplace_back(std::stoi((*it)[1]), std::stod((*it)[2]));
+  return out;
+}
+
+TEST(TitanTrain, DebugRunLowersTheLossAndLogsLikeTorchtitan) {
+  test::TempDir dir;
+  auto r = test::run_process({kTitan, "train", "--job.config_file", kSource + "/configs/llama3_debugmodel.toml",
+                              "--job.dump_folder", dir.path(), "--training.seq_len", "128",
+                              "--training.local_batch_size", "4", "--training.steps", "30", "--optimizer.lr", "2e-3",
+                              "--lr_scheduler.warmup_steps", "5", "--metrics.log_freq", "5",
+                              "--metrics.enable_tensorboard"},
+                             {}, std::chrono::seconds(600));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto losses = parse_losses(r.output);
+  ASSERT_EQ(losses.size(), 7u) << r.output;  // step 1 and every 5th step
+  EXPECT_EQ(losses.front().first, 1);
+  EXPECT_EQ(losses.back().first, 30);
+  EXPECT_LT(losses.back().second, losses.front().second - 0.5) << r.output;
+  // The resolved config and a TensorBoard event file are in the dump folder.
+  EXPECT_TRUE(std::filesystem::exists(dir / "config.toml"));
+  bool event_file = false;
+  for (const auto& e : std::filesystem::recursive_directory_iterator(dir / "tb"))
+    event_file |= e.path().filename().string().rfind("events.out.tfevents", 0) == 0;
+  EXPECT_TRUE(event_file);
+}
+
+TEST(TitanTrain, TorchtitanTomlFilesOfBothGenerationsRun) {
+  // torchtitan's own files, unchanged; overrides only for paths, sizes, steps and the features
+  // titan does not have yet (profiling, activation checkpointing, checkpointing).
+  const std::string fixtures = kSource + "/tests/unit/config/fixtures/";
+  const std::vector<std::vector<std::string>> runs = {
+      {"--job.config_file", fixtures + "seed003_old_debug.toml", "--model.tokenizer_path", kSource + "/assets/tokenizer",
+       "--profiling.enable_profiling", "false", "--activation_checkpoint.mode", "none", "--training.batch_size", "2",
+       "--training.seq_len", "64", "--training.steps", "2"},
+      {"--job.config_file", fixtures + "seed002_new_8b_custom.toml", "--model.flavor", "debugmodel",
+       "--model.hf_assets_path", kSource + "/assets/tokenizer", "--training.dataset", "c4_test",
+       "--activation_checkpoint.mode", "none", "--checkpoint.enable", "false", "--training.local_batch_size", "2",
+       "--training.seq_len", "64", "--training.steps", "2"},
+  };
+  for (const auto& run : runs) {
+    test::TempDir dir;
+    std::vector<std::string> argv = {kTitan, "train", "--job.dump_folder", dir.path()};
+    argv.insert(argv.end(), run.begin(), run.end());
+    auto r = test::run_process(argv, {}, std::chrono::seconds(300));
+    EXPECT_EQ(r.exit_code, 0) << run[1] << "\n" << r.output;
+    EXPECT_FALSE(parse_losses(r.output).empty()) << r.output;
+  }
+}
+
+TEST(TitanTrain, UnsupportedFeaturesAndBadInputAreClearErrors) {
+  test::TempDir dir;
+  auto r = test::run_process({kTitan, "train", "--job.dump_folder", dir.path()});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("--activation_checkpoint.mode none"), std::string::npos) << r.output;
+  r = test::run_process({kTitan, "train", "--activation_checkpoint.mode", "none", "--training.stepz", "3"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("training.steps"), std::string::npos) << r.output;
+  r = test::run_process({kTitan, "train", "--activation_checkpoint.mode", "none", "--job.dump_folder", dir.path(),
+                         "--model.hf_assets_path", dir / "nothing-here"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("nothing-here"), std::string::npos) << r.output;
+}
+
+TEST(TitanEstimate, ReadsTheSeeds8BFile) {
+  auto r = test::run_process({kTitan, "estimate", "--job.config_file",
+                              kSource + "/tests/unit/config/fixtures/seed002_new_8b_custom.toml"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("model: llama3 8B"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("parameters: 8,030,261,248"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("seq_len 8192"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace titan
