@@ -2,13 +2,15 @@
 // trees; parallelisms are applied from outside by the model's parallelize hook.
 #pragma once
 
+#include "titan/models/common/hooks.h"
+
 #include <torch/nn/module.h>
 
 #include <cstdint>
 
 namespace titan {
 
-class LanguageModelImpl : public torch::nn::Module {
+class LanguageModelImpl : public nn::HookedModule {
  public:
   // tokens (B, S) int64 -> logits (B, S, V).
   virtual at::Tensor forward(const at::Tensor& tokens_BS) = 0;

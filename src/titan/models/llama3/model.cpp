@@ -29,8 +29,10 @@ TransformerBlockImpl::TransformerBlockImpl(int64_t layer_id, const ModelArgs& ar
 }
 
 at::Tensor TransformerBlockImpl::forward(const at::Tensor& x_BSD, const at::Tensor& cos_SE2, const at::Tensor& sin_SE2) {
-  at::Tensor h_BSD = x_BSD + attention->forward(attention_norm(x_BSD), cos_SE2, sin_SE2);
-  return h_BSD + feed_forward(ffn_norm(h_BSD));
+  return with_hooks([&] {
+    at::Tensor h_BSD = x_BSD + attention->forward(attention_norm(x_BSD), cos_SE2, sin_SE2);
+    return h_BSD + feed_forward(ffn_norm(h_BSD));
+  });
 }
 
 void TransformerBlockImpl::init_weights(uint64_t seed, const std::string& prefix) {
@@ -78,11 +80,13 @@ std::pair<at::Tensor, at::Tensor> TransformerImpl::rope_tables(int64_t seq_len, 
 }
 
 at::Tensor TransformerImpl::forward(const at::Tensor& tokens_BS) {
-  auto [cos_SE2, sin_SE2] = rope_tables(tokens_BS.size(1), tok_embeddings->weight.device());
-  at::Tensor h_BSD = tok_embeddings(tokens_BS);
-  for (const auto& layer : *layers) h_BSD = layer->as<TransformerBlock>()->forward(h_BSD, cos_SE2, sin_SE2);
-  h_BSD = norm(h_BSD);
-  return output ? output(h_BSD) : at::linear(h_BSD, tok_embeddings->weight);
+  return with_hooks([&] {
+    auto [cos_SE2, sin_SE2] = rope_tables(tokens_BS.size(1), tok_embeddings->weight.device());
+    at::Tensor h_BSD = tok_embeddings(tokens_BS);
+    for (const auto& layer : *layers) h_BSD = layer->as<TransformerBlock>()->forward(h_BSD, cos_SE2, sin_SE2);
+    h_BSD = norm(h_BSD);
+    return output ? output(h_BSD) : at::linear(h_BSD, tok_embeddings->weight);
+  });
 }
 
 void TransformerImpl::init_weights(uint64_t seed) {

@@ -17,7 +17,7 @@
 
 namespace titan::llama3 {
 
-class TransformerBlockImpl : public torch::nn::Module {
+class TransformerBlockImpl : public nn::HookedModule {
  public:
   TransformerBlockImpl(int64_t layer_id, const ModelArgs& args, const at::TensorOptions& opts);
   at::Tensor forward(const at::Tensor& x_BSD, const at::Tensor& cos_SE2, const at::Tensor& sin_SE2);

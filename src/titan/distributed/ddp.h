@@ -1,0 +1,39 @@
+// DDP: every rank holds the whole model; after backward the gradients are summed across the
+// replicate group. Gradients are grouped into buckets (in the reverse order of the parameters, the
+// order backward produces them); as soon as every gradient of a bucket is accumulated, the bucket is
+// flattened and all-reduced asynchronously, overlapping the rest of the backward.
+//
+// Gradients are summed, not averaged: the trainer's loss is divided by the tokens of the global
+// batch already. With gradient accumulation, call set_sync(false) for all but the last micro-batch.
+#pragma once
+
+#include "titan/distributed/mesh.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace titan::dist {
+
+class DDP {
+ public:
+  DDP(const std::vector<std::pair<std::string, at::Tensor>>& params, Group& replicate, int64_t bucket_bytes = 25 << 20);
+  ~DDP();
+  // Whether the next backward all-reduces (false: gradients only accumulate locally).
+  void set_sync(bool sync) { sync_ = sync; }
+  // Waits for the all-reduces of the last backward and writes the summed gradients back.
+  void finish_backward();
+  size_t num_buckets() const { return buckets_.size(); }
+
+  struct Bucket;
+
+ private:
+  Group& group_;
+  bool sync_ = true;
+  std::vector<at::Tensor> params_;
+  std::vector<std::unique_ptr<Bucket>> buckets_;
+};
+
+}  // namespace titan::dist

@@ -1,0 +1,93 @@
+#include "titan/distributed/mesh.h"
+
+#include "titan/common/error.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+namespace titan::dist {
+
+void Work::wait() {
+  if (work_) work_->wait();
+  work_.reset();
+}
+
+Group::Group(std::string name, std::vector<int> ranks, int rank, c10::intrusive_ptr<c10d::Backend> backend,
+             CommBytes* bytes)
+    : name_(std::move(name)), ranks_(std::move(ranks)), rank_(rank), backend_(std::move(backend)), bytes_(bytes) {}
+
+void Group::count(const char* op, const at::Tensor& t) {
+  if (size() > 1) (*bytes_)[name_][op] += static_cast<int64_t>(t.numel() * t.element_size());
+}
+
+Work Group::all_gather(at::Tensor& out, const at::Tensor& in) {
+  TITAN_ASSERT(out.is_contiguous() && out.numel() == in.numel() * size(), "all_gather: output must hold size x input");
+  count("all_gather", out);
+  if (size() == 1) {
+    out.view(in.sizes()).copy_(in);
+    return Work();
+  }
+  // Flat views: backends expect the output to stack `size` copies of the input's shape.
+  at::Tensor src = in.contiguous().view({-1}), dst = out.view({-1});
+  return Work(backend_->_allgather_base(dst, src));
+}
+
+Work Group::reduce_scatter(at::Tensor& out, const at::Tensor& in) {
+  TITAN_ASSERT(in.is_contiguous() && in.numel() == out.numel() * size(), "reduce_scatter: input must hold size x output");
+  count("reduce_scatter", in);
+  if (size() == 1) {
+    out.copy_(in.view(out.sizes()));
+    return Work();
+  }
+  c10d::ReduceScatterOptions opts;
+  opts.reduceOp = c10d::ReduceOp::SUM;
+  at::Tensor src = in.view({-1}), dst = out.view({-1});
+  return Work(backend_->_reduce_scatter_base(dst, src, opts));
+}
+
+Work Group::all_reduce(at::Tensor& t, c10d::ReduceOp op) {
+  count("all_reduce", t);
+  if (size() == 1) return Work();
+  std::vector<at::Tensor> ts{t};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = op;
+  return Work(backend_->allreduce(ts, opts));
+}
+
+Work Group::broadcast(at::Tensor& t, int root) {
+  count("broadcast", t);
+  if (size() == 1) return Work();
+  std::vector<at::Tensor> ts{t};
+  c10d::BroadcastOptions opts;
+  opts.rootRank = root;
+  return Work(backend_->broadcast(ts, opts));
+}
+
+void Group::barrier() {
+  if (size() > 1) backend_->barrier()->wait();
+}
+
+Mesh::Mesh(const ParallelDims& dims, int rank, const c10::intrusive_ptr<c10d::Store>& store, BackendKind backend,
+           std::chrono::milliseconds timeout)
+    : dims_(dims), rank_(rank) {
+  const std::vector<std::string> names = {"pp", "dp_replicate", "dp_shard", "cp", "tp", "dp", "dp_shard_cp",
+                                          "dp_cp", "world"};
+  for (const auto& name : names) {
+    std::vector<int> ranks = dims_.group_ranks(name, rank);
+    c10::intrusive_ptr<c10d::Backend> b;
+    if (ranks.size() > 1) {
+      // Each group rendezvouses under its own prefix: its name and its first member.
+      auto prefixed = c10::make_intrusive<c10d::PrefixStore>(name + "/" + std::to_string(ranks[0]), store);
+      b = make_backend(backend, prefixed, dims_.rank_in(name, rank), static_cast<int>(ranks.size()), timeout);
+    }
+    groups_[name] = std::make_unique<Group>(name, ranks, dims_.rank_in(name, rank), b, &bytes_);
+  }
+}
+
+Group& Mesh::operator[](const std::string& name) {
+  auto it = groups_.find(name);
+  TITAN_ASSERT(it != groups_.end(), "no mesh dimension '", name, "'");
+  return *it->second;
+}
+
+}  // namespace titan::dist

@@ -1,0 +1,86 @@
+// The mesh: the one place that owns every process group of a run, and the one collective wrapper
+// through which all communication goes (so tests can count what each mesh dimension moves).
+//
+// Bytes are counted per group name and operation, by the size of the full buffer an operation works
+// on: all_gather counts its output (the gathered tensor), reduce_scatter its input, all_reduce and
+// broadcast the tensor, send/recv the message. A group of size 1 communicates nothing and counts 0.
+#pragma once
+
+#include "titan/distributed/parallel_dims.h"
+#include "titan/distributed/process_group.h"
+
+#include <ATen/core/Tensor.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace titan::dist {
+
+// bytes[group][op]
+using CommBytes = std::map<std::string, std::map<std::string, int64_t>>;
+
+// A handle on an asynchronous collective. wait() blocks until it is done (and, on CUDA, makes the
+// current stream wait). A default handle is already complete.
+class Work {
+ public:
+  Work() = default;
+  explicit Work(c10::intrusive_ptr<c10d::Work> w) : work_(std::move(w)) {}
+  void wait();
+
+ private:
+  c10::intrusive_ptr<c10d::Work> work_;
+};
+
+class Group {
+ public:
+  Group(std::string name, std::vector<int> ranks, int rank, c10::intrusive_ptr<c10d::Backend> backend,
+        CommBytes* bytes);
+  const std::string& name() const { return name_; }
+  int size() const { return static_cast<int>(ranks_.size()); }
+  int rank() const { return rank_; }                        // index of this process in the group
+  const std::vector<int>& ranks() const { return ranks_; }  // global ranks, in group order
+
+  // out (size * in.numel(), contiguous) = concatenation of every member's `in`, in group order.
+  Work all_gather(at::Tensor& out, const at::Tensor& in);
+  // out (in.numel() / size) = this member's chunk of the element-wise sum of every member's `in`.
+  Work reduce_scatter(at::Tensor& out, const at::Tensor& in);
+  Work all_reduce(at::Tensor& t, c10d::ReduceOp op = c10d::ReduceOp::SUM);
+  Work broadcast(at::Tensor& t, int root);  // root: index in the group
+  void barrier();
+
+ private:
+  void count(const char* op, const at::Tensor& t);
+  std::string name_;
+  std::vector<int> ranks_;
+  int rank_;
+  c10::intrusive_ptr<c10d::Backend> backend_;  // null for a group of one
+  CommBytes* bytes_;
+};
+
+class Mesh {
+ public:
+  // Creates this rank's group along every dimension of `dims` (basic and flattened) that has more
+  // than one rank, rendezvousing through `store`. Every rank must construct its Mesh at the same point.
+  Mesh(const ParallelDims& dims, int rank, const c10::intrusive_ptr<c10d::Store>& store, BackendKind backend,
+       std::chrono::milliseconds timeout);
+
+  const ParallelDims& dims() const { return dims_; }
+  int rank() const { return rank_; }
+  // "pp", "dp_replicate", "dp_shard", "cp", "tp", "dp", "dp_shard_cp", "dp_cp", "world".
+  Group& operator[](const std::string& name);
+
+  const CommBytes& bytes() const { return bytes_; }
+  void reset_bytes() { bytes_.clear(); }
+
+ private:
+  ParallelDims dims_;
+  int rank_;
+  CommBytes bytes_;
+  std::map<std::string, std::unique_ptr<Group>> groups_;
+};
+
+}  // namespace titan::dist

@@ -1,0 +1,216 @@
+// FSDP, HSDP and DDP against the single-process computation, in several processes with Gloo.
+//
+// Every worker trains a small Llama (vocabulary 130 and 2 KV heads, so some parameters do not
+// divide evenly across ranks and need padding) twice: once alone on the whole global batch (the
+// reference) and once data-parallel on its own part of it. Gradients, losses after AdamW steps and
+// the final parameters must agree to fp32 rounding (relative to each tensor's scale), the
+// bytes counted by the collective wrapper must equal the theoretical volume, and sharded state must
+// take ~1/N of the memory. Tolerances: losses 1e-5 at every step; gradients 1e-5 at
+// the first step (1e-4 later); parameters after 3 AdamW steps within 1% of lr x steps, absolute.
+#include "test_util.h"
+
+#include "titan/components/optimizer/optimizer.h"
+#include "titan/distributed/ddp.h"
+#include "titan/distributed/fsdp.h"
+#include "titan/distributed/mesh.h"
+#include "titan/models/llama3/model.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+namespace titan {
+namespace {
+
+using namespace std::chrono_literals;
+
+llama3::ModelArgs tiny_args() {
+  llama3::ModelArgs a;
+  a.dim = 64;
+  a.n_layers = 2;
+  a.n_heads = 4;
+  a.n_kv_heads = 2;
+  a.vocab_size = 130;
+  a.multiple_of = 32;
+  a.ffn_dim_multiplier.reset();
+  a.max_seq_len = 64;
+  return a;
+}
+
+constexpr int64_t kLocalBatch = 2, kSeqLen = 16, kSteps = 3;
+
+int env_int(const char* name) { return std::atoi(std::getenv(name)); }
+
+#define CHECK_OR_FAIL(cond, ...)                                  \
+  do {                                                            \
+    if (!(cond)) {                                                \
+      std::fprintf(stderr, "check failed: %s: ", #cond);          \
+      std::fprintf(stderr, __VA_ARGS__);                          \
+      std::fprintf(stderr, "\n");                                 \
+      return 1;                                                   \
+    }                                                             \
+  } while (0)
+
+TITAN_TEST_WORKER_FN(data_parallel) {
+  const int rank = env_int("TITAN_TEST_RANK"), world = env_int("TITAN_TEST_WORLD");
+  const int replicate = env_int("TITAN_TEST_REPLICATE"), shard = env_int("TITAN_TEST_SHARD");
+  const std::string reshard = std::getenv("TITAN_TEST_RESHARD");
+  const auto port = static_cast<uint16_t>(env_int("TITAN_TEST_PORT"));
+  at::set_num_threads(1);
+  auto store = dist::make_tcp_store("127.0.0.1", port, false, 60s);
+  dist::ParallelDims dims(replicate, shard, 1, 1, 1, world);
+  dist::Mesh mesh(dims, rank, store, dist::BackendKind::Gloo, 60s);
+  const int dp = static_cast<int>(dims.dp_size()), dp_rank = mesh["dp"].rank();
+
+  // The global batches of all steps; this rank reads rows [dp_rank * B, (dp_rank + 1) * B).
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  at::Tensor seq = at::randint(130, {kSteps, dp * kLocalBatch, kSeqLen + 1}, gen, at::kLong);
+  const double global_tokens = static_cast<double>(dp * kLocalBatch * kSeqLen);
+  auto loss_fn = [&](llama3::Transformer& m, const at::Tensor& s) {
+    at::Tensor logits = m->forward(s.slice(1, 0, kSeqLen));
+    return at::cross_entropy_loss(logits.flatten(0, 1), s.slice(1, 1, kSeqLen + 1).flatten(0, 1), {},
+                                  at::Reduction::Sum) / global_tokens;
+  };
+
+  llama3::Transformer ref(tiny_args(), at::TensorOptions()), par(tiny_args(), at::TensorOptions());
+  ref->init_weights(11);
+  par->init_weights(11);
+  std::vector<std::pair<std::string, at::Tensor>> ref_named;
+  for (const auto& p : ref->named_parameters()) ref_named.emplace_back(p.key(), p.value());
+  const int64_t full_bytes = ref->num_params() * 4;
+
+  std::unique_ptr<dist::FSDP> fsdp;
+  std::unique_ptr<dist::DDP> ddp;
+  std::vector<std::pair<std::string, at::Tensor>> par_named;
+  if (dims.fsdp_enabled()) {
+    fsdp = std::make_unique<dist::FSDP>(mesh["dp_shard_cp"], &mesh["dp_replicate"], dist::FSDPOptions{at::kFloat, at::kFloat, reshard});
+    for (size_t i = 0; i < par->layers->size(); ++i)
+      fsdp->fully_shard(*par->layers[i]->as<llama3::TransformerBlock>(), "layers." + std::to_string(i) + ".");
+    fsdp->fully_shard(*par, "");
+    par_named = fsdp->sharded_parameters();
+  } else {
+    for (const auto& p : par->named_parameters()) par_named.emplace_back(p.key(), p.value());
+    ddp = std::make_unique<dist::DDP>(par_named, mesh["dp_replicate"], /*bucket_bytes=*/64 << 10);
+    CHECK_OR_FAIL(ddp->num_buckets() > 2, "expected several buckets, got %zu", ddp->num_buckets());
+  }
+  OptimizerOptions oo;
+  oo.lr = 1e-3;
+  Optimizer ref_opt(ref_named, oo), par_opt(par_named, oo);
+
+  double worst_grad = 0, worst_param = 0;
+  for (int64_t step = 0; step < kSteps; ++step) {
+    at::Tensor global = seq[step];
+    ref_opt.zero_grad();
+    at::Tensor ref_loss = loss_fn(ref, global);
+    ref_loss.backward();
+
+    mesh.reset_bytes();
+    par_opt.zero_grad();
+    at::Tensor local_loss = loss_fn(par, global.slice(0, dp_rank * kLocalBatch, (dp_rank + 1) * kLocalBatch));
+    local_loss.backward();
+    if (fsdp) fsdp->finish_backward();
+    if (ddp) ddp->finish_backward();
+    at::Tensor loss = local_loss.detach().clone();
+    mesh["dp"].all_reduce(loss).wait();
+    CHECK_OR_FAIL(std::abs(loss.item<double>() - ref_loss.item<double>()) <= 1e-5 * ref_loss.item<double>(),
+                  "step %lld loss %.8f vs single process %.8f", (long long)step, loss.item<double>(), ref_loss.item<double>());
+
+    // Gradients: the shard's rows of the reference gradient (padding rows zero), or the whole of it.
+    std::map<std::string, at::Tensor> ref_grads;
+    for (auto& [n, p] : ref_named) ref_grads[n] = p.grad();
+    for (auto& [name, p] : par_named) {
+      at::Tensor expected = ref_grads.at(name);
+      if (fsdp) {
+        const int64_t rows = p.size(0), begin = mesh["dp_shard_cp"].rank() * rows;
+        at::Tensor padded = at::zeros({rows * mesh["dp_shard_cp"].size(), expected.numel() / expected.size(0)});
+        padded.slice(0, 0, expected.size(0)).copy_(expected.reshape({expected.size(0), -1}));
+        expected = padded.slice(0, begin, begin + rows).reshape(p.sizes());
+      }
+      // Step 1 computes from identical parameters; later steps from parameters that already differ
+      // by rounding (AdamW normalizes updates, so ~1e-7 differences in small gradient entries move
+      // parameters by up to lr), hence the looser bound after the first step.
+      const double err = test::relative_error(p.grad(), expected), tol = step == 0 ? 1e-5 : 1e-4;
+      worst_grad = std::max(worst_grad, err);
+      CHECK_OR_FAIL(err <= tol, "step %lld gradient of %s differs by %.3g", (long long)step, name.c_str(), err);
+    }
+
+    // Communication volume of this step (bytes of the full buffers, see mesh.h).
+    if (fsdp) {
+      int64_t gathered = 0, reduced = 0;
+      for (auto& [name, p] : par_named) {
+        const int64_t padded_bytes = p.numel() * mesh["dp_shard_cp"].size() * 4;
+        const bool root = name.rfind("layers.", 0) != 0;
+        const bool reshards = reshard == "always" || (reshard == "default" && !root);
+        gathered += padded_bytes * (reshards ? 2 : 1);  // forward, and again for backward if freed
+        reduced += padded_bytes;
+      }
+      const auto& bytes = mesh.bytes().at("dp_shard_cp");
+      CHECK_OR_FAIL(bytes.at("all_gather") == gathered, "all-gather moved %lld bytes, expected %lld",
+                    (long long)bytes.at("all_gather"), (long long)gathered);
+      CHECK_OR_FAIL(bytes.at("reduce_scatter") == reduced, "reduce-scatter moved %lld bytes, expected %lld",
+                    (long long)bytes.at("reduce_scatter"), (long long)reduced);
+      if (dims.dp_replicate_enabled())
+        CHECK_OR_FAIL(mesh.bytes().at("dp_replicate").at("all_reduce") == reduced / mesh["dp_shard_cp"].size(),
+                      "HSDP all-reduce volume");
+    } else {
+      CHECK_OR_FAIL(mesh.bytes().at("dp_replicate").at("all_reduce") == full_bytes, "DDP all-reduce moved %lld bytes",
+                    (long long)mesh.bytes().at("dp_replicate").at("all_reduce"));
+    }
+    ref_opt.step();
+    par_opt.step();
+  }
+
+  // Persistent memory: parameters + gradients + AdamW state.
+  int64_t local_bytes = 0;
+  for (auto& [name, p] : par_named) local_bytes += p.numel() * 4 * 4;
+  const double ratio = static_cast<double>(local_bytes) / static_cast<double>(full_bytes * 4);
+  const double expected_ratio = 1.0 / (fsdp ? mesh["dp_shard_cp"].size() : 1);
+  CHECK_OR_FAIL(ratio >= expected_ratio && ratio <= expected_ratio * 1.05, "memory ratio %.4f, expected ~%.4f", ratio,
+                expected_ratio);
+
+  // After the steps the parameters equal the single-process ones.
+  std::map<std::string, at::Tensor> final_params;
+  if (fsdp) {
+    final_params = fsdp->full_parameters();
+  } else {
+    for (auto& [n, p] : par_named) final_params[n] = p;
+  }
+  for (auto& [name, p] : ref_named) {
+    // AdamW moves each entry by about lr per step whatever the gradient's size, so rounding
+    // differences in near-zero gradient entries show up as absolute differences of a fraction of lr:
+    // the bound is 1% of the largest total movement (lr x steps).
+    const double err = (final_params.at(name) - p.detach()).abs().max().item<double>();
+    worst_param = std::max(worst_param, err);
+    CHECK_OR_FAIL(err <= 0.01 * oo.lr * kSteps, "parameter %s after %lld steps differs by %.3g", name.c_str(),
+                  (long long)kSteps, err);
+  }
+  std::printf("rank %d: %s matches the single process (worst gradient %.2e, worst final parameter %.2e, "
+              "memory ratio %.4f)\n", rank, dims.describe().c_str(), worst_grad, worst_param, ratio);
+  return 0;
+}
+
+void run_layout(int world, int replicate, int shard, const std::string& reshard = "default") {
+  auto server = dist::make_tcp_store("127.0.0.1", 0, true, 60s);
+  auto results = test::run_workers("data_parallel", world,
+                                   {{"TITAN_TEST_PORT", std::to_string(dist::store_port(server))},
+                                    {"TITAN_TEST_WORLD", std::to_string(world)},
+                                    {"TITAN_TEST_REPLICATE", std::to_string(replicate)},
+                                    {"TITAN_TEST_SHARD", std::to_string(shard)},
+                                    {"TITAN_TEST_RESHARD", reshard}, {"OMP_NUM_THREADS", "1"}},
+                                   300s);
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
+    EXPECT_NE(results[r].output.find("matches the single process"), std::string::npos) << results[r].output;
+  }
+}
+
+TEST(DataParallel, Fsdp2) { run_layout(2, 1, 2); }
+TEST(DataParallel, Fsdp4ReshardAlways) { run_layout(4, 1, 4, "always"); }
+TEST(DataParallel, Fsdp2ReshardNever) { run_layout(2, 1, 2, "never"); }
+TEST(DataParallel, Hsdp2x2) { run_layout(4, 2, 2); }
+TEST(DataParallel, Ddp2) { run_layout(2, 2, 1); }
+
+}  // namespace
+}  // namespace titan
