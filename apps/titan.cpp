@@ -9,6 +9,7 @@
 #include "titan/components/data/token_shards.h"
 #include "titan/components/tokenizer/tokenizer.h"
 #include "titan/config/job_config.h"
+#include "titan/distributed/launcher.h"
 #include "titan/tools/estimate.h"
 #include "titan/trainer/trainer.h"
 
@@ -77,6 +78,7 @@ int main(int argc, char** argv) {
   const std::string command = argv[1];
   const std::vector<std::string> args(argv + 2, argv + argc);
   try {
+    if (command == "launch") return titan::dist::run_launcher(args);  // its own options, then a command
     if (command != "train" && command != "estimate" && command != "tokenize") {
       std::fprintf(stderr, "titan: unknown command '%s'\n%s", command.c_str(), kUsage);
       return 2;

@@ -1,0 +1,521 @@
+#include "titan/distributed/launcher.h"
+
+#include "titan/common/error.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <iostream>
+#include <map>
+
+extern char** environ;
+
+namespace titan::dist {
+
+// ---------------------------------------------------------------------------------------------------
+// Options
+
+namespace {
+
+int parse_count(const std::string& opt, const std::string& v, int lo) {
+  errno = 0;
+  char* end = nullptr;
+  const long n = v.empty() ? 0 : std::strtol(v.c_str(), &end, 10);
+  TITAN_USER_CHECK(!v.empty() && *end == '\0' && errno == 0, opt, " takes a whole number, got '", v, "'",
+                   v.find(':') != std::string::npos ? " (elastic ranges like 1:4 are not supported: give a fixed count)"
+                                                    : "");
+  TITAN_USER_CHECK(n >= lo && n <= 65535, opt, " must be between ", lo, " and 65535, got ", n);
+  return static_cast<int>(n);
+}
+
+double parse_seconds(const std::string& opt, const std::string& v) {
+  char* end = nullptr;
+  const double s = v.empty() ? -1 : std::strtod(v.c_str(), &end);
+  TITAN_USER_CHECK(!v.empty() && *end == '\0' && s > 0 && s < 1e9, opt, " takes a positive number of seconds, got '",
+                   v, "'");
+  return s;
+}
+
+std::vector<int> parse_rank_list(const std::string& what, const std::string& v) {
+  std::vector<int> ranks;
+  size_t start = 0;
+  while (start <= v.size()) {
+    size_t comma = v.find(',', start);
+    if (comma == std::string::npos) comma = v.size();
+    const std::string item = v.substr(start, comma - start);
+    char* end = nullptr;
+    const long r = item.empty() ? -1 : std::strtol(item.c_str(), &end, 10);
+    TITAN_USER_CHECK(!item.empty() && *end == '\0' && r >= 0 && r < INT_MAX, what, " is a comma-separated list of "
+                     "local ranks like 0,1; '", item, "' is not a rank");
+    ranks.push_back(static_cast<int>(r));
+    start = comma + 1;
+  }
+  return ranks;
+}
+
+const char* kValueOptions[] = {"--nproc-per-node", "--nnodes",          "--node-rank",       "--master-addr",
+                               "--master-port",    "--local-ranks-filter", "--timeout-seconds", "--grace-seconds"};
+
+}  // namespace
+
+std::string launch_help() {
+  return "usage: titan launch --nproc-per-node N [options] -- COMMAND [ARGS...]\n"
+         "Starts N workers on this node, each running `titan COMMAND ARGS...` (e.g. train --job.config_file F)\n"
+         "with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT set.\n"
+         "options (torchrun's spellings with underscores are accepted too):\n"
+         "  --nproc-per-node N        workers on this node, usually its number of GPUs (required)\n"
+         "  --nnodes M                nodes in the job (default 1); run one launcher per node\n"
+         "  --node-rank K             this node's index, 0..M-1 (default 0)\n"
+         "  --master-addr A           host of node 0, reachable from every node (default 127.0.0.1)\n"
+         "  --master-port P           free TCP port on node 0 (default 29500; 0: any free port, one node only)\n"
+         "  --standalone              one node on localhost with a free port\n"
+         "  --local-ranks-filter L    show the output of these local ranks only, e.g. 0 or 0,3\n"
+         "                            (default: env LOG_RANK, else all)\n"
+         "  --timeout-seconds S       stop all workers and fail after S seconds (default: no limit)\n"
+         "  --grace-seconds G         wait G seconds after SIGTERM before SIGKILL when stopping workers (default 5)\n"
+         "When a worker fails, the launcher prints its last lines, stops the others and exits non-zero.\n";
+}
+
+LaunchOptions parse_launch_options(const std::vector<std::string>& args) {
+  LaunchOptions o;
+  bool standalone = false, has_filter = false, has_addr = false, has_port = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--") {
+      o.command.assign(args.begin() + i + 1, args.end());
+      break;
+    }
+    if (a.empty() || a[0] != '-') {  // torchrun style: the command starts at the first non-option
+      o.command.assign(args.begin() + i, args.end());
+      break;
+    }
+    const size_t eq = a.find('=');
+    std::string name = a.substr(0, eq);
+    std::replace(name.begin(), name.end(), '_', '-');
+    if (name == "--standalone") {
+      TITAN_USER_CHECK(eq == std::string::npos, "--standalone takes no value");
+      standalone = true;
+      continue;
+    }
+    const bool known = std::find(std::begin(kValueOptions), std::end(kValueOptions), name) != std::end(kValueOptions);
+    TITAN_USER_CHECK(known, "unknown option '", a, "'.",
+                     name == "--no-python" ? " It is not needed: the workers always run titan itself."
+                     : name.rfind("--rdzv", 0) == 0 ? " Rendezvous backends are not supported; use --master-addr "
+                                                      "and --master-port."
+                                                    : "",
+                     " Options come before `--`, the titan command after it; see `titan launch --help`.");
+    std::string value;
+    if (eq != std::string::npos) {
+      value = a.substr(eq + 1);
+    } else {
+      TITAN_USER_CHECK(i + 1 < args.size() && args[i + 1] != "--", name, " needs a value");
+      value = args[++i];
+    }
+    if (name == "--nproc-per-node") {
+      TITAN_USER_CHECK(value != "gpu" && value != "auto" && value != "cpu", "--nproc-per-node takes a number (the "
+                       "GPUs of this node to use); '", value, "' is not supported");
+      o.nproc_per_node = parse_count(name, value, 1);
+    } else if (name == "--nnodes") {
+      o.nnodes = parse_count(name, value, 1);
+    } else if (name == "--node-rank") {
+      o.node_rank = parse_count(name, value, 0);
+    } else if (name == "--master-addr") {
+      TITAN_USER_CHECK(!value.empty(), "--master-addr is empty: give the host of node 0");
+      o.master_addr = value;
+      has_addr = true;
+    } else if (name == "--master-port") {
+      o.master_port = parse_count(name, value, 0);
+      has_port = true;
+    } else if (name == "--local-ranks-filter") {
+      o.local_ranks_filter = parse_rank_list(name, value);
+      has_filter = true;
+    } else if (name == "--timeout-seconds") {
+      o.timeout_seconds = parse_seconds(name, value);
+    } else if (name == "--grace-seconds") {
+      o.grace_seconds = parse_seconds(name, value);
+    }
+  }
+  if (!has_filter)
+    if (const char* log_rank = std::getenv("LOG_RANK"); log_rank && *log_rank)
+      o.local_ranks_filter = parse_rank_list("LOG_RANK", log_rank);
+
+  TITAN_USER_CHECK(o.nproc_per_node > 0, "titan launch needs --nproc-per-node N (the number of workers on this "
+                   "node, usually its GPUs); see `titan launch --help`");
+  if (standalone) {
+    TITAN_USER_CHECK(o.nnodes == 1 && !has_addr && !has_port, "--standalone runs one node on localhost with a free "
+                     "port; drop --nnodes/--master-addr/--master-port, or drop --standalone");
+    o.master_port = 0;
+  }
+  TITAN_USER_CHECK(o.node_rank < o.nnodes, "--node-rank ", o.node_rank, " is not below --nnodes ", o.nnodes,
+                   ": nodes are numbered 0..", o.nnodes - 1);
+  TITAN_USER_CHECK(o.master_port != 0 || o.nnodes == 1, "--master-port 0 (any free port) works on one node only: "
+                   "with --nnodes ", o.nnodes, " every node must be given the same port");
+  for (int r : o.local_ranks_filter)
+    TITAN_USER_CHECK(r < o.nproc_per_node, has_filter ? "--local-ranks-filter" : "LOG_RANK", " names local rank ", r,
+                     " but there are only ", o.nproc_per_node, " workers per node (local ranks 0..",
+                     o.nproc_per_node - 1, ")");
+  TITAN_USER_CHECK(!o.command.empty(), "nothing to launch: give the titan command after `--`, e.g. "
+                   "`titan launch --nproc-per-node 2 -- train --job.config_file F`");
+  const std::string& first = o.command.front();
+  TITAN_USER_CHECK(first.find('/') == std::string::npos && first != "titan" && first[0] != '-',
+                   "after `--` comes a titan command such as `train ...`, not '", first,
+                   "': the workers always run this titan binary");
+  return o;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Supervision
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr size_t kTailLines = 20;         // lines of a failed worker repeated in the report
+constexpr size_t kMaxLineBytes = 1 << 16;  // a longer line without '\n' is emitted in pieces
+
+int g_signal_pipe[2] = {-1, -1};  // the signal handler writes the signal number here
+
+void on_signal(int sig) {
+  const int saved = errno;
+  const unsigned char b = static_cast<unsigned char>(sig);
+  [[maybe_unused]] auto n = write(g_signal_pipe[1], &b, 1);
+  errno = saved;
+}
+
+std::string signal_name(int sig) {
+  if (const char* abbrev = sigabbrev_np(sig)) return std::string("SIG") + abbrev;
+  return "signal " + std::to_string(sig);
+}
+
+void write_all(int fd, const std::string& s) {
+  size_t off = 0;
+  while (off < s.size()) {
+    const ssize_t n = write(fd, s.data() + off, s.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // the reader went away; the workers keep running
+    off += static_cast<size_t>(n);
+  }
+}
+
+void say(const std::string& msg) { write_all(2, "titan launch: " + msg + "\n"); }
+
+struct Stream {
+  int fd = -1;        // read end of the worker's pipe; -1 once at EOF
+  int out_fd = 1;     // where its lines go: the launcher's stdout or stderr
+  std::string partial;
+};
+
+struct Worker {
+  int local_rank = 0, rank = 0;
+  pid_t pid = -1;          // also its process group id; kept until reaped so the id cannot be reused
+  bool shown = true;       // passes the local-ranks filter
+  bool exited = false, reaped = false;
+  int exit_status = 0;     // once exited: its exit code, or
+  int term_signal = 0;     // the signal that killed it (0: none)
+  Stream streams[2];
+  std::deque<std::string> tail;  // its last lines, shown or not
+
+  void emit(const std::string& line, int out_fd) {
+    const std::string prefixed = "[rank " + std::to_string(rank) + "]: " + line;
+    if (shown) write_all(out_fd, prefixed + "\n");
+    tail.push_back(prefixed);
+    if (tail.size() > kTailLines) tail.pop_front();
+  }
+
+  // Reads what is available on stream `s` (non-blocking) and emits the complete lines.
+  void pump(Stream& s) {
+    char buf[65536];
+    while (s.fd >= 0) {
+      const ssize_t n = read(s.fd, buf, sizeof buf);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return;  // EAGAIN: nothing more now
+      if (n == 0) {       // EOF: the worker (and its children) closed the pipe
+        close(s.fd);
+        s.fd = -1;
+        break;
+      }
+      s.partial.append(buf, static_cast<size_t>(n));
+      size_t start = 0, nl;
+      while ((nl = s.partial.find('\n', start)) != std::string::npos) {
+        emit(s.partial.substr(start, nl - start), s.out_fd);
+        start = nl + 1;
+      }
+      s.partial.erase(0, start);
+      if (s.partial.size() > kMaxLineBytes) {
+        emit(s.partial, s.out_fd);
+        s.partial.clear();
+      }
+    }
+  }
+
+  void pump_all() {
+    for (auto& s : streams) pump(s);
+  }
+  void flush_partial() {
+    for (auto& s : streams) {
+      if (!s.partial.empty()) emit(s.partial, s.out_fd);
+      s.partial.clear();
+    }
+  }
+  bool failed() const { return exited && (term_signal != 0 || exit_status != 0); }
+  std::string how() const {
+    return term_signal ? "failed: killed by " + signal_name(term_signal)
+                       : "failed with exit code " + std::to_string(exit_status);
+  }
+  int exit_code() const { return term_signal ? 128 + term_signal : exit_status; }
+};
+
+// A free TCP port on this host (bound and released; another process could take it in between).
+int pick_free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  TITAN_USER_CHECK(fd >= 0, "cannot open a socket to pick a free port: ", std::strerror(errno));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = 0;
+  socklen_t len = sizeof addr;
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+                  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  close(fd);
+  TITAN_USER_CHECK(ok, "cannot find a free port: ", std::strerror(errno), "; pass --master-port P");
+  return ntohs(addr.sin_port);
+}
+
+std::string self_exe() {
+  char buf[PATH_MAX];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  TITAN_USER_CHECK(n > 0, "cannot find the titan binary through /proc/self/exe: ", std::strerror(errno));
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+// The environment of one worker: ours, with the launch variables replaced.
+std::vector<std::string> worker_environment(const std::map<std::string, std::string>& set) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) {
+    const std::string kv = *e;
+    if (!set.count(kv.substr(0, kv.find('=')))) env.push_back(kv);
+  }
+  for (const auto& [k, v] : set) env.push_back(k + "=" + v);
+  return env;
+}
+
+// Forks one worker in its own process group with stdout/stderr on pipes, dying with the launcher.
+void spawn(Worker& w, const std::string& exe, std::vector<std::string> argv, std::vector<std::string> env) {
+  int out[2], err[2];
+  TITAN_USER_CHECK(pipe2(out, O_CLOEXEC) == 0 && pipe2(err, O_CLOEXEC) == 0, "cannot create pipes: ",
+                   std::strerror(errno));
+  const int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  std::vector<char*> cargv, cenv;  // built before fork: the child may only make async-signal-safe calls
+  for (auto& s : argv) cargv.push_back(s.data());
+  cargv.push_back(nullptr);
+  for (auto& s : env) cenv.push_back(s.data());
+  cenv.push_back(nullptr);
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  TITAN_USER_CHECK(pid >= 0, "cannot start worker ", w.rank, ": fork failed: ", std::strerror(errno));
+  if (pid == 0) {
+    setpgid(0, 0);                          // own group: stopping the worker stops its children too
+    prctl(PR_SET_PDEATHSIG, SIGKILL);       // the launcher died: die with it
+    if (getppid() != parent) _exit(1);      // ... even if it died before prctl
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE}) sigaction(sig, &dfl, nullptr);
+    if (devnull >= 0) dup2(devnull, 0);
+    dup2(out[1], 1);
+    dup2(err[1], 2);
+    execve(exe.c_str(), cargv.data(), cenv.data());
+    const char msg[] = "titan launch: cannot exec the worker binary\n";
+    [[maybe_unused]] auto n = write(2, msg, sizeof msg - 1);
+    _exit(127);
+  }
+  setpgid(pid, pid);  // also here, so the group exists before we might signal it
+  if (devnull >= 0) close(devnull);
+  close(out[1]);
+  close(err[1]);
+  w.pid = pid;
+  w.streams[0] = Stream{out[0], 1, {}};
+  w.streams[1] = Stream{err[0], 2, {}};
+  for (int fd : {out[0], err[0]}) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+}
+
+void signal_groups(std::vector<Worker>& workers, int sig) {
+  for (auto& w : workers)
+    if (w.pid > 0 && !w.reaped) kill(-w.pid, sig);  // unreaped: the group id is still ours
+}
+
+}  // namespace
+
+int launch_workers(const LaunchOptions& o) {
+  const std::string exe = self_exe();
+  const int world_size = o.nproc_per_node * o.nnodes;
+  const int port = o.master_port == 0 ? pick_free_port() : o.master_port;
+
+  TITAN_USER_CHECK(pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) == 0, "cannot create a pipe: ", std::strerror(errno));
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) sigaction(sig, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  std::map<std::string, std::string> common = {
+      {"WORLD_SIZE", std::to_string(world_size)},      {"LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node)},
+      {"GROUP_RANK", std::to_string(o.node_rank)},     {"NODE_RANK", std::to_string(o.node_rank)},
+      {"MASTER_ADDR", o.master_addr},                  {"MASTER_PORT", std::to_string(port)}};
+  // As torchrun does: several CPU-hungry processes on one node would oversubscribe the cores.
+  if (o.nproc_per_node > 1 && !std::getenv("OMP_NUM_THREADS")) common["OMP_NUM_THREADS"] = "1";
+
+  std::vector<Worker> workers(static_cast<size_t>(o.nproc_per_node));
+  for (int lr = 0; lr < o.nproc_per_node; ++lr) {
+    Worker& w = workers[lr];
+    w.local_rank = lr;
+    w.rank = o.node_rank * o.nproc_per_node + lr;
+    w.shown = o.local_ranks_filter.empty() || std::count(o.local_ranks_filter.begin(), o.local_ranks_filter.end(), lr);
+    auto vars = common;
+    vars["RANK"] = vars["ROLE_RANK"] = std::to_string(w.rank);
+    vars["LOCAL_RANK"] = std::to_string(lr);
+    std::vector<std::string> argv{exe};
+    if (o.command.front() == "debug-worker") argv.push_back("launch");  // the diagnostic lives under `launch`
+    argv.insert(argv.end(), o.command.begin(), o.command.end());
+    spawn(w, exe, argv, worker_environment(vars));
+  }
+
+  // The loop: relay output; on the first failure, signal or timeout, stop everyone (SIGTERM, then
+  // SIGKILL after the grace period); end when every worker has exited.
+  const auto start = Clock::now();
+  const auto grace = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.grace_seconds));
+  bool stopping = false, killed = false;
+  Clock::time_point kill_at{};
+  int result = 0;
+  auto stop = [&](int code) {
+    stopping = true;
+    result = code;
+    kill_at = Clock::now() + grace;
+    signal_groups(workers, SIGTERM);
+  };
+
+  while (true) {
+    std::vector<pollfd> fds{{g_signal_pipe[0], POLLIN, 0}};
+    std::vector<std::pair<Worker*, Stream*>> owners{{nullptr, nullptr}};
+    for (auto& w : workers)
+      for (auto& s : w.streams)
+        if (s.fd >= 0) {
+          fds.push_back({s.fd, POLLIN, 0});
+          owners.push_back({&w, &s});
+        }
+    poll(fds.data(), fds.size(), 100);
+    for (size_t i = 1; i < fds.size(); ++i)
+      if (fds[i].revents) owners[i].first->pump(*owners[i].second);
+
+    unsigned char sig;
+    while (read(g_signal_pipe[0], &sig, 1) == 1) {
+      if (sig == SIGCHLD) continue;  // only wakes the loop
+      if (!stopping) {
+        say("received " + signal_name(sig) + ", stopping the workers");
+        stopping = true;
+        result = 128 + sig;
+        kill_at = Clock::now() + grace;
+        signal_groups(workers, sig);
+      } else if (!killed) {
+        say("received " + signal_name(sig) + " again, killing the workers");
+        killed = true;
+        signal_groups(workers, SIGKILL);
+      }
+    }
+
+    // Exits, detected without reaping (WNOWAIT) so that each pid, and with it the group id, stays ours.
+    std::vector<Worker*> failures;
+    for (auto& w : workers) {
+      if (w.exited) continue;
+      siginfo_t info{};
+      if (waitid(P_PID, static_cast<id_t>(w.pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid == 0)
+        continue;
+      w.exited = true;
+      (info.si_code == CLD_EXITED ? w.exit_status : w.term_signal) = info.si_status;
+      w.pump_all();
+      if (w.failed() && !stopping) failures.push_back(&w);
+    }
+    if (!failures.empty()) {
+      for (Worker* w : failures) {
+        w->flush_partial();
+        say("rank " + std::to_string(w->rank) + " (pid " + std::to_string(w->pid) + ") " + w->how());
+        if (!w->tail.empty()) {
+          std::string lines;
+          for (const auto& l : w->tail) lines += "  " + l + "\n";
+          write_all(2, "titan launch: last lines of rank " + std::to_string(w->rank) + ":\n" + lines);
+        }
+      }
+      const auto running = std::count_if(workers.begin(), workers.end(), [](const Worker& w) { return !w.exited; });
+      say("stopping the other " + std::to_string(running) + " worker(s)");
+      stop(failures.front()->exit_code());
+    }
+
+    if (!stopping && o.timeout_seconds > 0 &&
+        Clock::now() - start > std::chrono::duration<double>(o.timeout_seconds)) {
+      char secs[32];
+      std::snprintf(secs, sizeof secs, "%g", o.timeout_seconds);
+      say(std::string("timeout of ") + secs + " s (--timeout-seconds) reached, stopping the workers");
+      stop(124);
+    }
+    if (stopping && !killed && Clock::now() >= kill_at) {
+      const auto left = std::count_if(workers.begin(), workers.end(), [](const Worker& w) { return !w.exited; });
+      if (left > 0) say(std::to_string(left) + " worker(s) still running after the grace period, sending SIGKILL");
+      killed = true;
+      signal_groups(workers, SIGKILL);
+    }
+    if (std::all_of(workers.begin(), workers.end(), [](const Worker& w) { return w.exited; })) break;
+  }
+
+  // Whatever a worker left in its process group goes now; then reap, so no process outlives the launcher.
+  for (auto& w : workers) {
+    w.pump_all();  // what is still buffered in the pipes (EAGAIN if a child of the worker holds them open)
+    w.flush_partial();
+    for (auto& s : w.streams)
+      if (s.fd >= 0) close(s.fd);
+  }
+  signal_groups(workers, SIGKILL);
+  for (auto& w : workers) {
+    int status;
+    while (waitpid(w.pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    w.reaped = true;
+  }
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) signal(sig, SIG_DFL);
+  close(g_signal_pipe[0]);
+  close(g_signal_pipe[1]);
+  return result;
+}
+
+int run_launcher(const std::vector<std::string>& args) {
+  if (!args.empty() && args[0] == "debug-worker") return run_debug_worker({args.begin() + 1, args.end()});
+  for (size_t i = 0; i < args.size(); ++i) {  // --help among the launcher's options (not the worker's)
+    const std::string& a = args[i];
+    if (a == "--" || a.empty() || a[0] != '-') break;
+    if (a == "--help" || a == "-h") {
+      std::cout << launch_help();
+      return 0;
+    }
+    std::string name = a.substr(0, a.find('='));
+    std::replace(name.begin(), name.end(), '_', '-');
+    if (a.find('=') == std::string::npos &&
+        std::find(std::begin(kValueOptions), std::end(kValueOptions), name) != std::end(kValueOptions))
+      ++i;  // skip its value
+  }
+  return launch_workers(parse_launch_options(args));
+}
+
+}  // namespace titan::dist

@@ -1,0 +1,52 @@
+// `titan launch`: starts the workers of one node, like torchrun.
+//
+//   titan launch --nproc-per-node N [--nnodes M --node-rank K --master-addr A --master-port P]
+//                [--standalone] [--local-ranks-filter 0,1] [--timeout-seconds S] [--grace-seconds G]
+//                -- train --job.config_file F ...
+//
+// Each worker is this same binary run with the arguments after `--` and torchrun's environment
+// (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, NODE_RANK, ROLE_RANK, MASTER_ADDR,
+// MASTER_PORT), read back by launch_env_from_environment() (runtime.h). Every output line of a worker
+// is printed whole with a "[rank R]: " prefix, optionally only for some local ranks (LOG_RANK).
+// When a worker fails, the launcher names it, prints its last lines, stops the others (SIGTERM, then
+// SIGKILL after the grace period), reaps everything and exits non-zero. See docs/launch.md.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace titan::dist {
+
+struct LaunchOptions {
+  int nproc_per_node = 0;                  // workers on this node (required)
+  int nnodes = 1;                          // nodes in the job
+  int node_rank = 0;                       // this node's index, 0 <= node_rank < nnodes
+  std::string master_addr = "127.0.0.1";   // host of rank 0 (node 0)
+  int master_port = 29500;                 // 0: pick a free port (single node only)
+  std::vector<int> local_ranks_filter;     // local ranks whose output is shown; empty: all
+  double timeout_seconds = 0;              // wall-clock limit for the whole job; 0: none
+  double grace_seconds = 5;                // SIGTERM -> SIGKILL delay when stopping workers
+  std::vector<std::string> command;        // the titan command each worker runs, e.g. {"train", ...}
+};
+
+// Parses the arguments of `titan launch` (after "launch"); LOG_RANK in the environment sets the
+// filter when --local-ranks-filter is absent. Throws UserError on bad or missing arguments.
+LaunchOptions parse_launch_options(const std::vector<std::string>& args);
+
+// Starts the workers of `opts`, relays their output, supervises them, and returns the exit code of the
+// launcher: 0 when every worker exited 0; the failed worker's exit code (128 + signal when killed);
+// 128 + signal when the launcher itself was interrupted; 124 when --timeout-seconds ran out.
+int launch_workers(const LaunchOptions& opts);
+
+// Entry point of `titan launch ARGS` (help, options, then launch_workers). Also runs the diagnostic
+// `titan launch debug-worker ...`, the stand-in worker of the launcher's tests (see docs/launch.md).
+int run_launcher(const std::vector<std::string>& args);
+
+// The usage text of `titan launch --help`.
+std::string launch_help();
+
+// The diagnostic worker: prints its environment, pid and lines, sleeps, then exits with a given code
+// or raises a signal on a chosen rank. Not a user command; it exists to test the launcher.
+int run_debug_worker(const std::vector<std::string>& args);
+
+}  // namespace titan::dist

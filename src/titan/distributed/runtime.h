@@ -1,0 +1,49 @@
+// Where this process sits in a multi-process job: its rank, the world size, its rank on this node,
+// and the rendezvous address (MASTER_ADDR:MASTER_PORT) every rank connects to.
+//
+// The environment is read from, in this order:
+//   1. torchrun's variables (also set by `titan launch`): RANK, WORLD_SIZE, LOCAL_RANK,
+//      LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, and GROUP_RANK (or NODE_RANK) for the node index;
+//   2. SLURM's task variables (one `srun` task per GPU): SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID,
+//      SLURM_NTASKS_PER_NODE or SLURM_[STEP_]TASKS_PER_NODE, SLURM_NODEID, and the first host of
+//      SLURM_[STEP_|JOB_]NODELIST as the master; MASTER_ADDR / MASTER_PORT override the master;
+//   3. otherwise a single process (rank 0 of 1).
+// An inconsistent environment is a UserError that says which variable is wrong and what to set.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace titan::dist {
+
+struct LaunchEnv {
+  int rank = 0;                 // global rank, 0 <= rank < world_size
+  int world_size = 1;           // number of processes in the job
+  int local_rank = 0;           // rank among the processes of this node (picks the GPU)
+  int local_world_size = 1;     // number of processes on this node
+  int node_rank = 0;            // index of this node (torchrun's GROUP_RANK, SLURM_NODEID)
+  std::string master_addr = "127.0.0.1";  // host of the rendezvous store (rank 0's node)
+  int master_port = 29500;                 // its TCP port
+  std::string source = "single";          // "torchrun" | "slurm" | "single"
+};
+
+// Reads the launch environment of this process (see the top of this file). Throws UserError when the
+// variables are partial, not numbers, or inconsistent (rank >= world size, ...).
+LaunchEnv launch_env_from_environment();
+
+// One line for logs: "rank 1/8 (local 1/4, node 0) master 10.0.0.1:29500 [torchrun]".
+std::string describe(const LaunchEnv& env);
+
+// Expands a SLURM hostlist: "node[01-03,07],gpu5" -> node01 node02 node03 node07 gpu5. Zero padding of
+// a range follows its lower bound; several bracket groups in one name expand as a product
+// ("r[1-2]n[1-2]" -> r1n1 r1n2 r2n1 r2n2). Throws UserError on malformed lists.
+std::vector<std::string> expand_slurm_hostlist(const std::string& hostlist);
+
+// Expands SLURM_TASKS_PER_NODE: "4(x2),3" -> 4 4 3 (tasks on each node, in node order).
+std::vector<int> expand_slurm_tasks_per_node(const std::string& value);
+
+// The default MASTER_PORT for a SLURM job: 20000 + job id mod 10000, the same on every node of the job,
+// different for concurrent jobs, and below Linux's ephemeral port range (32768+).
+int slurm_default_master_port(const std::string& job_id);
+
+}  // namespace titan::dist

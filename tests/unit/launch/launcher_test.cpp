@@ -1,0 +1,350 @@
+// `titan launch` through the real binary, with the diagnostic `debug-worker` as the workers: the
+// environment each worker sees, output prefixes and filters, failures, signals, timeouts, and that no
+// worker (or child of one) outlives the launcher.
+#include "test_util.h"
+
+#include "titan/common/error.h"
+#include "titan/distributed/launcher.h"
+
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <fcntl.h>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
+
+namespace titan::dist {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+const std::string kTitan = std::string(TITAN_BINARY_DIR) + "/titan";
+
+test::ProcessResult launch(std::vector<std::string> args, const std::map<std::string, std::string>& env = {}) {
+  args.insert(args.begin(), {kTitan, "launch"});
+  return test::run_process(args, env, 60s);
+}
+
+// The values of "[rank R]: KEY=VALUE" lines, by rank.
+std::map<int, std::string> values(const std::string& output, const std::string& key) {
+  std::map<int, std::string> out;
+  const std::regex line("^\\[rank (\\d+)\\]: " + key + "=(.*)$");
+  std::istringstream in(output);
+  std::string l;
+  std::smatch m;
+  while (std::getline(in, l))
+    if (std::regex_match(l, m, line)) out[std::stoi(m[1])] = m[2];
+  return out;
+}
+
+int count_lines_with(const std::string& output, const std::string& prefix) {
+  std::istringstream in(output);
+  std::string l;
+  int n = 0;
+  while (std::getline(in, l)) n += l.rfind(prefix, 0) == 0;
+  return n;
+}
+
+// Alive and not a zombie (a reparented zombie may linger until init reaps it).
+bool alive(int pid) {
+  if (kill(pid, 0) != 0) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string s((std::istreambuf_iterator<char>(stat)), {});
+  const auto paren = s.rfind(')');
+  return paren == std::string::npos || paren + 2 >= s.size() || s[paren + 2] != 'Z';
+}
+
+bool gone_soon(int pid) {  // allows a moment for processes that die asynchronously
+  for (int i = 0; i < 100 && alive(pid); ++i) std::this_thread::sleep_for(20ms);
+  return !alive(pid);
+}
+
+void expect_all_gone(const std::map<int, std::string>& pids) {
+  ASSERT_FALSE(pids.empty());
+  for (const auto& [rank, pid] : pids) EXPECT_TRUE(gone_soon(std::stoi(pid))) << "rank " << rank << " pid " << pid;
+}
+
+TEST(Launcher, WorkerEnvironment) {
+  auto r = launch({"--nproc-per-node", "3", "--master-port", "0", "--", "debug-worker", "--print-env"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto rank = values(r.output, "env RANK"), local = values(r.output, "env LOCAL_RANK");
+  const auto port = values(r.output, "env MASTER_PORT");
+  ASSERT_EQ(rank.size(), 3u) << r.output;
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(rank.at(i), std::to_string(i));
+    EXPECT_EQ(local.at(i), std::to_string(i));
+    EXPECT_EQ(values(r.output, "env WORLD_SIZE").at(i), "3");
+    EXPECT_EQ(values(r.output, "env LOCAL_WORLD_SIZE").at(i), "3");
+    EXPECT_EQ(values(r.output, "env GROUP_RANK").at(i), "0");
+    EXPECT_EQ(values(r.output, "env MASTER_ADDR").at(i), "127.0.0.1");
+    EXPECT_EQ(values(r.output, "env OMP_NUM_THREADS").at(i), "1");
+    EXPECT_EQ(port.at(i), port.at(0));
+  }
+  const int p = std::stoi(port.at(0));
+  EXPECT_GT(p, 0);
+  EXPECT_LT(p, 65536);
+  // What the trainer reads back through launch_env_from_environment():
+  EXPECT_NE(r.output.find("[rank 2]: launch_env rank 2/3 (local 2/3, node 0) master 127.0.0.1:" + port.at(0) +
+                          " [torchrun]"),
+            std::string::npos)
+      << r.output;
+}
+
+TEST(Launcher, SecondNodeOfTwoWithTorchrunSpellings) {
+  auto r = launch({"--nnodes=2", "--node_rank", "1", "--nproc_per_node=2", "--master_addr", "10.1.2.3",
+                   "--master_port=4321", "debug-worker", "--print-env"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("[rank 2]: launch_env rank 2/4 (local 0/2, node 1) master 10.1.2.3:4321 [torchrun]"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("[rank 3]: launch_env rank 3/4 (local 1/2, node 1) master 10.1.2.3:4321 [torchrun]"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(values(r.output, "env NODE_RANK").at(3), "1");
+  EXPECT_EQ(r.output.find("[rank 0]"), std::string::npos);
+}
+
+TEST(Launcher, StandalonePicksAFreePort) {
+  auto r = launch({"--standalone", "--nproc-per-node", "1", "--", "debug-worker", "--print-env"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(values(r.output, "env MASTER_ADDR").at(0), "127.0.0.1");
+  EXPECT_NE(values(r.output, "env MASTER_PORT").at(0), "0");
+}
+
+TEST(Launcher, PrefixesWholeLines) {
+  auto r = launch({"--nproc-per-node", "2", "--", "debug-worker", "--lines", "200", "--partial", "no newline"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // Every line of both workers and streams arrives whole, with its own rank's prefix.
+  const std::regex good("^\\[rank (\\d)\\]: (stdout|stderr) line \\d+ of rank (\\d)$|^\\[rank \\d\\]: no newline$");
+  std::istringstream in(r.output);
+  std::string l;
+  std::smatch m;
+  int worker_lines = 0;
+  while (std::getline(in, l)) {
+    ASSERT_TRUE(std::regex_match(l, m, good)) << "mangled line: '" << l << "'";
+    if (m[1].matched) {
+      EXPECT_EQ(m[1], m[3]) << l;
+    }
+    ++worker_lines;
+  }
+  EXPECT_EQ(worker_lines, 2 * (200 * 2 + 1));
+  EXPECT_EQ(count_lines_with(r.output, "[rank 1]: no newline"), 1);
+}
+
+TEST(Launcher, FiltersOutputByLocalRank) {
+  auto r = launch({"--nproc-per-node", "3", "--local-ranks-filter", "0,2", "--", "debug-worker", "--lines", "2"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(count_lines_with(r.output, "[rank 0]: "), 4);
+  EXPECT_EQ(count_lines_with(r.output, "[rank 1]: "), 0);
+  EXPECT_EQ(count_lines_with(r.output, "[rank 2]: "), 4);
+
+  auto e = launch({"--nproc-per-node", "2", "--", "debug-worker", "--lines", "2"}, {{"LOG_RANK", "1"}});
+  ASSERT_EQ(e.exit_code, 0) << e.output;
+  EXPECT_EQ(count_lines_with(e.output, "[rank 0]: "), 0);
+  EXPECT_EQ(count_lines_with(e.output, "[rank 1]: "), 4);
+
+  // The option wins over LOG_RANK.
+  auto both = launch({"--nproc-per-node", "2", "--local-ranks-filter", "0", "--", "debug-worker", "--lines", "1"},
+                     {{"LOG_RANK", "1"}});
+  EXPECT_EQ(count_lines_with(both.output, "[rank 0]: "), 2);
+  EXPECT_EQ(count_lines_with(both.output, "[rank 1]: "), 0);
+}
+
+TEST(Launcher, FailingWorkerStopsTheOthers) {
+  const auto start = Clock::now();
+  auto r = launch({"--nproc-per-node", "3", "--local-ranks-filter", "0", "--", "debug-worker", "--print-pid",
+                   "--lines", "3", "--sleep-ms", "30000", "--fail-rank", "1", "--fail-after-ms", "300",
+                   "--exit-code", "3"});
+  const double secs = std::chrono::duration<double>(Clock::now() - start).count();
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_LT(secs, 10.0) << r.output;
+  // Rank 1 is filtered out of the stream, but its pid and last lines are in the report.
+  EXPECT_EQ(values(r.output, "pid").count(1), 0u);
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.output, m, std::regex("titan launch: rank 1 \\(pid (\\d+)\\) failed with exit code 3")))
+      << r.output;
+  EXPECT_NE(r.output.find("titan launch: last lines of rank 1:\n  [rank 1]: pid=" + m[1].str()), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("  [rank 1]: stderr line 2 of rank 1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("stopping the other 2 worker(s)"), std::string::npos) << r.output;
+  auto pids = values(r.output, "pid");
+  pids[1] = m[1];
+  expect_all_gone(pids);
+}
+
+TEST(Launcher, KilledWorkerIsNamedWithItsSignal) {
+  auto r = launch({"--nproc-per-node", "2", "--", "debug-worker", "--print-pid", "--sleep-ms", "30000", "--fail-rank",
+                   "0", "--fail-after-ms", "200", "--raise", "KILL"});
+  EXPECT_EQ(r.exit_code, 128 + SIGKILL) << r.output;
+  EXPECT_TRUE(std::regex_search(r.output, std::regex("titan launch: rank 0 \\(pid \\d+\\) failed: killed by SIGKILL")))
+      << r.output;
+  expect_all_gone(values(r.output, "pid"));
+}
+
+TEST(Launcher, ChildrenOfWorkersDoNotOutliveTheLauncher) {
+  // Failure: the failing worker's child and the other worker with its child are stopped.
+  auto r = launch({"--nproc-per-node", "2", "--", "debug-worker", "--print-pid", "--spawn-grandchild", "--sleep-ms",
+                   "30000", "--fail-rank", "1", "--fail-after-ms", "200", "--exit-code", "1"});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_EQ(values(r.output, "grandchild_pid").size(), 2u) << r.output;
+  expect_all_gone(values(r.output, "grandchild_pid"));
+  expect_all_gone(values(r.output, "pid"));
+  // Success: what a worker leaves behind goes too.
+  auto ok = launch({"--nproc-per-node", "1", "--", "debug-worker", "--spawn-grandchild"});
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+  expect_all_gone(values(ok.output, "grandchild_pid"));
+}
+
+TEST(Launcher, SigkillAfterTheGracePeriod) {
+  const auto start = Clock::now();
+  auto r = launch({"--nproc-per-node", "2", "--grace-seconds", "1", "--", "debug-worker", "--print-pid",
+                   "--ignore-sigterm", "--sleep-ms", "30000", "--fail-rank", "0", "--fail-after-ms", "200",
+                   "--exit-code", "2"});
+  const double secs = std::chrono::duration<double>(Clock::now() - start).count();
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_GE(secs, 1.0);
+  EXPECT_LT(secs, 10.0);
+  EXPECT_NE(r.output.find("1 worker(s) still running after the grace period, sending SIGKILL"), std::string::npos)
+      << r.output;
+  expect_all_gone(values(r.output, "pid"));
+}
+
+TEST(Launcher, TimeoutStopsEveryone) {
+  const auto start = Clock::now();
+  auto r = launch({"--nproc-per-node", "2", "--timeout-seconds", "1.5", "--", "debug-worker", "--print-pid",
+                   "--sleep-ms", "30000"});
+  const double secs = std::chrono::duration<double>(Clock::now() - start).count();
+  EXPECT_EQ(r.exit_code, 124) << r.output;
+  EXPECT_GE(secs, 1.5);
+  EXPECT_LT(secs, 10.0);
+  EXPECT_NE(r.output.find("timeout of 1.5 s (--timeout-seconds) reached"), std::string::npos) << r.output;
+  expect_all_gone(values(r.output, "pid"));
+}
+
+// Starts the launcher in the background (output to `log`), waits until all `n` workers printed their pid.
+pid_t start_launcher(const std::vector<std::string>& args, const std::string& log, int n) {
+  std::vector<std::string> argv{kTitan, "launch"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  const pid_t pid = fork();
+  if (pid == 0) {
+    const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    std::vector<char*> cargv;
+    for (auto& s : argv) cargv.push_back(s.data());
+    cargv.push_back(nullptr);
+    execv(kTitan.c_str(), cargv.data());
+    _exit(127);
+  }
+  for (int i = 0; i < 1500; ++i) {
+    std::ifstream in(log);
+    const std::string out((std::istreambuf_iterator<char>(in)), {});
+    if (static_cast<int>(values(out, "pid").size()) == n) break;
+    std::this_thread::sleep_for(20ms);
+  }
+  return pid;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), {});
+}
+
+TEST(Launcher, SigtermToTheLauncherStopsTheWorkers) {
+  test::TempDir dir;
+  const std::string log = dir / "log";
+  const pid_t launcher =
+      start_launcher({"--nproc-per-node", "2", "--", "debug-worker", "--print-pid", "--sleep-ms", "30000"}, log, 2);
+  ASSERT_EQ(values(read_file(log), "pid").size(), 2u) << read_file(log);
+  ASSERT_EQ(kill(launcher, SIGTERM), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(launcher, &status, 0), launcher);
+  const std::string out = read_file(log);
+  ASSERT_TRUE(WIFEXITED(status)) << out;
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM) << out;
+  EXPECT_NE(out.find("titan launch: received SIGTERM, stopping the workers"), std::string::npos) << out;
+  expect_all_gone(values(out, "pid"));
+}
+
+TEST(Launcher, WorkersDieWithAKilledLauncher) {
+  test::TempDir dir;
+  const std::string log = dir / "log";
+  const pid_t launcher =
+      start_launcher({"--nproc-per-node", "2", "--", "debug-worker", "--print-pid", "--sleep-ms", "30000"}, log, 2);
+  ASSERT_EQ(values(read_file(log), "pid").size(), 2u) << read_file(log);
+  ASSERT_EQ(kill(launcher, SIGKILL), 0);
+  int status = 0;
+  waitpid(launcher, &status, 0);
+  expect_all_gone(values(read_file(log), "pid"));  // PR_SET_PDEATHSIG
+}
+
+TEST(Launcher, BadArgumentsThroughTheBinary) {
+  auto r = launch({"--", "train"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("titan launch: error: titan launch needs --nproc-per-node N"), std::string::npos) << r.output;
+  auto u = launch({"--nproc-per-node", "2", "--no-python", "train"});
+  EXPECT_EQ(u.exit_code, 1);
+  EXPECT_NE(u.output.find("unknown option '--no-python'. It is not needed"), std::string::npos) << u.output;
+}
+
+TEST(Launcher, HelpDoesNotListTheDiagnosticWorker) {
+  auto h = launch({"--nproc-per-node", "2", "--help"});
+  EXPECT_EQ(h.exit_code, 0);
+  EXPECT_NE(h.output.find("--local-ranks-filter"), std::string::npos);
+  EXPECT_EQ(h.output.find("debug-worker"), std::string::npos);
+  auto top = test::run_process({kTitan, "--help"});
+  EXPECT_EQ(top.output.find("debug-worker"), std::string::npos);
+}
+
+std::string parse_error(const std::vector<std::string>& args) {
+  try {
+    parse_launch_options(args);
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(LaunchOptions, Errors) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--nproc-per-node", "x", "--", "train"}, "--nproc-per-node takes a whole number, got 'x'"},
+      {{"--nproc-per-node", "gpu", "--", "train"}, "'gpu' is not supported"},
+      {{"--nproc-per-node", "0", "--", "train"}, "--nproc-per-node must be between 1"},
+      {{"--nproc-per-node", "2", "--nnodes", "1:4", "--", "train"}, "elastic ranges like 1:4 are not supported"},
+      {{"--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "2", "--", "train"}, "--node-rank 2 is not below --nnodes 2"},
+      {{"--nproc-per-node", "2", "--nnodes", "2", "--master-port", "0", "--", "train"}, "works on one node only"},
+      {{"--nproc-per-node", "2", "--local-ranks-filter", "0,5", "--", "train"}, "names local rank 5 but there are only 2"},
+      {{"--nproc-per-node", "2", "--local-ranks-filter", "a", "--", "train"}, "'a' is not a rank"},
+      {{"--nproc-per-node", "2"}, "nothing to launch"},
+      {{"--nproc-per-node", "2", "--", "build/titan", "train"}, "not 'build/titan'"},
+      {{"--nproc-per-node", "2", "--frobnicate", "--", "train"}, "unknown option '--frobnicate'"},
+      {{"--nproc-per-node", "2", "--rdzv-backend", "c10d", "--", "train"}, "Rendezvous backends are not supported"},
+      {{"--nproc-per-node"}, "--nproc-per-node needs a value"},
+      {{"--standalone", "--master-port", "1234", "--nproc-per-node", "2", "--", "train"}, "drop --standalone"},
+      {{"--nproc-per-node", "2", "--timeout-seconds", "-1", "--", "train"}, "positive number of seconds"},
+  };
+  for (const auto& [args, expected] : cases) {
+    const std::string msg = parse_error(args);
+    EXPECT_NE(msg.find(expected), std::string::npos) << "args: " << ::testing::PrintToString(args) << "\nmessage: " << msg;
+  }
+}
+
+TEST(LaunchOptions, LogRankEnvironment) {
+  setenv("LOG_RANK", "1,0", 1);
+  const auto o = parse_launch_options({"--nproc-per-node", "2", "train", "--training.steps", "3"});
+  unsetenv("LOG_RANK");
+  EXPECT_EQ(o.local_ranks_filter, (std::vector<int>{1, 0}));
+  EXPECT_EQ(o.command, (std::vector<std::string>{"train", "--training.steps", "3"}));
+  setenv("LOG_RANK", "4", 1);
+  EXPECT_NE(parse_error({"--nproc-per-node", "2", "--", "train"}).find("LOG_RANK names local rank 4"), std::string::npos);
+  unsetenv("LOG_RANK");
+}
+
+}  // namespace
+}  // namespace titan::dist

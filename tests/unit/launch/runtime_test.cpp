@@ -1,0 +1,224 @@
+// launch_env_from_environment: torchrun's variables, SLURM's, the single-process default, and the
+// errors of partial or inconsistent environments. The environment is set in-process and restored.
+#include "titan/common/error.h"
+#include "titan/distributed/runtime.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <map>
+#include <optional>
+#include <string>
+
+namespace titan::dist {
+namespace {
+
+const char* kVars[] = {"RANK",          "WORLD_SIZE",        "LOCAL_RANK",         "LOCAL_WORLD_SIZE",
+                       "GROUP_RANK",    "NODE_RANK",         "MASTER_ADDR",        "MASTER_PORT",
+                       "SLURM_PROCID",  "SLURM_NTASKS",      "SLURM_NPROCS",       "SLURM_LOCALID",
+                       "SLURM_NODEID",  "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE",
+                       "SLURM_JOB_NODELIST", "SLURM_STEP_NODELIST", "SLURM_NODELIST", "SLURM_JOB_ID"};
+
+// Clears every launch variable for the test and restores the original values afterwards.
+class LaunchEnvTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const char* v : kVars) {
+      if (const char* old = std::getenv(v)) saved_[v] = old;
+      unsetenv(v);
+    }
+  }
+  void TearDown() override {
+    for (const char* v : kVars) unsetenv(v);
+    for (const auto& [k, v] : saved_) setenv(k.c_str(), v.c_str(), 1);
+  }
+  void set(const std::map<std::string, std::string>& vars) {
+    for (const auto& [k, v] : vars) setenv(k.c_str(), v.c_str(), 1);
+  }
+  // The UserError message of launch_env_from_environment(), or "" when it succeeds.
+  std::string error() {
+    try {
+      launch_env_from_environment();
+    } catch (const UserError& e) {
+      return e.what();
+    }
+    return "";
+  }
+
+ private:
+  std::map<std::string, std::string> saved_;
+};
+
+#define EXPECT_ERROR_HAS(text)                                       \
+  do {                                                               \
+    const std::string msg = error();                                 \
+    EXPECT_NE(msg.find(text), std::string::npos) << "message: " << msg; \
+  } while (0)
+
+TEST_F(LaunchEnvTest, SingleProcessByDefault) {
+  const LaunchEnv e = launch_env_from_environment();
+  EXPECT_EQ(e.source, "single");
+  EXPECT_EQ(e.rank, 0);
+  EXPECT_EQ(e.world_size, 1);
+  EXPECT_EQ(e.local_rank, 0);
+  EXPECT_EQ(e.local_world_size, 1);
+  EXPECT_EQ(e.master_addr, "127.0.0.1");
+  EXPECT_EQ(e.master_port, 29500);
+}
+
+TEST_F(LaunchEnvTest, Torchrun) {
+  set({{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"}, {"GROUP_RANK", "1"},
+       {"MASTER_ADDR", "node01"}, {"MASTER_PORT", "1234"}});
+  const LaunchEnv e = launch_env_from_environment();
+  EXPECT_EQ(e.source, "torchrun");
+  EXPECT_EQ(e.rank, 5);
+  EXPECT_EQ(e.world_size, 8);
+  EXPECT_EQ(e.local_rank, 1);
+  EXPECT_EQ(e.local_world_size, 4);
+  EXPECT_EQ(e.node_rank, 1);
+  EXPECT_EQ(e.master_addr, "node01");
+  EXPECT_EQ(e.master_port, 1234);
+  EXPECT_EQ(describe(e), "rank 5/8 (local 1/4, node 1) master node01:1234 [torchrun]");
+}
+
+TEST_F(LaunchEnvTest, TorchrunNodeRankFallbacks) {
+  set({{"RANK", "6"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "2"}, {"LOCAL_WORLD_SIZE", "4"}, {"MASTER_ADDR", "h"},
+       {"MASTER_PORT", "1"}});
+  EXPECT_EQ(launch_env_from_environment().node_rank, 1);  // 6 / 4
+  set({{"NODE_RANK", "3"}});
+  EXPECT_EQ(launch_env_from_environment().node_rank, 3);
+}
+
+TEST_F(LaunchEnvTest, TorchrunOneProcessNeedsNoMaster) {
+  set({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "1"}});
+  const LaunchEnv e = launch_env_from_environment();
+  EXPECT_EQ(e.source, "torchrun");
+  EXPECT_EQ(e.master_addr, "127.0.0.1");
+}
+
+TEST_F(LaunchEnvTest, TorchrunPartial) {
+  set({{"RANK", "0"}});
+  EXPECT_ERROR_HAS("found RANK but not WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE");
+  EXPECT_ERROR_HAS("titan launch --nproc-per-node");
+}
+
+TEST_F(LaunchEnvTest, TorchrunMissingMaster) {
+  set({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}});
+  EXPECT_ERROR_HAS("MASTER_PORT not set");
+}
+
+TEST_F(LaunchEnvTest, TorchrunNotANumber) {
+  set({{"RANK", "one"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"},
+       {"MASTER_PORT", "29500"}});
+  EXPECT_ERROR_HAS("RANK is 'one', which is not a whole number");
+  set({{"RANK", "1"}, {"WORLD_SIZE", "2x"}});
+  EXPECT_ERROR_HAS("WORLD_SIZE is '2x'");
+  set({{"WORLD_SIZE", "2"}, {"MASTER_PORT", "70000"}});
+  EXPECT_ERROR_HAS("MASTER_PORT is 70000, out of range");
+  set({{"MASTER_PORT", "29500"}, {"LOCAL_RANK", "-1"}});
+  EXPECT_ERROR_HAS("LOCAL_RANK is -1, out of range");
+}
+
+TEST_F(LaunchEnvTest, TorchrunInconsistent) {
+  set({{"RANK", "2"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"},
+       {"MASTER_PORT", "29500"}});
+  EXPECT_ERROR_HAS("RANK=2 is not below WORLD_SIZE=2");
+  set({{"RANK", "1"}, {"LOCAL_RANK", "2"}});
+  EXPECT_ERROR_HAS("LOCAL_RANK=2 is not below LOCAL_WORLD_SIZE=2");
+  set({{"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "4"}});
+  EXPECT_ERROR_HAS("LOCAL_WORLD_SIZE=4 exceeds WORLD_SIZE=2");
+  set({{"WORLD_SIZE", "0"}});
+  EXPECT_ERROR_HAS("WORLD_SIZE is 0, out of range");
+}
+
+TEST_F(LaunchEnvTest, TorchrunWinsOverSlurm) {
+  set({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"},
+       {"MASTER_PORT", "29500"}, {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_LOCALID", "0"}});
+  EXPECT_EQ(launch_env_from_environment().source, "torchrun");
+}
+
+TEST_F(LaunchEnvTest, Slurm) {
+  set({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"}, {"SLURM_NODEID", "1"},
+       {"SLURM_NTASKS_PER_NODE", "4"}, {"SLURM_JOB_NODELIST", "gpu[07-08]"}, {"SLURM_JOB_ID", "123456"}});
+  const LaunchEnv e = launch_env_from_environment();
+  EXPECT_EQ(e.source, "slurm");
+  EXPECT_EQ(e.rank, 5);
+  EXPECT_EQ(e.world_size, 8);
+  EXPECT_EQ(e.local_rank, 1);
+  EXPECT_EQ(e.local_world_size, 4);
+  EXPECT_EQ(e.node_rank, 1);
+  EXPECT_EQ(e.master_addr, "gpu07");
+  EXPECT_EQ(e.master_port, 20000 + 123456 % 10000);
+  // Overrides of the master, as torchtitan's sbatch script exports them.
+  set({{"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "29400"}});
+  const LaunchEnv o = launch_env_from_environment();
+  EXPECT_EQ(o.master_addr, "10.0.0.1");
+  EXPECT_EQ(o.master_port, 29400);
+}
+
+TEST_F(LaunchEnvTest, SlurmTasksPerNodeList) {
+  // 3 + 3 + 2 tasks: the third node's first task is rank 6.
+  set({{"SLURM_PROCID", "7"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"}, {"SLURM_NODEID", "2"},
+       {"SLURM_TASKS_PER_NODE", "3(x2),2"}, {"SLURM_JOB_NODELIST", "a1,b[2-3]"}});
+  const LaunchEnv e = launch_env_from_environment();
+  EXPECT_EQ(e.local_world_size, 2);
+  EXPECT_EQ(e.master_addr, "a1");
+  EXPECT_EQ(e.master_port, 29500);  // no job id: the default
+  // The step's values take precedence over the job's.
+  set({{"SLURM_STEP_TASKS_PER_NODE", "4(x2)"}, {"SLURM_STEP_NODELIST", "c[5-6]"}, {"SLURM_NODEID", "1"},
+       {"SLURM_LOCALID", "3"}});
+  const LaunchEnv s = launch_env_from_environment();
+  EXPECT_EQ(s.local_world_size, 4);
+  EXPECT_EQ(s.master_addr, "c5");
+}
+
+TEST_F(LaunchEnvTest, SlurmErrors) {
+  set({{"SLURM_PROCID", "0"}, {"SLURM_LOCALID", "0"}});
+  EXPECT_ERROR_HAS("neither SLURM_NTASKS nor SLURM_NPROCS");
+  set({{"SLURM_NTASKS", "4"}});
+  EXPECT_ERROR_HAS("none of SLURM_NTASKS_PER_NODE");
+  set({{"SLURM_TASKS_PER_NODE", "2(x2)"}, {"SLURM_NODEID", "2"}});
+  EXPECT_ERROR_HAS("SLURM_NODEID=2 but SLURM_TASKS_PER_NODE='2(x2)' lists 2 node(s)");
+  set({{"SLURM_NODEID", "0"}, {"SLURM_PROCID", "4"}});
+  EXPECT_ERROR_HAS("SLURM_PROCID=4 is not below SLURM_NTASKS=4");
+  set({{"SLURM_PROCID", "0"}, {"SLURM_LOCALID", "2"}});
+  EXPECT_ERROR_HAS("SLURM_LOCALID=2 is not below SLURM_TASKS_PER_NODE=2");
+  set({{"SLURM_LOCALID", "0"}});
+  EXPECT_ERROR_HAS("SLURM_JOB_NODELIST is not");
+  set({{"SLURM_JOB_NODELIST", "n[1-2"}});
+  EXPECT_ERROR_HAS("is not closed");
+}
+
+TEST(SlurmHostlist, Expands) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(expand_slurm_hostlist("node[01-04,07],gpu5"), (V{"node01", "node02", "node03", "node04", "node07", "gpu5"}));
+  EXPECT_EQ(expand_slurm_hostlist("n[8-11]"), (V{"n8", "n9", "n10", "n11"}));
+  EXPECT_EQ(expand_slurm_hostlist("n[098-101]"), (V{"n098", "n099", "n100", "n101"}));
+  EXPECT_EQ(expand_slurm_hostlist("r[1-2]n[1-2]"), (V{"r1n1", "r1n2", "r2n1", "r2n2"}));
+  EXPECT_EQ(expand_slurm_hostlist("a-1.cluster,b[3]-ib"), (V{"a-1.cluster", "b3-ib"}));
+  EXPECT_EQ(expand_slurm_hostlist("single"), (V{"single"}));
+  EXPECT_TRUE(expand_slurm_hostlist("").empty());
+}
+
+TEST(SlurmHostlist, RejectsMalformed) {
+  for (const char* bad : {"n[1-2", "n1-2]", "n[2-1]", "n[a-b]", "n[[1]]", "a,,b", "n[1-]"})
+    EXPECT_THROW(expand_slurm_hostlist(bad), UserError) << bad;
+}
+
+TEST(SlurmTasksPerNode, Expands) {
+  using V = std::vector<int>;
+  EXPECT_EQ(expand_slurm_tasks_per_node("4(x2),3"), (V{4, 4, 3}));
+  EXPECT_EQ(expand_slurm_tasks_per_node("8"), (V{8}));
+  EXPECT_EQ(expand_slurm_tasks_per_node("2,1(x3)"), (V{2, 1, 1, 1}));
+  for (const char* bad : {"", "4(2)", "4(x)", "x", "4(x2", "4,,2"})
+    EXPECT_THROW(expand_slurm_tasks_per_node(bad), UserError) << bad;
+}
+
+TEST(SlurmMasterPort, DeterministicAndInRange) {
+  EXPECT_EQ(slurm_default_master_port("123456"), 23456);
+  EXPECT_EQ(slurm_default_master_port("7"), 20007);
+  EXPECT_NE(slurm_default_master_port("1000"), slurm_default_master_port("1001"));
+}
+
+}  // namespace
+}  // namespace titan::dist
