@@ -11,15 +11,6 @@ namespace titan {
 
 namespace {
 
-// data_parallel_shard_degree with -1 resolved to the ranks the other degrees leave over.
-int64_t resolved_dp_shard(const JobConfig& c, int64_t world_size) {
-  const auto& p = c.parallelism;
-  if (p.data_parallel_shard_degree != -1) return p.data_parallel_shard_degree;
-  const int64_t others =
-      p.data_parallel_replicate_degree * p.tensor_parallel_degree * p.pipeline_parallel_degree * p.context_parallel_degree;
-  return others > 0 && world_size % others == 0 ? world_size / others : 1;
-}
-
 struct Gate {
   const char* key;       // the option that switches the feature on
   const char* feature;
@@ -29,12 +20,6 @@ struct Gate {
 
 // clang-format off
 const Gate kGates[] = {
-  {"parallelism.data_parallel_replicate_degree", "replicated data parallelism (DDP/HSDP)",
-   "--parallelism.data_parallel_replicate_degree 1",
-   [](const JobConfig& c, int64_t) { return c.parallelism.data_parallel_replicate_degree > 1; }},
-  {"parallelism.data_parallel_shard_degree", "sharded data parallelism (FSDP)",
-   "--parallelism.data_parallel_shard_degree 1 and run one process",
-   [](const JobConfig& c, int64_t w) { return resolved_dp_shard(c, w) > 1; }},
   {"parallelism.tensor_parallel_degree", "tensor parallelism", "--parallelism.tensor_parallel_degree 1",
    [](const JobConfig& c, int64_t) { return c.parallelism.tensor_parallel_degree > 1; }},
   {"parallelism.enable_async_tensor_parallel", "asynchronous tensor parallelism",
@@ -98,8 +83,6 @@ void check_supported(const JobConfig& cfg, int64_t world_size) {
     const config::FieldRef* f = config::find_field(fields, key.substr(0, key.rfind('.')), key.substr(key.rfind('.') + 1));
     TITAN_ASSERT(f, "feature gate names a missing option: ", key);
     problems << "\n  " << key << " = " << config::format_value(f->value);
-    if (key == "parallelism.data_parallel_shard_degree" && cfg.parallelism.data_parallel_shard_degree == -1)
-      problems << " (the " << resolved_dp_shard(cfg, world_size) << " ranks left over of " << world_size << ")";
     problems << " needs " << g.feature << ", not supported yet; turn it off with " << g.turn_off;
     ++count;
   }

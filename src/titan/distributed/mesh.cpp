@@ -68,7 +68,7 @@ void Group::barrier() {
 }
 
 Mesh::Mesh(const ParallelDims& dims, int rank, const c10::intrusive_ptr<c10d::Store>& store, BackendKind backend,
-           std::chrono::milliseconds timeout)
+           std::chrono::milliseconds timeout, const std::string& gloo_host)
     : dims_(dims), rank_(rank) {
   const std::vector<std::string> names = {"pp", "dp_replicate", "dp_shard", "cp", "tp", "dp", "dp_shard_cp",
                                           "dp_cp", "world"};
@@ -78,7 +78,7 @@ Mesh::Mesh(const ParallelDims& dims, int rank, const c10::intrusive_ptr<c10d::St
     if (ranks.size() > 1) {
       // Each group rendezvouses under its own prefix: its name and its first member.
       auto prefixed = c10::make_intrusive<c10d::PrefixStore>(name + "/" + std::to_string(ranks[0]), store);
-      b = make_backend(backend, prefixed, dims_.rank_in(name, rank), static_cast<int>(ranks.size()), timeout);
+      b = make_backend(backend, prefixed, dims_.rank_in(name, rank), static_cast<int>(ranks.size()), timeout, gloo_host);
     }
     groups_[name] = std::make_unique<Group>(name, ranks, dims_.rank_in(name, rank), b, &bytes_);
   }

@@ -65,8 +65,9 @@ class Mesh {
  public:
   // Creates this rank's group along every dimension of `dims` (basic and flattened) that has more
   // than one rank, rendezvousing through `store`. Every rank must construct its Mesh at the same point.
+  // gloo_host: the address Gloo binds to (see make_backend).
   Mesh(const ParallelDims& dims, int rank, const c10::intrusive_ptr<c10d::Store>& store, BackendKind backend,
-       std::chrono::milliseconds timeout);
+       std::chrono::milliseconds timeout, const std::string& gloo_host = "127.0.0.1");
 
   const ParallelDims& dims() const { return dims_; }
   int rank() const { return rank_; }

@@ -39,7 +39,8 @@ c10::intrusive_ptr<c10d::Backend> make_backend(BackendKind kind, const c10::intr
   TITAN_ASSERT(rank >= 0 && rank < world_size, "rank ", rank, " outside world of size ", world_size);
   if (kind == BackendKind::Gloo) {
     auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
-    opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(gloo_host));
+    opts->devices.push_back(gloo_host.empty() ? c10d::ProcessGroupGloo::createDefaultDevice()
+                                              : c10d::ProcessGroupGloo::createDeviceForHostname(gloo_host));
     return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, opts);
   }
 #ifdef USE_C10D_NCCL

@@ -20,7 +20,7 @@ c10::intrusive_ptr<c10d::Store> make_tcp_store(const std::string& host, uint16_t
 uint16_t store_port(const c10::intrusive_ptr<c10d::Store>& store);
 
 // A backend over the ranks that rendezvous through `store`. Gloo binds to `gloo_host` (the
-// address peers reach this rank at). NCCL throws a UserError when titan was built without it.
+// address peers reach this rank at; "" resolves this machine's hostname, for multi-node jobs). NCCL throws a UserError when titan was built without it.
 c10::intrusive_ptr<c10d::Backend> make_backend(BackendKind kind, const c10::intrusive_ptr<c10d::Store>& store,
                                                int rank, int world_size, std::chrono::milliseconds timeout,
                                                const std::string& gloo_host = "127.0.0.1");

@@ -3,6 +3,7 @@
 #include "titan/common/error.h"
 #include "titan/models/llama3/hf_adapter.h"
 #include "titan/models/llama3/model.h"
+#include "titan/models/llama3/parallelize.h"
 
 #include <mutex>
 
@@ -32,6 +33,7 @@ void register_builtin_models_locked() {
     args.max_seq_len = max_seq_len;
     return std::make_shared<llama3::TransformerImpl>(args, opts);
   };
+  llama.parallelize = llama3::parallelize;
   llama.hf_adapter = [](const std::string& flavor) { return llama3::hf_adapter(llama3::flavor(flavor)); };
   table().emplace(llama.name, std::move(llama));
 }

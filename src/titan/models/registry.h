@@ -17,6 +17,15 @@
 
 namespace titan {
 
+namespace dist {
+class FSDP;
+}
+
+// What the trainer hands a model's parallelize function: the parallelisms to apply (null: off).
+struct ParallelizeContext {
+  dist::FSDP* fsdp = nullptr;  // shard the model's units with fsdp->fully_shard, inner units first
+};
+
 using LanguageModel = std::shared_ptr<LanguageModelImpl>;
 using StateDict = std::map<std::string, at::Tensor>;
 
@@ -32,6 +41,9 @@ struct ModelSpec {
   // Builds the flavor with parameters created by `opts` (device meta: shapes only, no memory).
   // Parameters are uninitialized until init_weights(seed) is called. max_seq_len bounds RoPE.
   std::function<LanguageModel(const std::string& flavor, const at::TensorOptions& opts, int64_t max_seq_len)> build;
+  // Applies the parallelisms of `ctx` to a built, initialized model (from outside: the model code
+  // does not change). torchtitan's order: TP, CP, activation checkpointing, then FSDP.
+  std::function<void(LanguageModelImpl& model, const ParallelizeContext& ctx)> parallelize;
   // HF adapter for a flavor (HF layouts depend on shapes, e.g. heads for the RoPE permutation).
   std::function<HFAdapter(const std::string& flavor)> hf_adapter;
 };

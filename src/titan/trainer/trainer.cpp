@@ -4,8 +4,13 @@
 #include "titan/components/metrics/format.h"
 #include "titan/config/field.h"
 
+#include "titan/components/checkpoint/safetensors.h"
+#include "titan/distributed/process_group.h"
+
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/cuda.h>
 
 #include <chrono>
@@ -19,7 +24,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-void log_info(const std::string& msg) { std::cout << metrics::log_prefix() << msg << std::endl; }
 
 // bf16 autocast on CUDA for the forward pass and the loss, when mixed precision asks for it.
 struct AutocastGuard {
@@ -38,6 +42,47 @@ struct AutocastGuard {
 
 }  // namespace
 
+void Trainer::log_info(const std::string& msg) const {
+  if (env_.rank == 0) std::cout << metrics::log_prefix() << msg << std::endl;
+}
+
+// Ranks from the launcher's environment, the degrees, the device of this rank and every process
+// group (through the mesh, the one owner of groups).
+void Trainer::set_up_distributed() {
+  env_ = dist::launch_env_from_environment();
+  const auto& p = cfg_.parallelism;
+  dims_ = std::make_unique<dist::ParallelDims>(p.data_parallel_replicate_degree, p.data_parallel_shard_degree,
+                                               p.context_parallel_degree, p.tensor_parallel_degree,
+                                               p.pipeline_parallel_degree, env_.world_size);
+  check_supported(cfg_, env_.world_size);
+  if (torch::cuda::is_available()) {
+    const int64_t gpus = static_cast<int64_t>(torch::cuda::device_count());
+    TITAN_USER_CHECK(env_.local_rank < gpus, "local rank ", env_.local_rank, " has no GPU: this node shows ", gpus,
+                     " GPU(s) but runs ", env_.local_world_size, " processes; start one process per GPU");
+    device_ = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(env_.local_rank));
+    c10::impl::getDeviceGuardImpl(c10::kCUDA)->setDevice(device_);
+  }
+  c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::HashStore>();
+  const auto timeout = std::chrono::seconds(cfg_.comm.init_timeout_seconds);
+  if (env_.world_size > 1) {
+    // Under torchrun the agent hosts the store and every worker is a client.
+    const char* agent_store = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+    const bool server = env_.rank == 0 && !(agent_store && std::string(agent_store) == "True");
+    store = dist::make_tcp_store(env_.master_addr, static_cast<uint16_t>(env_.master_port), server, timeout);
+  }
+  const bool multi_node = env_.world_size > env_.local_world_size;
+  mesh_ = std::make_unique<dist::Mesh>(*dims_, env_.rank, store,
+                                       device_.is_cuda() ? dist::BackendKind::NCCL : dist::BackendKind::Gloo, timeout,
+                                       multi_node ? "" : "127.0.0.1");
+}
+
+std::map<std::string, at::Tensor> Trainer::full_parameters() {
+  if (fsdp_) return fsdp_->full_parameters();
+  std::map<std::string, at::Tensor> out;
+  for (const auto& p : model_->named_parameters()) out[p.key()] = p.value().detach().to(at::kCPU, at::kFloat);
+  return out;
+}
+
 std::string config_changes(const JobConfig& cfg) {
   JobConfig a = cfg, defaults;
   auto now = config::fields_of(a), base = config::fields_of(defaults);
@@ -50,11 +95,10 @@ std::string config_changes(const JobConfig& cfg) {
 }
 
 Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
-  check_supported(cfg_, /*world_size=*/1);
   const auto& tr = cfg_.training;
 
-  // ---- device, seed, determinism, precision
-  if (torch::cuda::is_available()) device_ = c10::Device(c10::kCUDA, 0);
+  // ---- processes, mesh, device, seed, determinism, precision
+  set_up_distributed();
   const uint64_t seed = static_cast<uint64_t>(cfg_.debug.seed.value_or(0));
   at::manual_seed(seed);
   if (cfg_.debug.deterministic) {
@@ -62,23 +106,45 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
     at::globalContext().setDeterministicCuDNN(true);
     at::globalContext().setBenchmarkCuDNN(false);
   }
-  // fp32 master weights; on CUDA the forward runs under bf16 autocast (mixed_precision_param).
+  // fp32 master weights. On CUDA, mixed_precision_param bfloat16 computes in bf16: FSDP all-gathers
+  // bf16 parameters; without FSDP the forward runs under bf16 autocast (as torchtitan does).
   const at::ScalarType param_dtype = tr.dtype == "bfloat16" ? at::kBFloat16 : at::kFloat;
-  bf16_autocast_ = device_.is_cuda() && tr.mixed_precision_param == "bfloat16" && param_dtype == at::kFloat;
+  const bool bf16_compute = device_.is_cuda() && tr.mixed_precision_param == "bfloat16" && param_dtype == at::kFloat;
+  TITAN_USER_CHECK(!dims_->fsdp_enabled() || param_dtype == at::kFloat,
+                   "training.dtype bfloat16 with FSDP is not supported; FSDP keeps fp32 shards (use float32)");
+  bf16_autocast_ = bf16_compute && !dims_->fsdp_enabled();
 
   // ---- tokenizer and model
-  tokenizer_ = load_tokenizer(cfg_.model.hf_assets_path);
+  // A relative default like ./assets/tokenizer is also found beside the titan binary.
+  std::string tokenizer_path = cfg_.model.hf_assets_path;
+  if (!std::filesystem::exists(tokenizer_path) && !data::find_asset(tokenizer_path).empty())
+    tokenizer_path = data::find_asset(tokenizer_path);
+  tokenizer_ = load_tokenizer(tokenizer_path);
   const ModelSpec& spec = model_spec(cfg_.model.name);
   model_ = spec.build(cfg_.model.flavor, at::TensorOptions().device(device_).dtype(param_dtype), tr.seq_len);
-  model_->init_weights(seed);
+  model_->init_weights(seed);  // every rank draws the same global model: values depend on (seed, name)
   const int64_t vocab = model_->named_parameters()["tok_embeddings.weight"].size(0);
   TITAN_USER_CHECK(tokenizer_->vocab_size() <= vocab, "the tokenizer at ", cfg_.model.hf_assets_path, " has ",
                    tokenizer_->vocab_size(), " tokens but model ", cfg_.model.name, " ", cfg_.model.flavor,
                    " has a vocabulary of ", vocab, ": choose the flavor's tokenizer with --model.hf_assets_path");
 
-  // ---- optimizer and learning-rate schedule
+  // ---- data parallelism: FSDP/HSDP shard the model; DDP keeps it whole and all-reduces gradients
   std::vector<std::pair<std::string, at::Tensor>> named;
-  for (const auto& p : model_->named_parameters()) named.emplace_back(p.key(), p.value());
+  if (dims_->fsdp_enabled()) {
+    dist::FSDPOptions fo;
+    fo.param_dtype = bf16_compute ? at::kBFloat16 : at::kFloat;
+    fo.reduce_dtype = at::kFloat;
+    fo.reshard_after_forward = cfg_.parallelism.fsdp_reshard_after_forward;
+    fsdp_ = std::make_unique<dist::FSDP>((*mesh_)["dp_shard_cp"], &(*mesh_)["dp_replicate"], fo);
+    TITAN_ASSERT(spec.parallelize, "model ", spec.name, " has no parallelize function");
+    spec.parallelize(*model_, ParallelizeContext{fsdp_.get()});
+    named = fsdp_->sharded_parameters();
+  } else {
+    for (const auto& p : model_->named_parameters()) named.emplace_back(p.key(), p.value());
+    if (dims_->ddp_enabled()) ddp_ = std::make_unique<dist::DDP>(named, (*mesh_)["dp_replicate"]);
+  }
+
+  // ---- optimizer and learning-rate schedule
   const auto& o = cfg_.optimizer;
   TITAN_USER_CHECK(o.implementation != "foreach", "optimizer.implementation 'foreach' is not supported; use fused "
                    "(the default) or for-loop, which compute the same update");
@@ -88,12 +154,16 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   lr_schedule_ = std::make_unique<LRSchedule>(LRScheduleOptions{ls.warmup_steps, ls.decay_ratio, ls.decay_type, ls.min_lr_factor},
                                               ls.total_steps.value_or(tr.steps));
 
-  // ---- data: one process reads the whole global batch, in micro-batches of local_batch_size
-  const int64_t global_batch = tr.global_batch_size < 0 ? tr.local_batch_size : tr.global_batch_size;
-  TITAN_USER_CHECK(global_batch % tr.local_batch_size == 0, "training.global_batch_size ", global_batch,
-                   " is not a multiple of local_batch_size ", tr.local_batch_size, " x data-parallel degree 1");
-  grad_accum_steps_ = global_batch / tr.local_batch_size;
+  // ---- data: each data-parallel rank reads its local_batch_size part of every global batch, in
+  // gradient_accumulation_steps micro-batches
+  const int64_t dp = dims_->dp_size();
+  const int64_t global_batch = tr.global_batch_size < 0 ? tr.local_batch_size * dp : tr.global_batch_size;
+  TITAN_USER_CHECK(global_batch % (tr.local_batch_size * dp) == 0, "training.global_batch_size ", global_batch,
+                   " is not a multiple of local_batch_size ", tr.local_batch_size, " x data-parallel degree ", dp);
+  grad_accum_steps_ = global_batch / (tr.local_batch_size * dp);
   data::DataConfig dc;
+  dc.dp_rank = (*mesh_)["dp"].rank();
+  dc.dp_world = static_cast<int>(dp);
   dc.dataset = tr.dataset;
   dc.dataset_path = tr.dataset_path;
   dc.local_batch_size = tr.local_batch_size;
@@ -110,15 +180,19 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   mo.color = metrics::default_color(cfg_.metrics.disable_color_printing);
   mo.total_steps = tr.steps;
   mo.device = device_;
+  mo.rank = env_.rank;
+  mo.non_data_parallel_size = dims_->non_data_parallel_size();
   metrics_ = std::make_unique<metrics::MetricsLogger>(mo);
 
   // ---- what this run is, for the log; the resolved config goes to dump_folder
   std::filesystem::create_directories(cfg_.job.dump_folder);
   const std::string saved = cfg_.job.dump_folder + "/" +
                             (cfg_.job.save_config_file.empty() ? "config.toml" : cfg_.job.save_config_file);
-  std::ofstream(saved) << to_toml(cfg_);
+  if (env_.rank == 0) std::ofstream(saved) << to_toml(cfg_);
   log_info("Starting job: " + cfg_.job.description);
-  if (cfg_.job.print_config) {
+  log_info("Processes: " + dist::describe(env_) + "; parallelism " + dims_->describe() +
+           (fsdp_ ? (dims_->dp_replicate_enabled() ? " (HSDP)" : " (FSDP)") : ddp_ ? " (DDP)" : ""));
+  if (cfg_.job.print_config && env_.rank == 0) {
     std::cout << to_toml(cfg_);
   } else {
     std::string changes = config_changes(cfg_);
@@ -146,8 +220,10 @@ StepResult Trainer::train_step() {
   optimizer_->set_lr(r.lr);
 
   // Every micro-batch's loss is a sum over its tokens divided by the tokens of the whole global
-  // batch, so the accumulated gradient equals the gradient of the big-batch mean loss.
-  const double global_tokens = static_cast<double>(grad_accum_steps_ * tr.local_batch_size * tr.seq_len);
+  // batch (all micro-batches of all data-parallel ranks), so the gradients summed over
+  // micro-batches and ranks equal the gradient of the big-batch mean loss.
+  const double local_tokens = static_cast<double>(grad_accum_steps_ * tr.local_batch_size * tr.seq_len);
+  const double global_tokens = local_tokens * static_cast<double>(dims_->dp_size());
   at::Tensor loss_sum = at::zeros({}, at::TensorOptions().device(device_).dtype(at::kFloat));
   for (int64_t micro = 0; micro < grad_accum_steps_; ++micro) {
     const auto t0 = Clock::now();
@@ -162,14 +238,27 @@ StepResult Trainer::train_step() {
                                     at::Reduction::Sum) /
              global_tokens;
     }
+    if (ddp_) ddp_->set_sync(micro == grad_accum_steps_ - 1);  // all-reduce once, after the last
     loss.backward();
+    if (fsdp_) fsdp_->finish_backward();
+    if (ddp_ && micro == grad_accum_steps_ - 1) ddp_->finish_backward();
     loss_sum += loss.detach();
     ntokens_seen_ += labels_BS.numel();
   }
-  r.grad_norm = clip_grad_norm(model_->parameters(), tr.max_norm);
+  // The global norm: sharded gradients add their squares over the shard group.
+  std::vector<at::Tensor> params;
+  for (const auto& [name, p] : optimizer_->named_parameters()) params.push_back(p);
+  std::function<void(at::Tensor&)> reduce;
+  if (fsdp_) reduce = [this](at::Tensor& sum_sq) { (*mesh_)["dp_shard_cp"].all_reduce(sum_sq).wait(); };
+  r.grad_norm = clip_grad_norm(params, tr.max_norm, reduce);
   optimizer_->step();
   ++step_;
+  // Global average loss (sum over ranks) and the largest local average.
+  at::Tensor local_avg = loss_sum * (global_tokens / local_tokens);
+  (*mesh_)["dp"].all_reduce(loss_sum).wait();
+  (*mesh_)["dp"].all_reduce(local_avg, c10d::ReduceOp::MAX).wait();
   r.loss = loss_sum.item<double>();
+  r.max_loss = local_avg.item<double>();
   return r;
 }
 
@@ -188,14 +277,15 @@ std::vector<double> Trainer::train() {
     if (device_.is_cuda()) torch::cuda::synchronize();
     metrics::StepStats s;
     s.step = step_;
-    s.loss = s.max_loss = r.loss;
+    s.loss = r.loss;
+    s.max_loss = r.max_loss;
     s.grad_norm = r.grad_norm;
     s.lr = r.lr;
     s.tokens_since_last_log = ntokens_seen_ - tokens_at_last_log;
     s.seconds_since_last_log = std::chrono::duration<double>(Clock::now() - interval_start).count();
     s.steps_since_last_log = step_ - step_at_last_log;
     s.flops_per_token = model_->flops_per_token(tr.seq_len);
-    s.ntokens_seen = ntokens_seen_;
+    s.ntokens_seen = ntokens_seen_ * dims_->dp_size();
     s.data_loading_seconds = data_seconds_;
     metrics_->log(s);
     interval_start = Clock::now();
@@ -204,6 +294,14 @@ std::vector<double> Trainer::train() {
     data_seconds_ = 0;
   }
   log_info("Training completed");
+  // Debugging aid (docs/parallelism.md): the trained weights and per-step losses, to compare layouts.
+  if (const char* path = std::getenv("TITAN_DEBUG_DUMP_WEIGHTS")) {
+    auto params = full_parameters();
+    if (env_.rank == 0) {
+      params["__losses__"] = at::tensor(losses, at::kDouble);
+      safetensors::save(path, params);
+    }
+  }
   return losses;
 }
 

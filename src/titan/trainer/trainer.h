@@ -8,6 +8,10 @@
 #include "titan/components/optimizer/optimizer.h"
 #include "titan/components/tokenizer/tokenizer.h"
 #include "titan/config/job_config.h"
+#include "titan/distributed/ddp.h"
+#include "titan/distributed/fsdp.h"
+#include "titan/distributed/mesh.h"
+#include "titan/distributed/runtime.h"
 #include "titan/models/registry.h"
 
 #include <c10/core/Device.h>
@@ -19,7 +23,8 @@ namespace titan {
 
 // What one optimizer step produced (the loss is averaged over every token of the global batch).
 struct StepResult {
-  double loss = 0;
+  double loss = 0;      // global average over the data-parallel ranks
+  double max_loss = 0;  // largest local average loss among the data-parallel ranks
   double grad_norm = 0;
   double lr = 0;
 };
@@ -37,12 +42,23 @@ class Trainer {
   StepResult train_step();
 
   int64_t step() const { return step_; }
+  const dist::LaunchEnv& launch_env() const { return env_; }
+  // The full, unsharded parameters (fp32, CPU) by name; collective under FSDP.
+  std::map<std::string, at::Tensor> full_parameters();
   int64_t gradient_accumulation_steps() const { return grad_accum_steps_; }
   const LanguageModel& model() const { return model_; }
   const c10::Device& device() const { return device_; }
 
  private:
+  void log_info(const std::string& msg) const;  // rank 0 only
+  void set_up_distributed();
+
   JobConfig cfg_;
+  dist::LaunchEnv env_;
+  std::unique_ptr<dist::ParallelDims> dims_;
+  std::unique_ptr<dist::Mesh> mesh_;
+  std::unique_ptr<dist::FSDP> fsdp_;
+  std::unique_ptr<dist::DDP> ddp_;
   c10::Device device_{c10::kCPU};
   bool bf16_autocast_ = false;
   std::unique_ptr<Tokenizer> tokenizer_;

@@ -17,8 +17,6 @@ TEST(ConfigSupported, DefaultsNeedOnlyActivationCheckpointingOff) {
 
 TEST(ConfigSupported, EachGatedFeatureIsAnErrorNamingItsKey) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
-      {{"--parallelism.data_parallel_replicate_degree", "2"}, "--parallelism.data_parallel_replicate_degree 1"},
-      {{"--parallelism.data_parallel_shard_degree", "2"}, "parallelism.data_parallel_shard_degree = 2"},
       {{"--parallelism.tensor_parallel_degree", "2"}, "--parallelism.tensor_parallel_degree 1"},
       {{"--parallelism.pipeline_parallel_degree", "2"}, "--parallelism.pipeline_parallel_degree 1"},
       {{"--parallelism.context_parallel_degree", "2"}, "--parallelism.context_parallel_degree 1"},
@@ -55,15 +53,15 @@ TEST(ConfigSupported, AllProblemsAreListedAtOnce) {
     EXPECT_NE(e.find(key), std::string::npos) << key;
 }
 
-TEST(ConfigSupported, ShardDegreeMinusOneIsTheRestOfTheProcesses) {
+TEST(ConfigSupported, DataParallelismIsSupported) {
+  // FSDP, HSDP and DDP exist: the data-parallel degrees pass the gate at any world size, and so do
+  // gradient accumulation and TensorBoard.
   const JobConfig cfg = runnable();  // data_parallel_shard_degree = -1
   EXPECT_NO_THROW(check_supported(cfg, 1));
-  const std::string e = user_error([&] { check_supported(cfg, 4); });
-  EXPECT_NE(e.find("data_parallel_shard_degree = -1 (the 4 ranks left over of 4) needs sharded data parallelism"),
-            std::string::npos) << e;
-  // Gradient accumulation and TensorBoard are supported.
-  EXPECT_NO_THROW(check_supported(parse({"--activation_checkpoint.mode", "none", "--training.global_batch_size", "32",
-                                         "--metrics.enable_tensorboard"})));
+  EXPECT_NO_THROW(check_supported(cfg, 4));
+  EXPECT_NO_THROW(check_supported(parse({"--activation_checkpoint.mode", "none", "--parallelism.data_parallel_replicate_degree",
+                                         "2", "--training.global_batch_size", "32", "--metrics.enable_tensorboard"}),
+                                  4));
 }
 
 TEST(ConfigValidate, SanityChecks) {

@@ -37,6 +37,8 @@ class Optimizer {
   void set_lr(double lr) { lr_ = lr; }
   const OptimizerOptions& options() const { return opts_; }
   int64_t steps_taken() const { return steps_; }
+  // The parameters it steps, by name (shards under FSDP).
+  std::vector<std::pair<std::string, at::Tensor>> named_parameters() const;
 
   // Flat state by parameter name: "<name>.exp_avg", "<name>.exp_avg_sq", "<name>.step".
   std::map<std::string, at::Tensor> state_dict() const;
