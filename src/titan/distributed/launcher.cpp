@@ -53,6 +53,7 @@ double parse_seconds(const std::string& opt, const std::string& v) {
 
 std::vector<int> parse_rank_list(const std::string& what, const std::string& v) {
   std::vector<int> ranks;
+  if (v == "all") return ranks;  // no filter
   size_t start = 0;
   while (start <= v.size()) {
     size_t comma = v.find(',', start);
@@ -61,7 +62,7 @@ std::vector<int> parse_rank_list(const std::string& what, const std::string& v) 
     char* end = nullptr;
     const long r = item.empty() ? -1 : std::strtol(item.c_str(), &end, 10);
     TITAN_USER_CHECK(!item.empty() && *end == '\0' && r >= 0 && r < INT_MAX, what, " is a comma-separated list of "
-                     "local ranks like 0,1; '", item, "' is not a rank");
+                     "local ranks like 0,1 (or all); '", item, "' is not a rank");
     ranks.push_back(static_cast<int>(r));
     start = comma + 1;
   }
@@ -84,7 +85,7 @@ std::string launch_help() {
          "  --master-addr A           host of node 0, reachable from every node (default 127.0.0.1)\n"
          "  --master-port P           free TCP port on node 0 (default 29500; 0: any free port, one node only)\n"
          "  --standalone              one node on localhost with a free port\n"
-         "  --local-ranks-filter L    show the output of these local ranks only, e.g. 0 or 0,3\n"
+         "  --local-ranks-filter L    show the output of these local ranks only, e.g. 0 or 0,3, or all\n"
          "                            (default: env LOG_RANK, else all)\n"
          "  --timeout-seconds S       stop all workers and fail after S seconds (default: no limit)\n"
          "  --grace-seconds G         wait G seconds after SIGTERM before SIGKILL when stopping workers (default 5)\n"
