@@ -83,7 +83,8 @@ TEST(Launcher, WorkerEnvironment) {
     EXPECT_EQ(values(r.output, "env LOCAL_WORLD_SIZE").at(i), "3");
     EXPECT_EQ(values(r.output, "env GROUP_RANK").at(i), "0");
     EXPECT_EQ(values(r.output, "env MASTER_ADDR").at(i), "127.0.0.1");
-    EXPECT_EQ(values(r.output, "env OMP_NUM_THREADS").at(i), "1");
+    const char* omp = std::getenv("OMP_NUM_THREADS");  // the launcher keeps a value it inherits
+    EXPECT_EQ(values(r.output, "env OMP_NUM_THREADS").at(i), omp ? omp : "1");
     EXPECT_EQ(port.at(i), port.at(0));
   }
   const int p = std::stoi(port.at(0));
