@@ -150,6 +150,16 @@ std::string describe(const LaunchEnv& e) {
                         ", node ", e.node_rank, ") master ", e.master_addr, ":", e.master_port, " [", e.source, "]");
 }
 
+int local_device_index(const LaunchEnv& env, int visible_devices) {
+  TITAN_ASSERT(visible_devices > 0, "local_device_index needs at least one device");
+  if (visible_devices == 1) return 0;
+  TITAN_USER_CHECK(env.local_rank < visible_devices, "local rank ", env.local_rank, " (", describe(env), ") has no GPU: "
+                   "only ", visible_devices, " CUDA devices are visible on this node. Start at most ", visible_devices,
+                   " processes per node (--nproc-per-node, --ntasks-per-node) or make more GPUs visible "
+                   "(CUDA_VISIBLE_DEVICES)");
+  return env.local_rank;
+}
+
 namespace {
 
 // Splits at commas outside brackets.

@@ -34,6 +34,12 @@ LaunchEnv launch_env_from_environment();
 // One line for logs: "rank 1/8 (local 1/4, node 0) master 10.0.0.1:29500 [torchrun]".
 std::string describe(const LaunchEnv& env);
 
+// The CUDA device this process uses among the `visible_devices` (> 0) it sees: LOCAL_RANK when the
+// node's processes share its GPUs (torchrun, titan launch, srun with --gpus-per-node), or device 0 when
+// exactly one is visible because the scheduler bound one GPU to each task (srun --gpus-per-task=1).
+// Throws UserError when LOCAL_RANK exceeds the visible devices.
+int local_device_index(const LaunchEnv& env, int visible_devices);
+
 // Expands a SLURM hostlist: "node[01-03,07],gpu5" -> node01 node02 node03 node07 gpu5. Zero padding of
 // a range follows its lower bound; several bracket groups in one name expand as a product
 // ("r[1-2]n[1-2]" -> r1n1 r1n2 r2n1 r2n2). Throws UserError on malformed lists.

@@ -189,6 +189,21 @@ TEST_F(LaunchEnvTest, SlurmErrors) {
   EXPECT_ERROR_HAS("is not closed");
 }
 
+TEST(LocalDevice, SharedOrBound) {
+  LaunchEnv e;
+  e.local_rank = 3;
+  e.local_world_size = 8;
+  e.world_size = 8;
+  EXPECT_EQ(local_device_index(e, 8), 3);  // all GPUs visible to every process
+  EXPECT_EQ(local_device_index(e, 1), 0);  // one GPU bound to this task
+  try {
+    local_device_index(e, 2);
+    ADD_FAILURE() << "no error";
+  } catch (const UserError& err) {
+    EXPECT_NE(std::string(err.what()).find("only 2 CUDA devices are visible"), std::string::npos) << err.what();
+  }
+}
+
 TEST(SlurmHostlist, Expands) {
   using V = std::vector<std::string>;
   EXPECT_EQ(expand_slurm_hostlist("node[01-04,07],gpu5"), (V{"node01", "node02", "node03", "node04", "node07", "gpu5"}));

@@ -1,0 +1,184 @@
+// `titan launch` arguments: parsing, validation, help, and the command's entry point.
+#include "titan/distributed/launcher.h"
+
+#include "titan/common/error.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <iostream>
+
+namespace titan::dist {
+
+// ---------------------------------------------------------------------------------------------------
+// Options
+
+namespace {
+
+int parse_count(const std::string& opt, const std::string& v, int lo) {
+  errno = 0;
+  char* end = nullptr;
+  const long n = v.empty() ? 0 : std::strtol(v.c_str(), &end, 10);
+  TITAN_USER_CHECK(!v.empty() && *end == '\0' && errno == 0, opt, " takes a whole number, got '", v, "'",
+                   v.find(':') != std::string::npos ? " (elastic ranges like 1:4 are not supported: give a fixed count)"
+                                                    : "");
+  TITAN_USER_CHECK(n >= lo && n <= 65535, opt, " must be between ", lo, " and 65535, got ", n);
+  return static_cast<int>(n);
+}
+
+double parse_seconds(const std::string& opt, const std::string& v) {
+  char* end = nullptr;
+  const double s = v.empty() ? -1 : std::strtod(v.c_str(), &end);
+  TITAN_USER_CHECK(!v.empty() && *end == '\0' && s > 0 && s < 1e9, opt, " takes a positive number of seconds, got '",
+                   v, "'");
+  return s;
+}
+
+std::vector<int> parse_rank_list(const std::string& what, const std::string& v) {
+  std::vector<int> ranks;
+  if (v == "all") return ranks;  // no filter
+  size_t start = 0;
+  while (start <= v.size()) {
+    size_t comma = v.find(',', start);
+    if (comma == std::string::npos) comma = v.size();
+    const std::string item = v.substr(start, comma - start);
+    char* end = nullptr;
+    const long r = item.empty() ? -1 : std::strtol(item.c_str(), &end, 10);
+    TITAN_USER_CHECK(!item.empty() && *end == '\0' && r >= 0 && r < INT_MAX, what, " is a comma-separated list of "
+                     "local ranks like 0,1 (or all); '", item, "' is not a rank");
+    ranks.push_back(static_cast<int>(r));
+    start = comma + 1;
+  }
+  return ranks;
+}
+
+const char* kValueOptions[] = {"--nproc-per-node", "--nnodes",          "--node-rank",       "--master-addr",
+                               "--master-port",    "--local-ranks-filter", "--timeout-seconds", "--grace-seconds"};
+
+}  // namespace
+
+std::string launch_help() {
+  return "usage: titan launch --nproc-per-node N [options] -- COMMAND [ARGS...]\n"
+         "Starts N workers on this node, each running `titan COMMAND ARGS...` (e.g. train --job.config_file F)\n"
+         "with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT set.\n"
+         "options (torchrun's spellings with underscores are accepted too):\n"
+         "  --nproc-per-node N        workers on this node, usually its number of GPUs (required)\n"
+         "  --nnodes M                nodes in the job (default 1); run one launcher per node\n"
+         "  --node-rank K             this node's index, 0..M-1 (default 0)\n"
+         "  --master-addr A           host of node 0, reachable from every node (default 127.0.0.1)\n"
+         "  --master-port P           free TCP port on node 0 (default 29500; 0: any free port, one node only)\n"
+         "  --standalone              one node on localhost with a free port\n"
+         "  --local-ranks-filter L    show the output of these local ranks only, e.g. 0 or 0,3, or all\n"
+         "                            (default: env LOG_RANK, else all)\n"
+         "  --timeout-seconds S       stop all workers and fail after S seconds (default: no limit)\n"
+         "  --grace-seconds G         wait G seconds after SIGTERM before SIGKILL when stopping workers (default 5)\n"
+         "When a worker fails, the launcher prints its last lines, stops the others and exits non-zero.\n";
+}
+
+LaunchOptions parse_launch_options(const std::vector<std::string>& args) {
+  LaunchOptions o;
+  bool standalone = false, has_filter = false, has_addr = false, has_port = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--") {
+      o.command.assign(args.begin() + i + 1, args.end());
+      break;
+    }
+    if (a.empty() || a[0] != '-') {  // torchrun style: the command starts at the first non-option
+      o.command.assign(args.begin() + i, args.end());
+      break;
+    }
+    const size_t eq = a.find('=');
+    std::string name = a.substr(0, eq);
+    std::replace(name.begin(), name.end(), '_', '-');
+    if (name == "--standalone") {
+      TITAN_USER_CHECK(eq == std::string::npos, "--standalone takes no value");
+      standalone = true;
+      continue;
+    }
+    const bool known = std::find(std::begin(kValueOptions), std::end(kValueOptions), name) != std::end(kValueOptions);
+    TITAN_USER_CHECK(known, "unknown option '", a, "'.",
+                     name == "--no-python" ? " It is not needed: the workers always run titan itself."
+                     : name.rfind("--rdzv", 0) == 0 ? " Rendezvous backends are not supported; use --master-addr "
+                                                      "and --master-port."
+                                                    : "",
+                     " Options come before `--`, the titan command after it; see `titan launch --help`.");
+    std::string value;
+    if (eq != std::string::npos) {
+      value = a.substr(eq + 1);
+    } else {
+      TITAN_USER_CHECK(i + 1 < args.size() && args[i + 1] != "--", name, " needs a value");
+      value = args[++i];
+    }
+    if (name == "--nproc-per-node") {
+      TITAN_USER_CHECK(value != "gpu" && value != "auto" && value != "cpu", "--nproc-per-node takes a number (the "
+                       "GPUs of this node to use); '", value, "' is not supported");
+      o.nproc_per_node = parse_count(name, value, 1);
+    } else if (name == "--nnodes") {
+      o.nnodes = parse_count(name, value, 1);
+    } else if (name == "--node-rank") {
+      o.node_rank = parse_count(name, value, 0);
+    } else if (name == "--master-addr") {
+      TITAN_USER_CHECK(!value.empty(), "--master-addr is empty: give the host of node 0");
+      o.master_addr = value;
+      has_addr = true;
+    } else if (name == "--master-port") {
+      o.master_port = parse_count(name, value, 0);
+      has_port = true;
+    } else if (name == "--local-ranks-filter") {
+      o.local_ranks_filter = parse_rank_list(name, value);
+      has_filter = true;
+    } else if (name == "--timeout-seconds") {
+      o.timeout_seconds = parse_seconds(name, value);
+    } else if (name == "--grace-seconds") {
+      o.grace_seconds = parse_seconds(name, value);
+    }
+  }
+  if (!has_filter)
+    if (const char* log_rank = std::getenv("LOG_RANK"); log_rank && *log_rank)
+      o.local_ranks_filter = parse_rank_list("LOG_RANK", log_rank);
+
+  TITAN_USER_CHECK(o.nproc_per_node > 0, "titan launch needs --nproc-per-node N (the number of workers on this "
+                   "node, usually its GPUs); see `titan launch --help`");
+  if (standalone) {
+    TITAN_USER_CHECK(o.nnodes == 1 && !has_addr && !has_port, "--standalone runs one node on localhost with a free "
+                     "port; drop --nnodes/--master-addr/--master-port, or drop --standalone");
+    o.master_port = 0;
+  }
+  TITAN_USER_CHECK(o.node_rank < o.nnodes, "--node-rank ", o.node_rank, " is not below --nnodes ", o.nnodes,
+                   ": nodes are numbered 0..", o.nnodes - 1);
+  TITAN_USER_CHECK(o.master_port != 0 || o.nnodes == 1, "--master-port 0 (any free port) works on one node only: "
+                   "with --nnodes ", o.nnodes, " every node must be given the same port");
+  for (int r : o.local_ranks_filter)
+    TITAN_USER_CHECK(r < o.nproc_per_node, has_filter ? "--local-ranks-filter" : "LOG_RANK", " names local rank ", r,
+                     " but there are only ", o.nproc_per_node, " workers per node (local ranks 0..",
+                     o.nproc_per_node - 1, ")");
+  TITAN_USER_CHECK(!o.command.empty(), "nothing to launch: give the titan command after `--`, e.g. "
+                   "`titan launch --nproc-per-node 2 -- train --job.config_file F`");
+  const std::string& first = o.command.front();
+  TITAN_USER_CHECK(first.find('/') == std::string::npos && first != "titan" && first[0] != '-',
+                   "after `--` comes a titan command such as `train ...`, not '", first,
+                   "': the workers always run this titan binary");
+  return o;
+}
+
+int run_launcher(const std::vector<std::string>& args) {
+  if (!args.empty() && args[0] == "debug-worker") return run_debug_worker({args.begin() + 1, args.end()});
+  for (size_t i = 0; i < args.size(); ++i) {  // --help among the launcher's options (not the worker's)
+    const std::string& a = args[i];
+    if (a == "--" || a.empty() || a[0] != '-') break;
+    if (a == "--help" || a == "-h") {
+      std::cout << launch_help();
+      return 0;
+    }
+    std::string name = a.substr(0, a.find('='));
+    std::replace(name.begin(), name.end(), '_', '-');
+    if (a.find('=') == std::string::npos &&
+        std::find(std::begin(kValueOptions), std::end(kValueOptions), name) != std::end(kValueOptions))
+      ++i;  // skip its value
+  }
+  return launch_workers(parse_launch_options(args));
+}
+
+}  // namespace titan::dist
