@@ -5,7 +5,8 @@
 #   CONFIG_FILE=./configs/llama3_8b.toml ./run_train.sh --training.steps 100
 #   ./run_train.sh --training.steps 50 --metrics.log_freq 5  (further arguments override the config)
 #
-# NGPU (default 1) is the number of training processes, as in torchtitan's run_train.sh.
+# NGPU (default 1) is the number of training processes, as in torchtitan's run_train.sh (NGPU=4
+# starts 4 through `titan launch`; the config's parallelism degrees decide how they split the work).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 NGPU=${NGPU:-1}
@@ -14,9 +15,12 @@ CONFIG_FILE=${CONFIG_FILE:-"$ROOT/configs/llama3_debugmodel.toml"}
 "$ROOT/scripts/setup.sh"
 "$ROOT/scripts/build.sh" titan
 
-if [[ "$NGPU" != 1 ]]; then
-  echo "run_train.sh: NGPU=$NGPU asks for $NGPU processes, but multi-process training is not supported yet; use NGPU=1" >&2
-  exit 1
-fi
 cd "$ROOT"
-exec "$ROOT/build/titan" train --job.config_file "$CONFIG_FILE" "$@"
+if [[ "$NGPU" == 1 ]]; then
+  exec "$ROOT/build/titan" train --job.config_file "$CONFIG_FILE" "$@"
+fi
+# Several processes (one per GPU; on a CPU-only machine, Gloo processes): torchtitan's LOG_RANK
+# (default 0) picks whose output is shown.
+export LOG_RANK=${LOG_RANK:-0}
+exec "$ROOT/build/titan" launch --nproc-per-node "$NGPU" --master-port "${MASTER_PORT:-0}" -- \
+  train --job.config_file "$CONFIG_FILE" "$@"

@@ -28,6 +28,8 @@ const char* kUsage =
     "commands:\n"
     "  train      train a model (the log line and metrics of torchtitan)\n"
     "  estimate   parameters, training FLOPs per token and memory of [model] name/flavor at [training] seq_len\n"
+    "  launch     --nproc-per-node N [...] -- train ...: start N training processes (like torchrun);\n"
+    "             see titan launch --help\n"
     "  tokenize   --output DIR: tokenize [training] dataset/dataset_path with [model] hf_assets_path into\n"
     "             binary shards; train on them with --training.dataset_path DIR\n"
     "Options of every command: titan <command> --help\n";

@@ -56,10 +56,8 @@ void Trainer::set_up_distributed() {
                                                p.pipeline_parallel_degree, env_.world_size);
   check_supported(cfg_, env_.world_size);
   if (torch::cuda::is_available()) {
-    const int64_t gpus = static_cast<int64_t>(torch::cuda::device_count());
-    TITAN_USER_CHECK(env_.local_rank < gpus, "local rank ", env_.local_rank, " has no GPU: this node shows ", gpus,
-                     " GPU(s) but runs ", env_.local_world_size, " processes; start one process per GPU");
-    device_ = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(env_.local_rank));
+    const int index = dist::local_device_index(env_, static_cast<int>(torch::cuda::device_count()));
+    device_ = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
     c10::impl::getDeviceGuardImpl(c10::kCUDA)->setDevice(device_);
   }
   c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::HashStore>();
