@@ -4,6 +4,7 @@
 #include "titan/models/llama3/hf_adapter.h"
 #include "titan/models/llama3/model.h"
 #include "titan/models/llama3/parallelize.h"
+#include "titan/models/pipeline_split.h"
 
 #include <mutex>
 
@@ -34,6 +35,9 @@ void register_builtin_models_locked() {
     return std::make_shared<llama3::TransformerImpl>(args, opts);
   };
   llama.parallelize = llama3::parallelize;
+  llama.pipeline_split = [](const std::string& flavor, int64_t stages, int64_t input_weight, int64_t output_weight) {
+    return pipeline_split(stages, llama3::flavor(flavor).n_layers, input_weight, output_weight);
+  };
   llama.hf_adapter = [](const std::string& flavor) { return llama3::hf_adapter(llama3::flavor(flavor)); };
   table().emplace(llama.name, std::move(llama));
 }

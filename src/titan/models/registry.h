@@ -44,6 +44,11 @@ struct ModelSpec {
   // Applies the parallelisms of `ctx` to a built, initialized model (from outside: the model code
   // does not change). torchtitan's order: TP, CP, activation checkpointing, then FSDP.
   std::function<void(LanguageModelImpl& model, const ParallelizeContext& ctx)> parallelize;
+  // Module names of each pipeline stage for a flavor, given the number of stages and the layer
+  // weights of the embedding and the output (see pipeline_split.h).
+  std::function<std::vector<std::vector<std::string>>(const std::string& flavor, int64_t num_stages,
+                                                      int64_t input_weight, int64_t output_weight)>
+      pipeline_split;
   // HF adapter for a flavor (HF layouts depend on shapes, e.g. heads for the RoPE permutation).
   std::function<HFAdapter(const std::string& flavor)> hf_adapter;
 };

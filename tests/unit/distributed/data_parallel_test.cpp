@@ -17,6 +17,8 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/cuda.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -204,6 +206,52 @@ void run_layout(int world, int replicate, int shard, const std::string& reshard 
     EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
     EXPECT_NE(results[r].output.find("matches the single process"), std::string::npos) << results[r].output;
   }
+}
+
+// FSDP over a group of one (a single GPU or CPU process) trains exactly like the plain model:
+// gradients, losses and parameters agree after AdamW steps.
+void fsdp_world_one(const at::Device& device) {
+  dist::ParallelDims dims(1, 1, 1, 1, 1, 1);
+  dist::Mesh mesh(dims, 0, c10::make_intrusive<c10d::HashStore>(), dist::BackendKind::Gloo, 10s);
+  const auto opts = at::TensorOptions().device(device);
+  llama3::Transformer ref(tiny_args(), opts), par(tiny_args(), opts);
+  ref->init_weights(3);
+  par->init_weights(3);
+  dist::FSDP fsdp(mesh["dp_shard_cp"], nullptr, {at::kFloat, at::kFloat, "always"});
+  for (size_t i = 0; i < par->layers->size(); ++i)
+    fsdp.fully_shard(*par->layers[i]->as<llama3::TransformerBlock>(), "layers." + std::to_string(i) + ".");
+  fsdp.fully_shard(*par, "");
+  std::vector<std::pair<std::string, at::Tensor>> ref_named;
+  for (const auto& p : ref->named_parameters()) ref_named.emplace_back(p.key(), p.value());
+  Optimizer ref_opt(ref_named, {}), par_opt(fsdp.sharded_parameters(), {});
+  at::Tensor seq = at::randint(130, {3, 4, kSeqLen + 1}, at::kLong).to(device);
+  for (int step = 0; step < 3; ++step) {
+    auto loss = [&](llama3::Transformer& m) {
+      return at::cross_entropy_loss(m->forward(seq[step].slice(1, 0, kSeqLen)).flatten(0, 1),
+                                    seq[step].slice(1, 1, kSeqLen + 1).flatten(0, 1));
+    };
+    ref_opt.zero_grad();
+    par_opt.zero_grad();
+    at::Tensor lr = loss(ref), lp = loss(par);
+    lr.backward();
+    lp.backward();
+    fsdp.finish_backward();
+    EXPECT_NEAR(lp.item<double>(), lr.item<double>(), 1e-6 * lr.item<double>()) << "step " << step;
+    auto ref_params = ref->named_parameters();
+    for (auto& [name, shard] : fsdp.sharded_parameters())
+      EXPECT_LT(test::relative_error(shard.grad(), ref_params[name].grad()), 1e-6) << name;
+    ref_opt.step();
+    par_opt.step();
+  }
+  auto full = fsdp.full_parameters();
+  for (const auto& p : ref->named_parameters()) EXPECT_LT(test::relative_error(full.at(p.key()), p.value()), 1e-6) << p.key();
+}
+
+TEST(DataParallel, FsdpWorldOneEqualsThePlainModelOnCpu) { fsdp_world_one(at::kCPU); }
+
+TEST(DataParallel, FsdpWorldOneEqualsThePlainModelOnCuda) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible: FSDP on a GPU runs only on a GPU machine";
+  fsdp_world_one(at::Device(at::kCUDA, 0));
 }
 
 TEST(DataParallel, Fsdp2) { run_layout(2, 1, 2); }
