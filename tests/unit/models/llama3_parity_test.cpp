@@ -10,8 +10,8 @@
 //
 // Tolerances, fp32 on CPU:
 //   logits, loss: 1e-5. Both sides run fp32 ATen kernels; they differ only in operation order
-//     (SDPA vs explicit softmax attention, real vs complex RoPE, fused vs written-out RMSNorm), which
-//     leaves ~1e-7..1e-6 relative differences.
+//     (SDPA vs explicit softmax attention, RoPE scaling in Python floats vs fp32 tensors, fused vs
+//     written-out RMSNorm), which leaves ~1e-7..1e-6 relative differences.
 //   gradients: 1e-5, the same reasoning through the backward pass.
 //   AdamW losses: 1e-5 relative to each loss. Adam divides by sqrt(v), which magnifies the rounding
 //     differences of near-zero gradient entries; after 10 steps the losses still agree to ~1e-6.

@@ -52,14 +52,15 @@ struct RopeScaling {
 };
 // Rotation frequencies (E/2,) in fp32, with optional Llama 3.1 scaling.
 at::Tensor rope_frequencies(int64_t head_dim, double theta, const std::optional<RopeScaling>& scaling);
-// Rotates x (B, S, n, E) by the angles positions (S,) x freqs (E/2,): cos/sin (S, E/2) in fp32.
-at::Tensor apply_rope(const at::Tensor& x_BSnE, const at::Tensor& cos_SE2, const at::Tensor& sin_SE2);
+// Rotates x (B, S, n, E) by the angles positions (S,) x freqs (E/2,), given as
+// cis = cos + i sin (S, E/2) complex64.
+at::Tensor apply_rope(const at::Tensor& x_BSnE, const at::Tensor& cis_SE2);
 
 // Grouped-query causal self-attention through ATen's scaled_dot_product_attention.
 class AttentionImpl : public torch::nn::Module {
  public:
   AttentionImpl(int64_t dim, int64_t n_heads, int64_t n_kv_heads, const at::TensorOptions& opts);
-  at::Tensor forward(const at::Tensor& x_BSD, const at::Tensor& cos_SE2, const at::Tensor& sin_SE2);
+  at::Tensor forward(const at::Tensor& x_BSD, const at::Tensor& cis_SE2);
   int64_t n_heads, n_kv_heads, head_dim;
   Linear wq{nullptr}, wk{nullptr}, wv{nullptr}, wo{nullptr};
 };

@@ -28,9 +28,9 @@ TransformerBlockImpl::TransformerBlockImpl(int64_t layer_id, const ModelArgs& ar
                                     : 0.02 / std::sqrt(2.0 * static_cast<double>(args.n_layers));
 }
 
-at::Tensor TransformerBlockImpl::forward(const at::Tensor& x_BSD, const at::Tensor& cos_SE2, const at::Tensor& sin_SE2) {
+at::Tensor TransformerBlockImpl::forward(const at::Tensor& x_BSD, const at::Tensor& cis_SE2) {
   return with_hooks([&] {
-    at::Tensor h_BSD = x_BSD + attention->forward(attention_norm(x_BSD), cos_SE2, sin_SE2);
+    at::Tensor h_BSD = x_BSD + attention->forward(attention_norm(x_BSD), cis_SE2);
     return h_BSD + feed_forward(ffn_norm(h_BSD));
   });
 }
@@ -67,23 +67,23 @@ TransformerImpl::TransformerImpl(ModelArgs args, const at::TensorOptions& opts) 
   freqs_ = nn::rope_frequencies(args_.head_dim(), args_.rope_theta, scaling);
 }
 
-std::pair<at::Tensor, at::Tensor> TransformerImpl::rope_tables(int64_t seq_len, const at::Device& device) {
+at::Tensor TransformerImpl::rope_table(int64_t seq_len, const at::Device& device) {
   TITAN_USER_CHECK(seq_len <= args_.max_seq_len, "sequence length ", seq_len,
                    " exceeds the model's max_seq_len ", args_.max_seq_len);
   auto key = std::make_pair(seq_len, device.str());
   auto it = rope_cache_.find(key);
   if (it != rope_cache_.end()) return it->second;
   at::Tensor angles_SE2 = at::outer(at::arange(seq_len, at::kLong).to(at::kFloat), freqs_);
-  auto tables = std::make_pair(angles_SE2.cos().to(device), angles_SE2.sin().to(device));
-  rope_cache_.emplace(key, tables);
-  return tables;
+  at::Tensor cis_SE2 = at::polar(at::ones_like(angles_SE2), angles_SE2).to(device);
+  rope_cache_.emplace(key, cis_SE2);
+  return cis_SE2;
 }
 
 at::Tensor TransformerImpl::forward(const at::Tensor& tokens_BS) {
   return with_hooks([&] {
-    auto [cos_SE2, sin_SE2] = rope_tables(tokens_BS.size(1), tok_embeddings->weight.device());
+    at::Tensor cis_SE2 = rope_table(tokens_BS.size(1), tok_embeddings->weight.device());
     at::Tensor h_BSD = tok_embeddings(tokens_BS);
-    for (const auto& layer : *layers) h_BSD = layer->as<TransformerBlock>()->forward(h_BSD, cos_SE2, sin_SE2);
+    for (const auto& layer : *layers) h_BSD = layer->as<TransformerBlock>()->forward(h_BSD, cis_SE2);
     h_BSD = norm(h_BSD);
     return output ? output(h_BSD) : at::linear(h_BSD, tok_embeddings->weight);
   });

@@ -20,7 +20,7 @@ namespace titan::llama3 {
 class TransformerBlockImpl : public nn::HookedModule {
  public:
   TransformerBlockImpl(int64_t layer_id, const ModelArgs& args, const at::TensorOptions& opts);
-  at::Tensor forward(const at::Tensor& x_BSD, const at::Tensor& cos_SE2, const at::Tensor& sin_SE2);
+  at::Tensor forward(const at::Tensor& x_BSD, const at::Tensor& cis_SE2);
   // prefix: this block's name in the model, e.g. "layers.3."
   void init_weights(uint64_t seed, const std::string& prefix);
 
@@ -40,8 +40,8 @@ class TransformerImpl : public LanguageModelImpl {
   double flops_per_token(int64_t seq_len) const override;
 
   const ModelArgs& args() const { return args_; }
-  // (cos, sin) tables (S, E/2) in fp32 on `device`, computed once per (S, device).
-  std::pair<at::Tensor, at::Tensor> rope_tables(int64_t seq_len, const at::Device& device);
+  // RoPE rotations cos + i sin (S, E/2), complex64 on `device`, computed once per (S, device).
+  at::Tensor rope_table(int64_t seq_len, const at::Device& device);
 
   nn::Embedding tok_embeddings{nullptr};
   torch::nn::ModuleList layers{nullptr};
@@ -51,7 +51,7 @@ class TransformerImpl : public LanguageModelImpl {
  private:
   ModelArgs args_;
   at::Tensor freqs_;  // (E/2,) fp32 on the CPU
-  std::map<std::pair<int64_t, std::string>, std::pair<at::Tensor, at::Tensor>> rope_cache_;
+  std::map<std::pair<int64_t, std::string>, at::Tensor> rope_cache_;
 };
 TORCH_MODULE(Transformer);
 
