@@ -13,6 +13,9 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+
+#include <unistd.h>
 
 namespace titan {
 namespace {
@@ -103,6 +106,35 @@ TEST(LaunchTrain, TorchrunNoPython) {
   test::TempDir dir;
   expect_same_training(run({torchrun, "--standalone", "--nproc_per_node=2", "--no-python", kTitan},
                            train_args(dir.path(), 4), dir));
+}
+
+TEST(LaunchTrain, AWorkerKilledMidRunEndsTheJobNamingItsRank) {
+  // Two FSDP workers train "forever"; once both log steps, one is killed with SIGKILL. The launcher
+  // must exit non-zero, name the failed rank, and leave no worker behind.
+  test::TempDir dir;
+  const std::string marker = "kill-test-" + std::to_string(::getpid());
+  auto args = train_args(dir.path(), 4);
+  args.insert(args.end(), {"--training.steps", "1000000", "--metrics.log_freq", "1", "--job.description", marker});
+  std::string cmd = kTitan + " launch --nproc-per-node 2 --master-port 0 --grace-seconds 2 --";
+  for (const auto& a : args) cmd += " '" + a + "'";
+  const std::string script =
+      cmd + " > " + dir / "log" + " 2>&1 &\n"
+      "launcher=$!\n"
+      "for i in $(seq 600); do [ \"$(grep -c 'step:' " + dir / "log" + ")\" -ge 2 ] && break; sleep 0.1; done\n"
+      "victim=$(pgrep -n -f 'titan train .*" + marker + "')\n"
+      "kill -KILL \"$victim\"\n"
+      "wait $launcher; code=$?\n"
+      "cat " + dir / "log" + "\n"
+      "sleep 1; echo left: $(pgrep -f 'titan .*" + marker + "' | wc -l)\n"
+      "exit $code\n";
+  // From a file, so that the marker is not on bash's own command line.
+  std::ofstream(dir / "kill.sh") << script;
+  auto r = test::run_process({"bash", dir / "kill.sh"}, {{"OMP_NUM_THREADS", "1"}}, std::chrono::seconds(180));
+  EXPECT_FALSE(r.timed_out) << r.output;
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("failed"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("SIGKILL"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("left: 0"), std::string::npos) << r.output;
 }
 
 TEST(LaunchTrain, DegreesThatDoNotFitTheWorldAreAClearError) {
