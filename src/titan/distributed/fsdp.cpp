@@ -1,6 +1,7 @@
 #include "titan/distributed/fsdp.h"
 
 #include "titan/common/error.h"
+#include "titan/common/tensor_storage.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/StorageImpl.h>
@@ -11,22 +12,6 @@
 
 namespace titan::dist {
 namespace {
-
-// A full parameter's storage exists only while its unit is unsharded. The tensor object (and every
-// view autograd saved of it) stays; only the bytes behind it come and go.
-void allocate_storage(const at::Tensor& t) {
-  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
-  const size_t nbytes = static_cast<size_t>(t.numel()) * t.element_size();
-  if (s->nbytes() == nbytes) return;
-  s->set_data_ptr_noswap(s->allocator()->allocate(nbytes));
-  s->set_nbytes(nbytes);
-}
-
-void free_storage(const at::Tensor& t) {
-  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
-  s->set_data_ptr_noswap(at::DataPtr(nullptr, s->device()));
-  s->set_nbytes(0);
-}
 
 // A tensor over `t`'s storage with its own version counter: writing through it does not look like an
 // in-place change of `t` to autograd (the values written are the ones `t` had in forward).
@@ -182,10 +167,21 @@ FSDP::~FSDP() {
     for (auto& p : u->params) torch::autograd::impl::set_post_acc_grad_hooks(p.full, nullptr);
 }
 
-void FSDP::fully_shard(nn::HookedModule& module, const std::string& prefix) {
+void FSDP::fully_shard(nn::HookedModule& module, const std::string& prefix, const std::function<void()>& init) {
   std::set<const void*> owned;
   for (const auto& u : units_)
     for (const auto& p : u->params) owned.insert(p.full.unsafeGetTensorImpl());
+  // Parameters built without storage (DeferAllocation) get it now, this unit only, and their values.
+  bool materialized = false;
+  for (const auto& item : module.named_parameters()) {
+    if (owned.count(item.value().unsafeGetTensorImpl()) || has_storage(item.value())) continue;
+    allocate_storage(item.value());
+    materialized = true;
+  }
+  if (materialized) {
+    TITAN_ASSERT(init, "fully_shard of '", prefix, "': parameters without values and no init function");
+    init();
+  }
   auto unit = std::make_unique<Unit>();
   unit->fsdp = this;
   unit->prefix = prefix;
@@ -197,7 +193,7 @@ void FSDP::fully_shard(nn::HookedModule& module, const std::string& prefix) {
   for (const auto& item : module.named_parameters()) {
     at::Tensor full = item.value();
     if (owned.count(full.unsafeGetTensorImpl())) continue;
-    TITAN_ASSERT(!full.is_meta() && full.scalar_type() == at::kFloat, "fully_shard needs initialized fp32 parameters");
+    TITAN_ASSERT(has_storage(full) && full.scalar_type() == at::kFloat, "fully_shard needs fp32 parameters with values");
     Unit::Param p;
     p.name = prefix + item.key();
     p.shape = full.sizes().vec();

@@ -44,9 +44,11 @@ class FSDP {
   ~FSDP();
 
   // Makes `module` (called `prefix` in the model: "layers.3." or "" for the root) a unit owning its
-  // parameters not yet owned by a unit: their current (initialized, fp32) values are sharded and
-  // their full storage freed. Inner units first in forward order, the root last.
-  void fully_shard(nn::HookedModule& module, const std::string& prefix);
+  // parameters not yet owned by a unit: their fp32 values are sharded and their full storage freed.
+  // Parameters created under DeferAllocation (no storage yet) are first given storage and `init` is
+  // called to fill them (layout-independent init fills only tensors with storage), so at most one
+  // unit is ever held whole. Inner units first in forward order, the root last.
+  void fully_shard(nn::HookedModule& module, const std::string& prefix, const std::function<void()>& init = {});
 
   // (global name, shard) of every parameter, for the optimizer.
   std::vector<std::pair<std::string, at::Tensor>> sharded_parameters() const;

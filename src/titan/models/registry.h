@@ -24,6 +24,7 @@ class FSDP;
 // What the trainer hands a model's parallelize function: the parallelisms to apply (null: off).
 struct ParallelizeContext {
   dist::FSDP* fsdp = nullptr;  // shard the model's units with fsdp->fully_shard, inner units first
+  std::function<void()> init_weights;  // fills parameters as they get memory (DeferAllocation)
 };
 
 using LanguageModel = std::shared_ptr<LanguageModelImpl>;

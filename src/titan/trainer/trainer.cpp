@@ -1,6 +1,7 @@
 #include "titan/trainer/trainer.h"
 
 #include "titan/common/error.h"
+#include "titan/common/tensor_storage.h"
 #include "titan/components/metrics/format.h"
 #include "titan/config/field.h"
 
@@ -119,7 +120,12 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
     tokenizer_path = data::find_asset(tokenizer_path);
   tokenizer_ = load_tokenizer(tokenizer_path);
   const ModelSpec& spec = model_spec(cfg_.model.name);
-  model_ = spec.build(cfg_.model.flavor, at::TensorOptions().device(device_).dtype(param_dtype), tr.seq_len);
+  {
+    // Under FSDP the parameters get memory and values one unit at a time, while being sharded.
+    std::optional<DeferAllocation> defer;
+    if (dims_->fsdp_enabled()) defer.emplace();
+    model_ = spec.build(cfg_.model.flavor, at::TensorOptions().device(device_).dtype(param_dtype), tr.seq_len);
+  }
   model_->init_weights(seed);  // every rank draws the same global model: values depend on (seed, name)
   const int64_t vocab = model_->named_parameters()["tok_embeddings.weight"].size(0);
   TITAN_USER_CHECK(tokenizer_->vocab_size() <= vocab, "the tokenizer at ", cfg_.model.hf_assets_path, " has ",
@@ -135,7 +141,7 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
     fo.reshard_after_forward = cfg_.parallelism.fsdp_reshard_after_forward;
     fsdp_ = std::make_unique<dist::FSDP>((*mesh_)["dp_shard_cp"], &(*mesh_)["dp_replicate"], fo);
     TITAN_ASSERT(spec.parallelize, "model ", spec.name, " has no parallelize function");
-    spec.parallelize(*model_, ParallelizeContext{fsdp_.get()});
+    spec.parallelize(*model_, ParallelizeContext{fsdp_.get(), [this, seed] { model_->init_weights(seed); }});
     named = fsdp_->sharded_parameters();
   } else {
     for (const auto& p : model_->named_parameters()) named.emplace_back(p.key(), p.value());

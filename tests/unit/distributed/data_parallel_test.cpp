@@ -9,6 +9,7 @@
 // the first step (1e-4 later); parameters after 3 AdamW steps within 1% of lr x steps, absolute.
 #include "test_util.h"
 
+#include "titan/common/tensor_storage.h"
 #include "titan/components/optimizer/optimizer.h"
 #include "titan/distributed/ddp.h"
 #include "titan/distributed/fsdp.h"
@@ -76,8 +77,14 @@ TITAN_TEST_WORKER_FN(data_parallel) {
                                   at::Reduction::Sum) / global_tokens;
   };
 
-  llama3::Transformer ref(tiny_args(), at::TensorOptions()), par(tiny_args(), at::TensorOptions());
+  llama3::Transformer ref(tiny_args(), at::TensorOptions()), par(nullptr);
   ref->init_weights(11);
+  {
+    // FSDP's model is built without memory; each unit gets its values while being sharded.
+    std::optional<DeferAllocation> defer;
+    if (dims.fsdp_enabled()) defer.emplace();
+    par = llama3::Transformer(tiny_args(), at::TensorOptions());
+  }
   par->init_weights(11);
   std::vector<std::pair<std::string, at::Tensor>> ref_named;
   for (const auto& p : ref->named_parameters()) ref_named.emplace_back(p.key(), p.value());
@@ -88,9 +95,10 @@ TITAN_TEST_WORKER_FN(data_parallel) {
   std::vector<std::pair<std::string, at::Tensor>> par_named;
   if (dims.fsdp_enabled()) {
     fsdp = std::make_unique<dist::FSDP>(mesh["dp_shard_cp"], &mesh["dp_replicate"], dist::FSDPOptions{at::kFloat, at::kFloat, reshard});
+    auto init = [&] { par->init_weights(11); };
     for (size_t i = 0; i < par->layers->size(); ++i)
-      fsdp->fully_shard(*par->layers[i]->as<llama3::TransformerBlock>(), "layers." + std::to_string(i) + ".");
-    fsdp->fully_shard(*par, "");
+      fsdp->fully_shard(*par->layers[i]->as<llama3::TransformerBlock>(), "layers." + std::to_string(i) + ".", init);
+    fsdp->fully_shard(*par, "", init);
     par_named = fsdp->sharded_parameters();
   } else {
     for (const auto& p : par->named_parameters()) par_named.emplace_back(p.key(), p.value());

@@ -1,5 +1,7 @@
 #include "titan/models/common/init.h"
 
+#include "titan/common/tensor_storage.h"
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
@@ -28,7 +30,7 @@ uint64_t splitmix64(uint64_t x) {
 // Draw with `fill` into an fp32 CPU tensor of param's shape, then copy into param.
 template <typename Fill>
 void draw(at::Tensor& param, Fill fill) {
-  if (param.is_meta()) return;
+  if (!has_storage(param)) return;
   c10::NoGradGuard no_grad;
   at::Tensor values = at::empty(param.sizes(), at::TensorOptions().dtype(at::kFloat));
   fill(values);
@@ -58,7 +60,7 @@ void trunc_normal(at::Tensor& param, uint64_t seed, std::string_view name, doubl
 }
 
 void ones(at::Tensor& param) {
-  if (param.is_meta()) return;
+  if (!has_storage(param)) return;
   c10::NoGradGuard no_grad;
   param.fill_(1.0);
 }

@@ -18,7 +18,8 @@ namespace titan::init {
 at::Generator param_generator(uint64_t seed, std::string_view name);
 
 // Fill `param` in place (no autograd), drawing from param_generator(seed, name).
-// Meta tensors are left alone (they hold no data).
+// Tensors without values (meta, or storage not allocated: see tensor_storage.h) are left alone,
+// so a model can be initialized piece by piece as its parameters get their memory.
 void normal(at::Tensor& param, uint64_t seed, std::string_view name, double mean, double std);
 // Truncated normal with absolute cut-offs [a, b] like torch.nn.init.trunc_normal_ (inverse-CDF method).
 void trunc_normal(at::Tensor& param, uint64_t seed, std::string_view name, double mean, double std,

@@ -1,5 +1,7 @@
 #include "titan/models/common/layers.h"
 
+#include "titan/common/tensor_storage.h"
+
 #include <ATen/ATen.h>
 
 #include <cmath>
@@ -7,19 +9,19 @@
 namespace titan::nn {
 
 LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, const at::TensorOptions& opts) {
-  weight = register_parameter("weight", at::empty({out_features, in_features}, opts));
+  weight = register_parameter("weight", new_parameter({out_features, in_features}, opts));
 }
 
 at::Tensor LinearImpl::forward(const at::Tensor& x) { return at::linear(x, weight); }
 
 EmbeddingImpl::EmbeddingImpl(int64_t num_embeddings, int64_t dim, const at::TensorOptions& opts) {
-  weight = register_parameter("weight", at::empty({num_embeddings, dim}, opts));
+  weight = register_parameter("weight", new_parameter({num_embeddings, dim}, opts));
 }
 
 at::Tensor EmbeddingImpl::forward(const at::Tensor& tokens_BS) { return at::embedding(weight, tokens_BS); }
 
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps_, const at::TensorOptions& opts) : eps(eps_) {
-  weight = register_parameter("weight", at::empty({dim}, opts));
+  weight = register_parameter("weight", new_parameter({dim}, opts));
 }
 
 at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
@@ -27,7 +29,7 @@ at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
 }
 
 void RMSNormImpl::reset_parameters() {
-  if (weight.is_meta()) return;
+  if (!has_storage(weight)) return;
   at::NoGradGuard no_grad;
   weight.fill_(1.0);
 }

@@ -4,7 +4,8 @@
 // E head dim, F feed-forward hidden dim, V vocabulary.
 //
 // Each module creates its parameters with the TensorOptions it is given (device meta for shape-only
-// models, cpu or cuda for real ones) and initializes them only when init_weights is called.
+// models, cpu or cuda for real ones; without storage under DeferAllocation) and initializes them only
+// when init_weights is called.
 #pragma once
 
 #include <torch/nn/module.h>

@@ -11,8 +11,9 @@ void parallelize(LanguageModelImpl& model, const ParallelizeContext& ctx) {
   TITAN_ASSERT(transformer, "llama3::parallelize needs a llama3 Transformer");
   if (ctx.fsdp) {
     for (size_t i = 0; i < transformer->layers->size(); ++i)
-      ctx.fsdp->fully_shard(*transformer->layers[i]->as<TransformerBlock>(), "layers." + std::to_string(i) + ".");
-    ctx.fsdp->fully_shard(*transformer, "");
+      ctx.fsdp->fully_shard(*transformer->layers[i]->as<TransformerBlock>(), "layers." + std::to_string(i) + ".",
+                            ctx.init_weights);
+    ctx.fsdp->fully_shard(*transformer, "", ctx.init_weights);
   }
 }
 
