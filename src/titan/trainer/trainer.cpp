@@ -114,11 +114,7 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   bf16_autocast_ = bf16_compute && !dims_->fsdp_enabled();
 
   // ---- tokenizer and model
-  // A relative default like ./assets/tokenizer is also found beside the titan binary.
-  std::string tokenizer_path = cfg_.model.hf_assets_path;
-  if (!std::filesystem::exists(tokenizer_path) && !data::find_asset(tokenizer_path).empty())
-    tokenizer_path = data::find_asset(tokenizer_path);
-  tokenizer_ = load_tokenizer(tokenizer_path);
+  tokenizer_ = load_tokenizer(cfg_.model.hf_assets_path);
   const ModelSpec& spec = model_spec(cfg_.model.name);
   {
     // Under FSDP the parameters get memory and values one unit at a time, while being sharded.

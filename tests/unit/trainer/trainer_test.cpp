@@ -127,6 +127,31 @@ TEST(TitanTrain, UnsupportedFeaturesAndBadInputAreClearErrors) {
   EXPECT_NE(r.output.find("nothing-here"), std::string::npos) << r.output;
 }
 
+TEST(TitanTokenize, ShardsTrainLikeTheText) {
+  // `titan tokenize` writes the bundled corpus as shards (tokenizer found beside the binary, run from
+  // another folder); training on them gives the losses of training on the text.
+  test::TempDir dir;
+  auto t = test::run_process({"bash", "-c", "cd " + dir.path() + " && " + kTitan +
+                                                " tokenize --output shards --training.dataset titan_corpus"});
+  ASSERT_EQ(t.exit_code, 0) << t.output;
+  EXPECT_NE(t.output.find("tokenized 3294 documents"), std::string::npos) << t.output;
+  std::vector<std::string> common = {"--job.config_file", kSource + "/configs/llama3_debugmodel.toml",
+                                     "--training.dataset", "titan_corpus", "--training.seq_len", "64",
+                                     "--training.local_batch_size", "2", "--training.steps", "3"};
+  std::vector<std::string> text = {kTitan, "train", "--job.dump_folder", dir / "text"};
+  std::vector<std::string> shards = {kTitan, "train", "--job.dump_folder", dir / "shards-run",
+                                     "--training.dataset_path", dir / "shards"};
+  text.insert(text.end(), common.begin(), common.end());
+  shards.insert(shards.end(), common.begin(), common.end());
+  auto a = test::run_process(text), b = test::run_process(shards);
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_NE(b.output.find("shards from"), std::string::npos) << b.output;
+  auto la = parse_losses(a.output), lb = parse_losses(b.output);
+  ASSERT_EQ(la.size(), 3u);
+  EXPECT_EQ(la, lb);
+}
+
 TEST(TitanEstimate, ReadsTheSeeds8BFile) {
   auto r = test::run_process({kTitan, "estimate", "--job.config_file",
                               kSource + "/tests/unit/config/fixtures/seed002_new_8b_custom.toml"});

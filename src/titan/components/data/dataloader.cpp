@@ -1,5 +1,7 @@
 #include "titan/components/data/dataloader.h"
 
+#include "titan/common/assets.h"
+
 #include "titan/common/error.h"
 #include "titan/components/data/jsonl_reader.h"
 #include "titan/components/data/text_windows.h"
@@ -17,19 +19,6 @@ namespace {
 constexpr const char* kCorpus = "assets/corpus/corpus.jsonl.zst";
 constexpr const char* kC4Test = "assets/c4_test";
 }  // namespace
-
-std::string find_asset(const std::string& relative) {
-  std::error_code ec;
-  if (fs::exists(relative, ec)) return relative;
-  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (ec) return {};
-  fs::path dir = exe.parent_path();
-  for (int up = 0; up < 4 && !dir.empty(); ++up, dir = dir.parent_path()) {
-    if (fs::exists(dir / relative, ec)) return (dir / relative).string();
-    if (dir == dir.parent_path()) break;
-  }
-  return {};
-}
 
 ResolvedDataset resolve_dataset(const std::string& name_in, const std::string& dataset_path) {
   std::string name = name_in;

@@ -52,9 +52,6 @@ struct ResolvedDataset {
 // Throws UserError for an unknown name or an absent path, saying what to pass.
 ResolvedDataset resolve_dataset(const std::string& name, const std::string& dataset_path);
 
-// Looks for a path relative to the current folder, then relative to the titan binary's folder and its
-// parents (so `build/titan` finds the repository's assets/). Empty when not found.
-std::string find_asset(const std::string& relative);
 
 // Serves one data-parallel rank's batches. Not thread-safe.
 class DataLoader {

@@ -1,4 +1,5 @@
 // load_tokenizer: picks the implementation from the path (see tokenizer.h).
+#include "titan/common/assets.h"
 #include "titan/common/error.h"
 #include "titan/components/tokenizer/backends.h"
 #include "titan/components/tokenizer/tokenizer.h"
@@ -41,9 +42,12 @@ std::unique_ptr<Tokenizer> load_file(const std::string& path) {
 
 }  // namespace
 
-std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& given) {
   std::error_code ec;
-  TITAN_USER_CHECK(!path.empty(), "no tokenizer path given.", kHint);
+  TITAN_USER_CHECK(!given.empty(), "no tokenizer path given.", kHint);
+  // A relative path such as the default ./assets/tokenizer is also found beside the titan binary.
+  const std::string found = fs::path(given).is_relative() ? find_asset(given) : std::string();
+  const std::string path = found.empty() ? given : found;
   TITAN_USER_CHECK(fs::exists(path, ec), "tokenizer path ", path, " does not exist.", kHint);
   if (!fs::is_directory(path, ec)) return load_file(path);
   for (const char* name : {"tokenizer.json", "tokenizer.model", "original/tokenizer.model"}) {

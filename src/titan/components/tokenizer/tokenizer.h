@@ -26,7 +26,8 @@ class Tokenizer {
 
 // Loads the tokenizer at `path`: a tokenizer.json file, a tiktoken or SentencePiece model file, or a
 // folder holding one of them (Hugging Face asset folders: tokenizer.json preferred, then
-// tokenizer.model / original/tokenizer.model). Throws titan::UserError saying what was expected
+// tokenizer.model / original/tokenizer.model). A relative path missing from the current folder is
+// also looked up beside the titan binary (find_asset). Throws titan::UserError saying what was expected
 // when nothing usable is there.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
 
