@@ -18,6 +18,8 @@ class LanguageModelImpl : public nn::HookedModule {
   virtual void init_weights(uint64_t seed) = 0;
   // Training FLOPs per token at sequence length seq_len (torchtitan's formula for this model).
   virtual double flops_per_token(int64_t seq_len) const = 0;
+  // Number of token ids the model embeds and predicts.
+  virtual int64_t vocab_size() const = 0;
   // Total number of parameter elements (tied tensors counted once).
   int64_t num_params() const;
 };

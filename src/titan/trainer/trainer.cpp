@@ -123,7 +123,7 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
     model_ = spec.build(cfg_.model.flavor, at::TensorOptions().device(device_).dtype(param_dtype), tr.seq_len);
   }
   model_->init_weights(seed);  // every rank draws the same global model: values depend on (seed, name)
-  const int64_t vocab = model_->named_parameters()["tok_embeddings.weight"].size(0);
+  const int64_t vocab = model_->vocab_size();
   TITAN_USER_CHECK(tokenizer_->vocab_size() <= vocab, "the tokenizer at ", cfg_.model.hf_assets_path, " has ",
                    tokenizer_->vocab_size(), " tokens but model ", cfg_.model.name, " ", cfg_.model.flavor,
                    " has a vocabulary of ", vocab, ": choose the flavor's tokenizer with --model.hf_assets_path");

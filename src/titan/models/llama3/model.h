@@ -38,6 +38,7 @@ class TransformerImpl : public LanguageModelImpl {
   at::Tensor forward(const at::Tensor& tokens_BS) override;
   void init_weights(uint64_t seed) override;
   double flops_per_token(int64_t seq_len) const override;
+  int64_t vocab_size() const override { return args_.vocab_size; }
 
   const ModelArgs& args() const { return args_; }
   // RoPE rotations cos + i sin (S, E/2), complex64 on `device`, computed once per (S, device).
