@@ -25,7 +25,7 @@ APT_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config
   libtomlplusplus-dev nlohmann-json3-dev libpcre2-dev libzstd-dev zlib1g-dev
   libsentencepiece-dev libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev
-  python3-venv
+  python3-venv procps
 )
 if [[ "${TITAN_SKIP_APT:-0}" != 1 ]]; then
   missing=()
