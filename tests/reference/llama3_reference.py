@@ -11,7 +11,11 @@ The model is written from the Llama 3 description, not from titan's code: RoPE t
 multiplication of interleaved pairs, attention as an explicit masked softmax (no SDPA), RMSNorm
 written out, grouped-query attention by repeating key/value heads.
 
-usage: llama3_reference.py IN.safetensors OUT.safetensors [--device cpu|cuda] [--autocast-bf16]
+With --hf the weights are in Hugging Face's LlamaForCausalLM names and layout (model.embed_tokens,
+self_attn.q_proj, mlp.gate_proj, ...; q/k rows in rotate-half order) and only the logits of batch 0
+are computed, with rotate-half RoPE as transformers applies it: a check of titan's HF adapter.
+
+usage: llama3_reference.py IN.safetensors OUT.safetensors [--device cpu|cuda] [--autocast-bf16] [--hf]
 """
 
 import argparse
@@ -82,6 +86,38 @@ def forward(p, cfg, tokens, cis):
     return h @ out_w.t()
 
 
+def forward_hf(p, cfg, tokens, freqs):
+    """Llama in transformers' conventions: rotate-half RoPE on HF-permuted q/k projections."""
+    B, S = tokens.shape
+    H, K = cfg["n_heads"], cfg["n_kv_heads"]
+    E = cfg["dim"] // H
+    angles = torch.outer(torch.arange(S).float(), freqs).to(tokens.device)
+    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()  # (S, E)
+
+    def rotate_half(x):
+        return torch.cat([-x[..., E // 2:], x[..., : E // 2]], dim=-1)
+
+    def rope(x):  # x (B, n, S, E)
+        return x * cos + rotate_half(x) * sin
+
+    h = p["model.embed_tokens.weight"][tokens]
+    mask = torch.full((S, S), float("-inf"), device=tokens.device).triu(1)
+    for i in range(cfg["n_layers"]):
+        w = lambda n: p[f"model.layers.{i}.{n}.weight"]
+        x = rms_norm(h, w("input_layernorm"), cfg["norm_eps"])
+        q = rope((x @ w("self_attn.q_proj").t()).view(B, S, H, E).transpose(1, 2))
+        k = rope((x @ w("self_attn.k_proj").t()).view(B, S, K, E).transpose(1, 2))
+        v = (x @ w("self_attn.v_proj").t()).view(B, S, K, E).transpose(1, 2)
+        k, v = k.repeat_interleave(H // K, dim=1), v.repeat_interleave(H // K, dim=1)
+        attn = torch.softmax((q @ k.transpose(-1, -2)) / math.sqrt(E) + mask, dim=-1) @ v
+        h = h + attn.transpose(1, 2).reshape(B, S, H * E) @ w("self_attn.o_proj").t()
+        x = rms_norm(h, w("post_attention_layernorm"), cfg["norm_eps"])
+        h = h + (F.silu(x @ w("mlp.gate_proj").t()) * (x @ w("mlp.up_proj").t())) @ w("mlp.down_proj").t()
+    h = rms_norm(h, p["model.norm.weight"], cfg["norm_eps"])
+    out_w = p["model.embed_tokens.weight"] if cfg["tie_embeddings"] else p["lm_head.weight"]
+    return h @ out_w.t()
+
+
 def loss_fn(logits, labels):
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(0, 1))
 
@@ -92,6 +128,7 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--autocast-bf16", action="store_true")
+    ap.add_argument("--hf", action="store_true")
     args = ap.parse_args()
 
     with safe_open(args.inp, "pt") as f:
@@ -102,6 +139,11 @@ def main():
     torch.manual_seed(0)
 
     freqs = rope_freqs(cfg)
+    if args.hf:
+        with torch.no_grad():
+            logits = forward_hf(init, cfg, tokens[0], freqs)
+        save_file({"logits": logits.float().contiguous().cpu()}, args.out)
+        return
     angles = torch.outer(torch.arange(tokens.shape[-1]).float(), freqs)
     cis = torch.polar(torch.ones_like(angles), angles).to(args.device)
 

@@ -25,6 +25,7 @@
 #include "test_util.h"
 
 #include "titan/components/checkpoint/safetensors.h"
+#include "titan/models/llama3/hf_adapter.h"
 #include "titan/models/llama3/model.h"
 
 #include <ATen/ATen.h>
@@ -232,6 +233,42 @@ INSTANTIATE_TEST_SUITE_P(All, Llama3Parity,
                            for (auto& ch : n) if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
                            return n;
                          });
+
+// The HF adapter: titan's weights converted to Hugging Face's names and rotate-half layout give, in a
+// transformers-convention forward pass, the logits titan computes (1e-5; fp32 CPU).
+TEST(Llama3Parity, HuggingFaceLayoutGivesTheSameLogits) {
+  for (const Case& c : cases()) {
+    test::TempDir dir;
+    Batches batches = make_batches(c.args.vocab_size);
+    llama3::Transformer model = build(c, kCpu);
+    StateDict native;
+    for (const auto& p : model->named_parameters()) native[p.key()] = p.value().detach();
+    safetensors::Tensors in;
+    for (const auto& [name, t] : llama3::hf_adapter(c.args).to_hf(native)) in["param." + name] = t;
+    in["batch.tokens"] = batches.tokens;
+    in["batch.labels"] = batches.labels;
+    nlohmann::json cfg = {{"dim", c.args.dim}, {"n_layers", c.args.n_layers}, {"n_heads", c.args.n_heads},
+                          {"n_kv_heads", c.args.kv_heads()}, {"norm_eps", c.args.norm_eps},
+                          {"rope_theta", c.args.rope_theta}, {"tie_embeddings", c.args.tie_embeddings}, {"lr", kLr}};
+    const auto& s = *c.args.rope_scaling;
+    cfg["rope_scaling"] = {{"factor", s.factor}, {"low_freq_factor", s.low_freq_factor},
+                           {"high_freq_factor", s.high_freq_factor},
+                           {"original_max_position_embeddings", s.original_max_position_embeddings}};
+    safetensors::save(dir / "in.safetensors", in, {{"config", cfg.dump()}});
+    auto r = test::run_process({test::python(), std::string(TITAN_SOURCE_DIR) + "/tests/reference/llama3_reference.py",
+                                dir / "in.safetensors", dir / "out.safetensors", "--hf"},
+                               {{"OMP_NUM_THREADS", "2"}});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    at::Tensor logits;
+    {
+      at::NoGradGuard no_grad;
+      logits = model->forward(batches.tokens[0]);
+    }
+    const double err = test::relative_error(logits, safetensors::load(dir / "out.safetensors").tensors.at("logits"));
+    EXPECT_LT(err, 1e-5) << c.name;
+    std::printf("[%s] HF layout logits relative error %.2e\n", c.name.c_str(), err);
+  }
+}
 
 // The comparison is sensitive: one perturbed weight element, gradient element or loss makes it fail.
 TEST(Llama3Parity, PerturbationsAreDetected) {
