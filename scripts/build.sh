@@ -12,6 +12,13 @@ export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$ROOT}"  # relative paths: clones share
 export CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-5G}"
 if [[ -d /usr/local/cuda/bin ]]; then export PATH="$PATH:/usr/local/cuda/bin"; fi
 if [[ ! -f "$BUILD_DIR/build.ninja" ]]; then
+  # torch==2.11.0 from PyPI is a CUDA build, and its CMake configuration needs the CUDA toolkit even to
+  # build the CPU paths.
+  if [[ "$("$PY" -c 'import torch; print(torch.version.cuda or "")')" != "" ]] && ! command -v nvcc >/dev/null; then
+    echo "[build] ERROR: the libtorch in .venv is a CUDA build and its CMake config needs the CUDA toolkit," >&2
+    echo "[build]        but nvcc is not on PATH or in /usr/local/cuda/bin: install the CUDA 13 toolkit." >&2
+    exit 1
+  fi
   PREFIX=$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)')
   cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="${BUILD_TYPE:-RelWithDebInfo}" \
     -DCMAKE_PREFIX_PATH="$PREFIX"

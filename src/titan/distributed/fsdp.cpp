@@ -111,8 +111,12 @@ struct FSDP::Unit {
   }
 
   // Casts each full gradient to reduce_dtype, pads it to N * shard_rows rows and reduce-scatters it;
-  // the full gradients and parameters are freed.
+  // the full gradients and parameters are freed. The reductions of the unit before are completed
+  // first, so at most one unit's padded full-size gradients are alive at a time while this unit's
+  // reduce-scatter overlaps the next unit's backward.
   void reduce_grads() {
+    for (auto& other : fsdp->units_)
+      if (other.get() != this) other->complete_reductions();
     const int n = group().size();
     for (auto& p : params) {
       at::Tensor g = p.full.grad();
@@ -124,12 +128,23 @@ struct FSDP::Unit {
       p.reductions.push_back({std::move(w), input, output});
       p.full.mutable_grad() = at::Tensor();
     }
+    int64_t pending = 0;
+    for (auto& u : fsdp->units_)
+      for (auto& p : u->params)
+        for (auto& r : p.reductions) pending += r.input.numel() * r.input.element_size();
+    fsdp->peak_reduction_bytes_ = std::max(fsdp->peak_reduction_bytes_, pending);
     grads_ready = 0;
     reshard();
   }
 
   void finish_reductions() {
     if (grads_ready > 0) reduce_grads();  // some parameters took no part in this backward
+    complete_reductions();
+  }
+
+  // Waits for this unit's reduce-scatters (and, with HSDP, all-reduces the shards over replicas),
+  // adds them to the shards' gradients and drops the full-size buffers.
+  void complete_reductions() {
     for (auto& p : params) {
       for (auto& r : p.reductions) {
         r.work.wait();

@@ -56,6 +56,9 @@ class FSDP {
   void finish_backward();
   // The full, unpadded parameters (all-gathered, fp32, on CPU), by global name; collective.
   std::map<std::string, at::Tensor> full_parameters();
+  // Most bytes of padded full-size gradients held for reduce-scatters at once so far: one unit's,
+  // since a unit's reductions complete before the next unit issues its own.
+  int64_t peak_reduction_bytes() const { return peak_reduction_bytes_; }
 
   struct Unit;
 
@@ -64,6 +67,7 @@ class FSDP {
   Group* replicate_;
   FSDPOptions options_;
   std::vector<std::unique_ptr<Unit>> units_;  // in forward order; the root last
+  int64_t peak_reduction_bytes_ = 0;
 };
 
 }  // namespace titan::dist

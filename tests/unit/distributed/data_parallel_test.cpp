@@ -172,6 +172,20 @@ TITAN_TEST_WORKER_FN(data_parallel) {
     par_opt.step();
   }
 
+  // Gradient reductions in flight never hold more than one unit's padded full-size gradients.
+  if (fsdp) {
+    std::map<std::string, int64_t> unit_bytes;
+    for (auto& [name, p] : par_named) {
+      const std::string unit = name.rfind("layers.", 0) == 0 ? name.substr(0, name.find('.', 7)) : "root";
+      unit_bytes[unit] += p.numel() * mesh["dp_shard_cp"].size() * 4;
+    }
+    int64_t largest = 0;
+    for (auto& [u, b] : unit_bytes) largest = std::max(largest, b);
+    CHECK_OR_FAIL(fsdp->peak_reduction_bytes() > 0 && fsdp->peak_reduction_bytes() <= largest,
+                  "reduce-scatter buffers peaked at %lld bytes, one unit holds at most %lld",
+                  (long long)fsdp->peak_reduction_bytes(), (long long)largest);
+  }
+
   // Persistent memory: parameters + gradients + AdamW state.
   int64_t local_bytes = 0;
   for (auto& [name, p] : par_named) local_bytes += p.numel() * 4 * 4;
