@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <chrono>
+#include <cstdio>
 #include <functional>
 #include <map>
 #include <string>
@@ -59,3 +60,15 @@ struct RegisterWorker {
   static int titan_worker_##name();                                                    \
   static ::titan::test::RegisterWorker titan_register_worker_##name(#name, titan_worker_##name); \
   static int titan_worker_##name()
+
+// In a worker function: when `cond` fails, print it (with file:line and an optional printf-style
+// message) to stderr and return 1 from the worker.
+#define TITAN_WORKER_CHECK(cond, ...)                                                  \
+  do {                                                                                 \
+    if (!(cond)) {                                                                     \
+      std::fprintf(stderr, "%s:%d: check failed: %s", __FILE__, __LINE__, #cond);     \
+      __VA_OPT__(std::fprintf(stderr, ": "); std::fprintf(stderr, __VA_ARGS__);)       \
+      std::fprintf(stderr, "\n");                                                      \
+      return 1;                                                                        \
+    }                                                                                  \
+  } while (0)

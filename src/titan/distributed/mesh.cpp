@@ -72,10 +72,13 @@ Mesh::Mesh(const ParallelDims& dims, int rank, const c10::intrusive_ptr<c10d::St
     : dims_(dims), rank_(rank) {
   const std::vector<std::string> names = {"pp", "dp_replicate", "dp_shard", "cp", "tp", "dp", "dp_shard_cp",
                                           "dp_cp", "world"};
+  // Dimensions with the same members (e.g. dp_shard, dp and world under plain FSDP) share one
+  // backend; each keeps its own name for the byte counts.
+  std::map<std::vector<int>, c10::intrusive_ptr<c10d::Backend>> by_members;
   for (const auto& name : names) {
     std::vector<int> ranks = dims_.group_ranks(name, rank);
-    c10::intrusive_ptr<c10d::Backend> b;
-    if (ranks.size() > 1) {
+    c10::intrusive_ptr<c10d::Backend>& b = by_members[ranks];
+    if (ranks.size() > 1 && !b) {
       // Each group rendezvouses under its own prefix: its name and its first member.
       auto prefixed = c10::make_intrusive<c10d::PrefixStore>(name + "/" + std::to_string(ranks[0]), store);
       b = make_backend(backend, prefixed, dims_.rank_in(name, rank), static_cast<int>(ranks.size()), timeout, gloo_host);

@@ -1,15 +1,14 @@
 #include "titan/trainer/trainer.h"
 
+#include "titan/common/autocast.h"
 #include "titan/common/error.h"
 #include "titan/common/tensor_storage.h"
+#include "titan/components/checkpoint/safetensors.h"
 #include "titan/components/metrics/format.h"
 #include "titan/config/field.h"
-
-#include "titan/components/checkpoint/safetensors.h"
 #include "titan/distributed/process_group.h"
 
 #include <ATen/ATen.h>
-#include <ATen/autocast_mode.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/cuda.h>
@@ -22,25 +21,7 @@
 
 namespace titan {
 namespace {
-
 using Clock = std::chrono::steady_clock;
-
-
-// bf16 autocast on CUDA for the forward pass and the loss, when mixed precision asks for it.
-struct AutocastGuard {
-  bool on;
-  explicit AutocastGuard(bool enable) : on(enable) {
-    if (!on) return;
-    at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
-    at::autocast::set_autocast_enabled(at::kCUDA, true);
-  }
-  ~AutocastGuard() {
-    if (!on) return;
-    at::autocast::set_autocast_enabled(at::kCUDA, false);
-    at::autocast::clear_cache();
-  }
-};
-
 }  // namespace
 
 void Trainer::log_info(const std::string& msg) const {
@@ -232,7 +213,7 @@ StepResult Trainer::train_step() {
     at::Tensor inputs_BS = batch.inputs.to(device_), labels_BS = batch.labels.to(device_);
     at::Tensor loss;
     {
-      AutocastGuard autocast(bf16_autocast_);
+      CudaBf16Autocast autocast(bf16_autocast_);
       at::Tensor logits_BSV = model_->forward(inputs_BS);
       loss = at::cross_entropy_loss(logits_BSV.flatten(0, 1).to(at::kFloat), labels_BS.flatten(0, 1), {},
                                     at::Reduction::Sum) /

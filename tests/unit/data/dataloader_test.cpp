@@ -320,7 +320,9 @@ TEST(DataLoader, DatasetNamesMapToLocalFiles) {
   EXPECT_NE(corpus.path.find("assets/corpus/corpus.jsonl.zst"), std::string::npos) << corpus.path;
   EXPECT_EQ(corpus.kind, "text");
   auto c4_test = data::resolve_dataset("C4_TEST", "");
-  if (!std::filesystem::exists(std::string(TITAN_SOURCE_DIR) + "/assets/c4_test")) EXPECT_EQ(c4_test.path, corpus.path);
+  if (!std::filesystem::exists(std::string(TITAN_SOURCE_DIR) + "/assets/c4_test")) {
+    EXPECT_EQ(c4_test.path, corpus.path);
+  }
   EXPECT_EQ(data::resolve_dataset("c4", dir.path()).kind, "text");
   test::write_file(dir / "one.jsonl", test::jsonl({"x"}));
   data::tokenize_to_shards(dir / "one.jsonl", tok, dir / "shards");

@@ -19,13 +19,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-#define WORKER_CHECK(cond)                                                 \
-  do {                                                                     \
-    if (!(cond)) {                                                         \
-      std::fprintf(stderr, "rank check failed at line %d: %s\n", __LINE__, #cond); \
-      return 1;                                                            \
-    }                                                                      \
-  } while (0)
 
 TITAN_TEST_WORKER_FN(gloo_collectives) {
   const int rank = std::atoi(std::getenv("TITAN_TEST_RANK"));
@@ -37,20 +30,20 @@ TITAN_TEST_WORKER_FN(gloo_collectives) {
   // all-reduce (sum): rank r contributes (r + 1) * [1, 2, 3, 4] -> 3 * [1, 2, 3, 4]
   std::vector<at::Tensor> t{at::arange(1, 5, at::kFloat) * (rank + 1)};
   pg->allreduce(t)->wait();
-  WORKER_CHECK(at::equal(t[0], at::arange(1, 5, at::kFloat) * 3));
+  TITAN_WORKER_CHECK(at::equal(t[0], at::arange(1, 5, at::kFloat) * 3));
 
   // all-gather: each rank contributes [r, r] -> [[0, 0], [1, 1]] on every rank
   std::vector<at::Tensor> in{at::full({2}, rank, at::kFloat)};
   std::vector<std::vector<at::Tensor>> out{{at::empty({2}), at::empty({2})}};
   pg->allgather(out, in)->wait();
-  for (int r = 0; r < world; ++r) WORKER_CHECK(at::equal(out[0][r], at::full({2}, r, at::kFloat)));
+  for (int r = 0; r < world; ++r) TITAN_WORKER_CHECK(at::equal(out[0][r], at::full({2}, r, at::kFloat)));
 
   // reduce-scatter (sum): rank r contributes chunks c_k = 10 k + r; rank k receives sum_r c_k
   std::vector<at::Tensor> chunks_in{at::full({3}, 10 * 0 + rank, at::kFloat), at::full({3}, 10 * 1 + rank, at::kFloat)};
   std::vector<std::vector<at::Tensor>> rs_in{chunks_in};
   std::vector<at::Tensor> rs_out{at::empty({3})};
   pg->reduce_scatter(rs_out, rs_in)->wait();
-  WORKER_CHECK(at::equal(rs_out[0], at::full({3}, 2 * 10 * rank + 0 + 1, at::kFloat)));
+  TITAN_WORKER_CHECK(at::equal(rs_out[0], at::full({3}, 2 * 10 * rank + 0 + 1, at::kFloat)));
 
   // send / recv: rank 0 sends [7, 8, 9] to rank 1
   if (rank == 0) {
@@ -59,7 +52,7 @@ TITAN_TEST_WORKER_FN(gloo_collectives) {
   } else {
     std::vector<at::Tensor> msg{at::zeros({3})};
     pg->recv(msg, 0, /*tag=*/0)->wait();
-    WORKER_CHECK(at::equal(msg[0], at::arange(7, 10, at::kFloat)));
+    TITAN_WORKER_CHECK(at::equal(msg[0], at::arange(7, 10, at::kFloat)));
   }
   pg->barrier()->wait();
   std::printf("rank %d: all collectives correct\n", rank);

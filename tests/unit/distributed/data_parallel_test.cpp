@@ -46,15 +46,6 @@ constexpr int64_t kLocalBatch = 2, kSeqLen = 16, kSteps = 3;
 
 int env_int(const char* name) { return std::atoi(std::getenv(name)); }
 
-#define CHECK_OR_FAIL(cond, ...)                                  \
-  do {                                                            \
-    if (!(cond)) {                                                \
-      std::fprintf(stderr, "check failed: %s: ", #cond);          \
-      std::fprintf(stderr, __VA_ARGS__);                          \
-      std::fprintf(stderr, "\n");                                 \
-      return 1;                                                   \
-    }                                                             \
-  } while (0)
 
 TITAN_TEST_WORKER_FN(data_parallel) {
   const int rank = env_int("TITAN_TEST_RANK"), world = env_int("TITAN_TEST_WORLD");
@@ -103,7 +94,7 @@ TITAN_TEST_WORKER_FN(data_parallel) {
   } else {
     for (const auto& p : par->named_parameters()) par_named.emplace_back(p.key(), p.value());
     ddp = std::make_unique<dist::DDP>(par_named, mesh["dp_replicate"], /*bucket_bytes=*/64 << 10);
-    CHECK_OR_FAIL(ddp->num_buckets() > 2, "expected several buckets, got %zu", ddp->num_buckets());
+    TITAN_WORKER_CHECK(ddp->num_buckets() > 2, "expected several buckets, got %zu", ddp->num_buckets());
   }
   OptimizerOptions oo;
   oo.lr = 1e-3;
@@ -124,7 +115,7 @@ TITAN_TEST_WORKER_FN(data_parallel) {
     if (ddp) ddp->finish_backward();
     at::Tensor loss = local_loss.detach().clone();
     mesh["dp"].all_reduce(loss).wait();
-    CHECK_OR_FAIL(std::abs(loss.item<double>() - ref_loss.item<double>()) <= 1e-5 * ref_loss.item<double>(),
+    TITAN_WORKER_CHECK(std::abs(loss.item<double>() - ref_loss.item<double>()) <= 1e-5 * ref_loss.item<double>(),
                   "step %lld loss %.8f vs single process %.8f", (long long)step, loss.item<double>(), ref_loss.item<double>());
 
     // Gradients: the shard's rows of the reference gradient (padding rows zero), or the whole of it.
@@ -143,7 +134,7 @@ TITAN_TEST_WORKER_FN(data_parallel) {
       // parameters by up to lr), hence the looser bound after the first step.
       const double err = test::relative_error(p.grad(), expected), tol = step == 0 ? 1e-5 : 1e-4;
       worst_grad = std::max(worst_grad, err);
-      CHECK_OR_FAIL(err <= tol, "step %lld gradient of %s differs by %.3g", (long long)step, name.c_str(), err);
+      TITAN_WORKER_CHECK(err <= tol, "step %lld gradient of %s differs by %.3g", (long long)step, name.c_str(), err);
     }
 
     // Communication volume of this step (bytes of the full buffers, see mesh.h).
@@ -157,15 +148,15 @@ TITAN_TEST_WORKER_FN(data_parallel) {
         reduced += padded_bytes;
       }
       const auto& bytes = mesh.bytes().at("dp_shard_cp");
-      CHECK_OR_FAIL(bytes.at("all_gather") == gathered, "all-gather moved %lld bytes, expected %lld",
+      TITAN_WORKER_CHECK(bytes.at("all_gather") == gathered, "all-gather moved %lld bytes, expected %lld",
                     (long long)bytes.at("all_gather"), (long long)gathered);
-      CHECK_OR_FAIL(bytes.at("reduce_scatter") == reduced, "reduce-scatter moved %lld bytes, expected %lld",
+      TITAN_WORKER_CHECK(bytes.at("reduce_scatter") == reduced, "reduce-scatter moved %lld bytes, expected %lld",
                     (long long)bytes.at("reduce_scatter"), (long long)reduced);
       if (dims.dp_replicate_enabled())
-        CHECK_OR_FAIL(mesh.bytes().at("dp_replicate").at("all_reduce") == reduced / mesh["dp_shard_cp"].size(),
+        TITAN_WORKER_CHECK(mesh.bytes().at("dp_replicate").at("all_reduce") == reduced / mesh["dp_shard_cp"].size(),
                       "HSDP all-reduce volume");
     } else {
-      CHECK_OR_FAIL(mesh.bytes().at("dp_replicate").at("all_reduce") == full_bytes, "DDP all-reduce moved %lld bytes",
+      TITAN_WORKER_CHECK(mesh.bytes().at("dp_replicate").at("all_reduce") == full_bytes, "DDP all-reduce moved %lld bytes",
                     (long long)mesh.bytes().at("dp_replicate").at("all_reduce"));
     }
     ref_opt.step();
@@ -181,7 +172,7 @@ TITAN_TEST_WORKER_FN(data_parallel) {
     }
     int64_t largest = 0;
     for (auto& [u, b] : unit_bytes) largest = std::max(largest, b);
-    CHECK_OR_FAIL(fsdp->peak_reduction_bytes() > 0 && fsdp->peak_reduction_bytes() <= largest,
+    TITAN_WORKER_CHECK(fsdp->peak_reduction_bytes() > 0 && fsdp->peak_reduction_bytes() <= largest,
                   "reduce-scatter buffers peaked at %lld bytes, one unit holds at most %lld",
                   (long long)fsdp->peak_reduction_bytes(), (long long)largest);
   }
@@ -191,7 +182,7 @@ TITAN_TEST_WORKER_FN(data_parallel) {
   for (auto& [name, p] : par_named) local_bytes += p.numel() * 4 * 4;
   const double ratio = static_cast<double>(local_bytes) / static_cast<double>(full_bytes * 4);
   const double expected_ratio = 1.0 / (fsdp ? mesh["dp_shard_cp"].size() : 1);
-  CHECK_OR_FAIL(ratio >= expected_ratio && ratio <= expected_ratio * 1.05, "memory ratio %.4f, expected ~%.4f", ratio,
+  TITAN_WORKER_CHECK(ratio >= expected_ratio && ratio <= expected_ratio * 1.05, "memory ratio %.4f, expected ~%.4f", ratio,
                 expected_ratio);
 
   // After the steps the parameters equal the single-process ones.
@@ -207,7 +198,7 @@ TITAN_TEST_WORKER_FN(data_parallel) {
     // the bound is 1% of the largest total movement (lr x steps).
     const double err = (final_params.at(name) - p.detach()).abs().max().item<double>();
     worst_param = std::max(worst_param, err);
-    CHECK_OR_FAIL(err <= 0.01 * oo.lr * kSteps, "parameter %s after %lld steps differs by %.3g", name.c_str(),
+    TITAN_WORKER_CHECK(err <= 0.01 * oo.lr * kSteps, "parameter %s after %lld steps differs by %.3g", name.c_str(),
                   (long long)kSteps, err);
   }
   std::printf("rank %d: %s matches the single process (worst gradient %.2e, worst final parameter %.2e, "

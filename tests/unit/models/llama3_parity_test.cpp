@@ -24,12 +24,12 @@
 // PerturbationsAreDetected).
 #include "test_util.h"
 
+#include "titan/common/autocast.h"
 #include "titan/components/checkpoint/safetensors.h"
 #include "titan/models/llama3/hf_adapter.h"
 #include "titan/models/llama3/model.h"
 
 #include <ATen/ATen.h>
-#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <torch/cuda.h>
@@ -80,33 +80,18 @@ at::Tensor loss_of(const at::Tensor& logits_BSV, const at::Tensor& labels_BS) {
   return at::cross_entropy_loss(logits_BSV.flatten(0, 1).to(at::kFloat), labels_BS.flatten(0, 1));
 }
 
-// Enables bf16 autocast on CUDA for its lifetime when asked.
-struct AutocastScope {
-  bool on;
-  explicit AutocastScope(bool enable) : on(enable) {
-    if (!on) return;
-    at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
-    at::autocast::set_autocast_enabled(at::kCUDA, true);
-  }
-  ~AutocastScope() {
-    if (!on) return;
-    at::autocast::set_autocast_enabled(at::kCUDA, false);
-    at::autocast::clear_cache();
-  }
-};
-
 struct Reference {
   safetensors::Tensors t;
 };
 
-// Writes the model's initial weights and the batches, runs the Python reference, reads its outputs.
-Reference run_reference(const Case& c, llama3::Transformer& model, const Batches& b, const Precision& prec,
-                        const test::TempDir& dir) {
+// Writes `params` (names as the reference expects them), the batches and the model's shape, runs
+// tests/reference/llama3_reference.py with `flags`, and reads its outputs.
+Reference run_reference_script(const llama3::ModelArgs& a, const StateDict& params, const Batches& b,
+                               const std::vector<std::string>& flags, const test::TempDir& dir) {
   safetensors::Tensors in;
-  for (const auto& p : model->named_parameters()) in["param." + p.key()] = p.value();
+  for (const auto& [name, t] : params) in["param." + name] = t;
   in["batch.tokens"] = b.tokens;
   in["batch.labels"] = b.labels;
-  const auto& a = c.args;
   nlohmann::json cfg = {{"dim", a.dim},           {"n_layers", a.n_layers},     {"n_heads", a.n_heads},
                         {"n_kv_heads", a.kv_heads()}, {"norm_eps", a.norm_eps}, {"rope_theta", a.rope_theta},
                         {"tie_embeddings", a.tie_embeddings}, {"lr", kLr}};
@@ -116,12 +101,21 @@ Reference run_reference(const Case& c, llama3::Transformer& model, const Batches
                          {"original_max_position_embeddings", s.original_max_position_embeddings}};
   safetensors::save(dir / "in.safetensors", in, {{"config", cfg.dump()}});
   std::vector<std::string> cmd = {test::python(), std::string(TITAN_SOURCE_DIR) + "/tests/reference/llama3_reference.py",
-                                  dir / "in.safetensors", dir / "out.safetensors", "--device",
-                                  prec.device == at::kCUDA ? "cuda" : "cpu"};
-  if (prec.bf16_autocast) cmd.push_back("--autocast-bf16");
+                                  dir / "in.safetensors", dir / "out.safetensors"};
+  cmd.insert(cmd.end(), flags.begin(), flags.end());
   auto r = test::run_process(cmd, {{"OMP_NUM_THREADS", "2"}});
   if (r.exit_code != 0) throw std::runtime_error("python reference failed:\n" + r.output);
   return {safetensors::load(dir / "out.safetensors").tensors};
+}
+
+// The model's initial weights through the reference: logits, loss, gradients, AdamW losses.
+Reference run_reference(const Case& c, llama3::Transformer& model, const Batches& b, const Precision& prec,
+                        const test::TempDir& dir) {
+  StateDict params;
+  for (const auto& p : model->named_parameters()) params[p.key()] = p.value();
+  std::vector<std::string> flags = {"--device", prec.device == at::kCUDA ? "cuda" : "cpu"};
+  if (prec.bf16_autocast) flags.push_back("--autocast-bf16");
+  return run_reference_script(c.args, params, b, flags, dir);
 }
 
 struct StepOutputs {
@@ -134,7 +128,7 @@ StepOutputs forward_backward(llama3::Transformer& model, const Batches& b, const
   const at::Device dev(prec.device);
   StepOutputs out;
   {
-    AutocastScope autocast(prec.bf16_autocast);
+    CudaBf16Autocast autocast(prec.bf16_autocast);
     out.logits = model->forward(b.tokens[0].to(dev));
     out.loss = loss_of(out.logits, b.labels[0].to(dev));
   }
@@ -168,7 +162,7 @@ std::vector<double> adamw_losses(llama3::Transformer& model, const Batches& b, c
     opt.zero_grad();
     at::Tensor loss;
     {
-      AutocastScope autocast(prec.bf16_autocast);
+      CudaBf16Autocast autocast(prec.bf16_autocast);
       loss = loss_of(model->forward(b.tokens[step].to(dev)), b.labels[step].to(dev));
     }
     loss.backward();
@@ -243,28 +237,13 @@ TEST(Llama3Parity, HuggingFaceLayoutGivesTheSameLogits) {
     llama3::Transformer model = build(c, kCpu);
     StateDict native;
     for (const auto& p : model->named_parameters()) native[p.key()] = p.value().detach();
-    safetensors::Tensors in;
-    for (const auto& [name, t] : llama3::hf_adapter(c.args).to_hf(native)) in["param." + name] = t;
-    in["batch.tokens"] = batches.tokens;
-    in["batch.labels"] = batches.labels;
-    nlohmann::json cfg = {{"dim", c.args.dim}, {"n_layers", c.args.n_layers}, {"n_heads", c.args.n_heads},
-                          {"n_kv_heads", c.args.kv_heads()}, {"norm_eps", c.args.norm_eps},
-                          {"rope_theta", c.args.rope_theta}, {"tie_embeddings", c.args.tie_embeddings}, {"lr", kLr}};
-    const auto& s = *c.args.rope_scaling;
-    cfg["rope_scaling"] = {{"factor", s.factor}, {"low_freq_factor", s.low_freq_factor},
-                           {"high_freq_factor", s.high_freq_factor},
-                           {"original_max_position_embeddings", s.original_max_position_embeddings}};
-    safetensors::save(dir / "in.safetensors", in, {{"config", cfg.dump()}});
-    auto r = test::run_process({test::python(), std::string(TITAN_SOURCE_DIR) + "/tests/reference/llama3_reference.py",
-                                dir / "in.safetensors", dir / "out.safetensors", "--hf"},
-                               {{"OMP_NUM_THREADS", "2"}});
-    ASSERT_EQ(r.exit_code, 0) << r.output;
+    Reference ref = run_reference_script(c.args, llama3::hf_adapter(c.args).to_hf(native), batches, {"--hf"}, dir);
     at::Tensor logits;
     {
       at::NoGradGuard no_grad;
       logits = model->forward(batches.tokens[0]);
     }
-    const double err = test::relative_error(logits, safetensors::load(dir / "out.safetensors").tensors.at("logits"));
+    const double err = test::relative_error(logits, ref.t.at("logits"));
     EXPECT_LT(err, 1e-5) << c.name;
     std::printf("[%s] HF layout logits relative error %.2e\n", c.name.c_str(), err);
   }
