@@ -4,12 +4,14 @@
 //   titan train     [--job.config_file F] [--section.key value ...]   train (torchtitan's log lines)
 //   titan estimate  [...]                                             parameters, FLOPs/token, memory
 //   titan tokenize  --output DIR [...]                                pre-tokenize the dataset to shards
+//   titan convert   to-hf|from-hf SRC DST [...]                       checkpoint <-> Hugging Face folder
 #include "titan/common/error.h"
 #include "titan/components/data/dataloader.h"
 #include "titan/components/data/token_shards.h"
 #include "titan/components/tokenizer/tokenizer.h"
 #include "titan/config/job_config.h"
 #include "titan/distributed/launcher.h"
+#include "titan/tools/convert.h"
 #include "titan/tools/estimate.h"
 #include "titan/trainer/trainer.h"
 
@@ -32,6 +34,8 @@ const char* kUsage =
     "             see titan launch --help\n"
     "  tokenize   --output DIR: tokenize [training] dataset/dataset_path with [model] hf_assets_path into\n"
     "             binary shards; train on them with --training.dataset_path DIR\n"
+    "  convert    to-hf CHECKPOINT_STEP_DIR OUT_DIR | from-hf HF_DIR OUT_CHECKPOINT_DIR: a titan checkpoint\n"
+    "             to a Hugging Face model folder (transformers) and back; see titan convert --help\n"
     "Options of every command: titan <command> --help\n";
 
 int run_estimate(const titan::JobConfig& cfg) {
@@ -81,6 +85,7 @@ int main(int argc, char** argv) {
   const std::vector<std::string> args(argv + 2, argv + argc);
   try {
     if (command == "launch") return titan::dist::run_launcher(args);  // its own options, then a command
+    if (command == "convert") return titan::run_convert(args);       // positional folders, then options
     if (command != "train" && command != "estimate" && command != "tokenize") {
       std::fprintf(stderr, "titan: unknown command '%s'\n%s", command.c_str(), kUsage);
       return 2;

@@ -255,14 +255,17 @@ void FSDP::finish_backward() {
   for (auto& u : units_) u->finish_reductions();
 }
 
-std::map<std::string, at::Tensor> FSDP::full_parameters() {
-  std::map<std::string, at::Tensor> out;
-  at::NoGradGuard no_grad;
-  for (auto& u : units_) {
-    for (auto& p : u->params) {
-      at::Tensor buf = at::empty({shard_.size() * p.shard.numel()}, p.shard.options());
-      shard_.all_gather(buf, p.shard.detach()).wait();
-      out[p.name] = buf.slice(0, 0, at::numel(p.full)).view(p.shape).cpu();
+std::vector<PlacedTensor> FSDP::placed_parameters() const {
+  std::vector<PlacedTensor> out;
+  for (const auto& u : units_) {
+    for (const auto& p : u->params) {
+      TITAN_ASSERT(!p.shape.empty(), "FSDP placement of 0-dim parameter ", p.name);
+      Placement pl;
+      pl.global_shape = p.shape;
+      pl.shards.push_back(chunk(shard_.name(), 0, p.rows, shard_.rank(), shard_.size()));
+      if (replicate_) pl.replicated.push_back(replicate_->name());
+      pl.primary = !replicate_ || replicate_->rank() == 0;
+      out.push_back({p.name, p.shard, std::move(pl)});
     }
   }
   return out;

@@ -19,6 +19,7 @@
 #pragma once
 
 #include "titan/distributed/mesh.h"
+#include "titan/distributed/placement.h"
 #include "titan/models/common/hooks.h"
 
 #include <ATen/core/Tensor.h>
@@ -52,10 +53,11 @@ class FSDP {
 
   // (global name, shard) of every parameter, for the optimizer.
   std::vector<std::pair<std::string, at::Tensor>> sharded_parameters() const;
+  // Every shard with its placement: dim 0 chunked over the shard group (padded), replicated over
+  // the replicate group (the replica of rank 0 in it is primary).
+  std::vector<PlacedTensor> placed_parameters() const;
   // Waits for the gradient reductions issued during backward; call after loss.backward().
   void finish_backward();
-  // The full, unpadded parameters (all-gathered, fp32, on CPU), by global name; collective.
-  std::map<std::string, at::Tensor> full_parameters();
   // Most bytes of padded full-size gradients held for reduce-scatters at once so far: one unit's,
   // since a unit's reductions complete before the next unit issues its own.
   int64_t peak_reduction_bytes() const { return peak_reduction_bytes_; }

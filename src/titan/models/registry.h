@@ -34,6 +34,11 @@ using StateDict = std::map<std::string, at::Tensor>;
 struct HFAdapter {
   std::function<StateDict(const StateDict&)> to_hf;
   std::function<StateDict(const StateDict&)> from_hf;
+  // The flavor's config.json for transformers, declaring weights stored in `dtype`.
+  std::function<std::string(at::ScalarType dtype)> config_json;
+  // Why a config.json's text does not describe this flavor ("hidden_size is 128, the flavor has
+  // 256"), naming the first field that differs; "" when it matches. Throws UserError for malformed JSON.
+  std::function<std::string(const std::string& config_json)> config_mismatch;
 };
 
 struct ModelSpec {

@@ -42,24 +42,23 @@ void Trainer::set_up_distributed() {
     device_ = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
     c10::impl::getDeviceGuardImpl(c10::kCUDA)->setDevice(device_);
   }
-  c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::HashStore>();
+  store_ = c10::make_intrusive<c10d::HashStore>();
   const auto timeout = std::chrono::seconds(cfg_.comm.init_timeout_seconds);
   if (env_.world_size > 1) {
     // Under torchrun the agent hosts the store and every worker is a client.
     const char* agent_store = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
     const bool server = env_.rank == 0 && !(agent_store && std::string(agent_store) == "True");
-    store = dist::make_tcp_store(env_.master_addr, static_cast<uint16_t>(env_.master_port), server, timeout);
+    store_ = dist::make_tcp_store(env_.master_addr, static_cast<uint16_t>(env_.master_port), server, timeout);
   }
   const bool multi_node = env_.world_size > env_.local_world_size;
-  mesh_ = std::make_unique<dist::Mesh>(*dims_, env_.rank, store,
+  mesh_ = std::make_unique<dist::Mesh>(*dims_, env_.rank, store_,
                                        device_.is_cuda() ? dist::BackendKind::NCCL : dist::BackendKind::Gloo, timeout,
                                        multi_node ? "" : "127.0.0.1");
 }
 
 std::map<std::string, at::Tensor> Trainer::full_parameters() {
-  if (fsdp_) return fsdp_->full_parameters();
   std::map<std::string, at::Tensor> out;
-  for (const auto& p : model_->named_parameters()) out[p.key()] = p.value().detach().to(at::kCPU, at::kFloat);
+  for (const auto& p : params_) out[p.name] = dist::gather_full(p, *mesh_).to(at::kCPU, at::kFloat);
   return out;
 }
 
@@ -110,7 +109,6 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
                    " has a vocabulary of ", vocab, ": choose the flavor's tokenizer with --model.hf_assets_path");
 
   // ---- data parallelism: FSDP/HSDP shard the model; DDP keeps it whole and all-reduces gradients
-  std::vector<std::pair<std::string, at::Tensor>> named;
   if (dims_->fsdp_enabled()) {
     dist::FSDPOptions fo;
     fo.param_dtype = bf16_compute ? at::kBFloat16 : at::kFloat;
@@ -119,11 +117,18 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
     fsdp_ = std::make_unique<dist::FSDP>((*mesh_)["dp_shard_cp"], &(*mesh_)["dp_replicate"], fo);
     TITAN_ASSERT(spec.parallelize, "model ", spec.name, " has no parallelize function");
     spec.parallelize(*model_, ParallelizeContext{fsdp_.get(), [this, seed] { model_->init_weights(seed); }});
-    named = fsdp_->sharded_parameters();
+    params_ = fsdp_->placed_parameters();
   } else {
-    for (const auto& p : model_->named_parameters()) named.emplace_back(p.key(), p.value());
-    if (dims_->ddp_enabled()) ddp_ = std::make_unique<dist::DDP>(named, (*mesh_)["dp_replicate"]);
+    // Whole on every rank; DDP's replicas are identical and the first one is written.
+    dist::Group& replicas = (*mesh_)["dp_replicate"];
+    std::vector<std::string> over;
+    if (replicas.size() > 1) over.push_back(replicas.name());
+    for (const auto& p : model_->named_parameters())
+      params_.push_back({p.key(), p.value(), dist::whole(p.value(), over, replicas.rank() == 0)});
   }
+  std::vector<std::pair<std::string, at::Tensor>> named;
+  for (const auto& p : params_) named.emplace_back(p.name, p.local);
+  if (dims_->ddp_enabled()) ddp_ = std::make_unique<dist::DDP>(named, (*mesh_)["dp_replicate"]);
 
   // ---- optimizer and learning-rate schedule
   const auto& o = cfg_.optimizer;
@@ -191,6 +196,9 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   log_info("Training " + std::to_string(tr.steps) + " steps: local batch " + std::to_string(tr.local_batch_size) +
            ", global batch " + std::to_string(global_batch) + ", gradient accumulation steps " +
            std::to_string(grad_accum_steps_) + ", sequence length " + std::to_string(tr.seq_len));
+
+  // ---- checkpoints: resume from the latest one in the folder (or the initial load)
+  set_up_checkpointing();
 }
 
 StepResult Trainer::train_step() {
@@ -226,12 +234,8 @@ StepResult Trainer::train_step() {
     loss_sum += loss.detach();
     ntokens_seen_ += labels_BS.numel();
   }
-  // The global norm: sharded gradients add their squares over the shard group.
-  std::vector<at::Tensor> params;
-  for (const auto& [name, p] : optimizer_->named_parameters()) params.push_back(p);
-  std::function<void(at::Tensor&)> reduce;
-  if (fsdp_) reduce = [this](at::Tensor& sum_sq) { (*mesh_)["dp_shard_cp"].all_reduce(sum_sq).wait(); };
-  r.grad_norm = clip_grad_norm(params, tr.max_norm, reduce);
+  // The global norm: sharded gradients add their squares over the groups their placements name.
+  r.grad_norm = dist::clip_grad_norm(params_, tr.max_norm, *mesh_);
   optimizer_->step();
   ++step_;
   // Global average loss (sum over ranks) and the largest local average.
@@ -247,33 +251,37 @@ std::vector<double> Trainer::train() {
   std::vector<double> losses;
   const auto& tr = cfg_.training;
   auto interval_start = Clock::now();
-  int64_t tokens_at_last_log = 0, step_at_last_log = 0;
+  int64_t tokens_at_last_log = ntokens_seen_, step_at_last_log = step_;  // after a resume too
   while (step_ < tr.steps) {
+    if (checkpointer_) checkpointer_->check();  // a failed background save stops the run
     StepResult r = train_step();
     TITAN_USER_CHECK(std::isfinite(r.loss), "the loss became ", r.loss, " at step ", step_,
                      ": lower optimizer.lr or check the data");
     losses.push_back(r.loss);
     metrics_->on_step(step_);
-    if (!metrics_->should_log(step_)) continue;
-    if (device_.is_cuda()) torch::cuda::synchronize();
-    metrics::StepStats s;
-    s.step = step_;
-    s.loss = r.loss;
-    s.max_loss = r.max_loss;
-    s.grad_norm = r.grad_norm;
-    s.lr = r.lr;
-    s.tokens_since_last_log = ntokens_seen_ - tokens_at_last_log;
-    s.seconds_since_last_log = std::chrono::duration<double>(Clock::now() - interval_start).count();
-    s.steps_since_last_log = step_ - step_at_last_log;
-    s.flops_per_token = model_->flops_per_token(tr.seq_len);
-    s.ntokens_seen = ntokens_seen_ * dims_->dp_size();
-    s.data_loading_seconds = data_seconds_;
-    metrics_->log(s);
-    interval_start = Clock::now();
-    tokens_at_last_log = ntokens_seen_;
-    step_at_last_log = step_;
-    data_seconds_ = 0;
+    if (metrics_->should_log(step_)) {
+      if (device_.is_cuda()) torch::cuda::synchronize();
+      metrics::StepStats s;
+      s.step = step_;
+      s.loss = r.loss;
+      s.max_loss = r.max_loss;
+      s.grad_norm = r.grad_norm;
+      s.lr = r.lr;
+      s.tokens_since_last_log = ntokens_seen_ - tokens_at_last_log;
+      s.seconds_since_last_log = std::chrono::duration<double>(Clock::now() - interval_start).count();
+      s.steps_since_last_log = step_ - step_at_last_log;
+      s.flops_per_token = model_->flops_per_token(tr.seq_len);
+      s.ntokens_seen = tokens_seen();
+      s.data_loading_seconds = data_seconds_;
+      metrics_->log(s);
+      interval_start = Clock::now();
+      tokens_at_last_log = ntokens_seen_;
+      step_at_last_log = step_;
+      data_seconds_ = 0;
+    }
+    if (checkpointer_ && checkpointer_->should_save(step_, tr.steps)) save_checkpoint_at_step();
   }
+  if (checkpointer_) checkpointer_->wait();
   log_info("Training completed");
   // Debugging aid (docs/parallelism.md): the trained weights and per-step losses, to compare layouts.
   if (const char* path = std::getenv("TITAN_DEBUG_DUMP_WEIGHTS")) {
@@ -288,6 +296,11 @@ std::vector<double> Trainer::train() {
 
 int run_training(const JobConfig& cfg) {
   Trainer trainer(cfg);
+  if (cfg.checkpoint.create_seed_checkpoint) {
+    trainer.save_checkpoint(/*model_only=*/true);  // step 0: the initialized model
+    trainer.wait_for_checkpoint();
+    return 0;
+  }
   trainer.train();
   return 0;
 }

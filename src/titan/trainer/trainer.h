@@ -2,6 +2,7 @@
 // Read top to bottom: Trainer() sets the run up, train() is the loop, train_step() one step.
 #pragma once
 
+#include "titan/components/checkpoint/checkpointer.h"
 #include "titan/components/data/dataloader.h"
 #include "titan/components/metrics/metrics.h"
 #include "titan/components/optimizer/lr_scheduler.h"
@@ -11,6 +12,7 @@
 #include "titan/distributed/ddp.h"
 #include "titan/distributed/fsdp.h"
 #include "titan/distributed/mesh.h"
+#include "titan/distributed/placement.h"
 #include "titan/distributed/runtime.h"
 #include "titan/models/registry.h"
 
@@ -43,8 +45,20 @@ class Trainer {
 
   int64_t step() const { return step_; }
   const dist::LaunchEnv& launch_env() const { return env_; }
-  // The full, unsharded parameters (fp32, CPU) by name; collective under FSDP.
+  // The full, unsharded parameters (fp32, CPU) by name; collective over the shard groups.
   std::map<std::string, at::Tensor> full_parameters();
+  // The parameters this rank holds (shards under FSDP), with their placements.
+  const std::vector<dist::PlacedTensor>& parameters() const { return params_; }
+  int64_t tokens_seen() const { return ntokens_seen_ * dims_->dp_size(); }  // all ranks together
+
+  // ---- checkpoints (trainer_checkpoint.cpp; format in components/checkpoint)
+  // Saves the training state as step step(); with model_only just the model, its floats cast to
+  // export_dtype when given (the last save with checkpoint.last_save_model_only; a seed checkpoint is fp32).
+  void save_checkpoint(bool model_only, std::optional<at::ScalarType> export_dtype = std::nullopt);
+  // Waits for a background save to finish (rethrowing its failure).
+  void wait_for_checkpoint();
+  // Seconds the last save blocked the training loop, for the benchmark.
+  double last_checkpoint_blocking_seconds() const;
   int64_t gradient_accumulation_steps() const { return grad_accum_steps_; }
   const LanguageModel& model() const { return model_; }
   const c10::Device& device() const { return device_; }
@@ -52,10 +66,20 @@ class Trainer {
  private:
   void log_info(const std::string& msg) const;  // rank 0 only
   void set_up_distributed();
+  void set_up_checkpointing();
+  void save_checkpoint_at_step();  // the periodic save, or the last one (model only / Hugging Face)  // the checkpointer, then the resume (or initial load) if there is one
+  // The tensors of a checkpoint by checkpoint name: "model.<param>", "optimizer.<param>.exp_avg", ...
+  std::vector<dist::PlacedTensor> checkpoint_tensors(const std::vector<std::string>& parts);
+  nlohmann::json checkpoint_state();
+  // Loads `parts` from `source` (all ranks agree on success before anything is modified).
+  void load_checkpoint(checkpoint::Source& source, std::vector<std::string> parts, const nlohmann::json& state,
+                       bool allow_cast);
 
   JobConfig cfg_;
   dist::LaunchEnv env_;
   std::unique_ptr<dist::ParallelDims> dims_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::string run_id_;  // random, the same on every rank: names this run's keys in the store
   std::unique_ptr<dist::Mesh> mesh_;
   std::unique_ptr<dist::FSDP> fsdp_;
   std::unique_ptr<dist::DDP> ddp_;
@@ -67,6 +91,8 @@ class Trainer {
   std::unique_ptr<LRSchedule> lr_schedule_;
   std::unique_ptr<data::DataLoader> dataloader_;
   std::unique_ptr<metrics::MetricsLogger> metrics_;
+  std::unique_ptr<checkpoint::Checkpointer> checkpointer_;
+  std::vector<dist::PlacedTensor> params_;
   int64_t grad_accum_steps_ = 1;
   int64_t step_ = 0;
   int64_t ntokens_seen_ = 0;

@@ -14,6 +14,7 @@
 #include "titan/distributed/ddp.h"
 #include "titan/distributed/fsdp.h"
 #include "titan/distributed/mesh.h"
+#include "titan/distributed/placement.h"
 #include "titan/models/llama3/model.h"
 
 #include <ATen/ATen.h>
@@ -137,6 +138,19 @@ TITAN_TEST_WORKER_FN(data_parallel) {
       TITAN_WORKER_CHECK(err <= tol, "step %lld gradient of %s differs by %.3g", (long long)step, name.c_str(), err);
     }
 
+    // The global gradient norm read from the placements equals the single process's.
+    std::vector<dist::PlacedTensor> placed;
+    if (fsdp) {
+      placed = fsdp->placed_parameters();
+    } else {
+      for (auto& [n, p] : par_named) placed.push_back({n, p, dist::whole(p, {"dp_replicate"}, mesh["dp_replicate"].rank() == 0)});
+    }
+    std::vector<at::Tensor> ref_params;
+    for (auto& [n, p] : ref_named) ref_params.push_back(p);
+    const double ref_norm = clip_grad_norm(ref_params, 0.0), norm = dist::global_grad_norm(placed, mesh);
+    TITAN_WORKER_CHECK(std::abs(norm - ref_norm) <= 1e-5 * ref_norm, "step %lld gradient norm %.8f vs single process %.8f",
+                       (long long)step, norm, ref_norm);
+
     // Communication volume of this step (bytes of the full buffers, see mesh.h).
     if (fsdp) {
       int64_t gathered = 0, reduced = 0;
@@ -188,7 +202,7 @@ TITAN_TEST_WORKER_FN(data_parallel) {
   // After the steps the parameters equal the single-process ones.
   std::map<std::string, at::Tensor> final_params;
   if (fsdp) {
-    final_params = fsdp->full_parameters();
+    for (const auto& p : fsdp->placed_parameters()) final_params[p.name] = dist::gather_full(p, mesh);
   } else {
     for (auto& [n, p] : par_named) final_params[n] = p;
   }
@@ -256,7 +270,8 @@ void fsdp_world_one(const at::Device& device) {
     ref_opt.step();
     par_opt.step();
   }
-  auto full = fsdp.full_parameters();
+  std::map<std::string, at::Tensor> full;
+  for (const auto& p : fsdp.placed_parameters()) full[p.name] = dist::gather_full(p, mesh);
   for (const auto& p : ref->named_parameters()) EXPECT_LT(test::relative_error(full.at(p.key()), p.value()), 1e-6) << p.key();
 }
 

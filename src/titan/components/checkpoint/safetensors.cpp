@@ -21,13 +21,19 @@ const std::vector<std::pair<std::string, at::ScalarType>>& dtypes() {
   return table;
 }
 
+}  // namespace
+
 std::string dtype_name(at::ScalarType t) {
   for (const auto& [name, type] : dtypes())
     if (type == t) return name;
   throw UserError(std::string("safetensors cannot store dtype ") + c10::toString(t));
 }
 
-}  // namespace
+at::ScalarType dtype_from_name(const std::string& name) {
+  for (const auto& [n, t] : dtypes())
+    if (n == name) return t;
+  throw UserError("unsupported safetensors dtype '" + name + "'");
+}
 
 void save(const std::string& path, const Tensors& tensors, const Metadata& metadata) {
   nlohmann::json header = nlohmann::json::object();

@@ -13,6 +13,10 @@ namespace titan::safetensors {
 using Tensors = std::map<std::string, at::Tensor>;
 using Metadata = std::map<std::string, std::string>;
 
+// safetensors' dtype names ("F32", "BF16", ...) and back; UserError for dtypes it cannot hold.
+std::string dtype_name(at::ScalarType t);
+at::ScalarType dtype_from_name(const std::string& name);
+
 // Writes CPU copies of `tensors` (any device; made contiguous) atomically: to path + ".tmp", then
 // renamed. Throws titan::UserError naming the path when the file cannot be written.
 void save(const std::string& path, const Tensors& tensors, const Metadata& metadata = {});

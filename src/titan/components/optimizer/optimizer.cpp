@@ -1,6 +1,7 @@
 #include "titan/components/optimizer/optimizer.h"
 
 #include "titan/common/error.h"
+#include "titan/common/grad_norm.h"
 
 #include <ATen/ATen.h>
 
@@ -118,24 +119,14 @@ void Optimizer::load_state_dict(const std::map<std::string, at::Tensor>& state) 
 
 double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm,
                       const std::function<void(at::Tensor&)>& reduce_sum_of_squares) {
-  at::NoGradGuard no_grad;
   std::vector<at::Tensor> grads;
   for (const auto& p : params)
     if (p.grad().defined()) grads.push_back(p.grad());
   if (grads.empty()) return 0.0;
-  // Sum of squares per gradient through dot products (blocked accumulation: ATen's fp32 norm kernel
-  // on CPU loses ~1e-5 relative on large tensors), added up in fp64.
-  at::Tensor sum_sq = at::zeros({}, grads[0].options().dtype(at::kDouble));
-  for (const auto& g : grads) {
-    at::Tensor flat = g.to(at::kFloat).contiguous().view({-1});
-    sum_sq += at::dot(flat, flat).to(sum_sq.device(), at::kDouble);
-  }
+  at::Tensor sum_sq = grad_sum_of_squares(grads);
   if (reduce_sum_of_squares) reduce_sum_of_squares(sum_sq);
   at::Tensor total = sum_sq.sqrt();
-  if (max_norm > 0) {
-    at::Tensor coef = (max_norm / (total + 1e-6)).clamp_max(1.0).to(at::kFloat);
-    for (auto& g : grads) g.mul_(coef.to(g.device()));
-  }
+  scale_grads_to_norm(grads, total, max_norm);
   return total.item<double>();
 }
 

@@ -1,0 +1,16 @@
+// The two halves of gradient-norm clipping, shared by the single-device and the placement-aware
+// (distributed/placement.h) versions.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+namespace titan {
+
+// The sum of squares of `grads` in fp64 (a 0-dim tensor on their device; CPU when empty).
+at::Tensor grad_sum_of_squares(const std::vector<at::Tensor>& grads);
+// Scales `grads` in place by min(1, max_norm / (total_norm + 1e-6)); nothing when max_norm <= 0.
+void scale_grads_to_norm(const std::vector<at::Tensor>& grads, const at::Tensor& total_norm, double max_norm);
+
+}  // namespace titan

@@ -1,0 +1,322 @@
+#include "titan/components/checkpoint/checkpoint.h"
+
+#include "titan/common/error.h"
+#include "titan/components/checkpoint/file_io.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <regex>
+
+namespace titan::checkpoint {
+namespace fs = std::filesystem;
+
+namespace {
+
+class SingleProcess : public Coordinator {
+ public:
+  int rank() const override { return 0; }
+  int world_size() const override { return 1; }
+  std::vector<std::string> gather_to_rank0(const std::string&, const std::string& mine) override { return {mine}; }
+};
+
+std::string rank_file_name(int rank) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "rank-%05d.safetensors", rank);
+  return buf;
+}
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+}  // namespace
+
+std::unique_ptr<Coordinator> single_process_coordinator() { return std::make_unique<SingleProcess>(); }
+
+// ---------------------------------------------------------------------------------------------
+// Writing
+
+Snapshot take_snapshot(const std::vector<dist::PlacedTensor>& tensors, Snapshot* reuse, bool pin,
+                       std::optional<at::ScalarType> cast_floats_to) {
+  at::NoGradGuard no_grad;
+  std::map<std::string, at::Tensor> buffers;
+  if (reuse)
+    for (auto& s : reuse->slices) buffers[s.name] = s.data;
+  Snapshot snap;
+  for (const auto& t : tensors) {
+    const dist::Placement& p = t.placement;
+    if (!p.primary || p.real_numel() == 0) continue;
+    at::Tensor real = p.real_part(t.local.detach());
+    at::ScalarType dtype = real.scalar_type();
+    if (cast_floats_to && at::isFloatingType(dtype)) dtype = *cast_floats_to;
+    Snapshot::Slice s;
+    s.name = t.name;
+    s.global_shape = p.global_shape;
+    s.begin = p.global_begin();
+    auto it = buffers.find(t.name);
+    if (it != buffers.end() && it->second.sizes() == real.sizes() && it->second.scalar_type() == dtype) {
+      s.data = it->second;
+    } else {
+      s.data = at::empty(real.sizes(), at::TensorOptions().dtype(dtype).pinned_memory(pin));
+    }
+    s.data.copy_(real);
+    snap.slices.push_back(std::move(s));
+  }
+  return snap;
+}
+
+int64_t write(const std::string& step_dir_in, const Snapshot& snap, Coordinator& coord) {
+  const fs::path step_dir = fs::path(step_dir_in).lexically_normal();
+  const fs::path tmp_dir = step_dir.string() + ".partial";
+  std::error_code ec;
+  fs::create_directories(tmp_dir, ec);
+  TITAN_USER_CHECK(!ec, "cannot create checkpoint folder ", tmp_dir.string(), ": ", ec.message(),
+                   " (check checkpoint.folder and job.dump_folder, and that the disk is writable)");
+
+  // This rank's slices, as one safetensors file whose metadata says where each slice sits.
+  std::vector<SafetensorsEntry> entries;
+  nlohmann::json where = nlohmann::json::object();
+  for (const auto& s : snap.slices) {
+    entries.push_back({s.name, s.data});
+    where[s.name] = {{"global_shape", s.global_shape}, {"begin", s.begin}};
+  }
+  const std::string file = rank_file_name(coord.rank());
+  WrittenFile written;
+  if (!entries.empty())
+    written = write_safetensors((tmp_dir / file).string(), entries, {{"format", "pt"}, {"titan_slices", where.dump()}});
+
+  nlohmann::json mine = {{"file", entries.empty() ? "" : file}, {"bytes", written.bytes}, {"crc32", written.crc32}};
+  nlohmann::json slices = nlohmann::json::array();
+  for (size_t i = 0; i < snap.slices.size(); ++i) {
+    const auto& s = snap.slices[i];
+    slices.push_back({{"name", s.name},
+                      {"dtype", dtype_name(s.data.scalar_type())},
+                      {"global_shape", s.global_shape},
+                      {"begin", s.begin},
+                      {"length", s.data.sizes().vec()},
+                      {"crc32", written.entry_crc32[i]}});
+  }
+  mine["slices"] = slices;
+  auto all = coord.gather_to_rank0("checkpoint/" + step_dir.string(), mine.dump());
+  if (coord.rank() != 0) return written.bytes;
+
+  // Rank 0: the index, then the folder becomes visible.
+  nlohmann::json tensors = nlohmann::json::object(), files = nlohmann::json::object();
+  for (const auto& text : all) {
+    const nlohmann::json r = nlohmann::json::parse(text);
+    if (!r.at("file").get<std::string>().empty())
+      files[r.at("file").get<std::string>()] = {{"bytes", r.at("bytes")}, {"crc32", r.at("crc32")}};
+    for (const auto& s : r.at("slices")) {
+      const std::string name = s.at("name");
+      auto& t = tensors[name];
+      if (t.is_null()) t = {{"dtype", s.at("dtype")}, {"shape", s.at("global_shape")}, {"slices", nlohmann::json::array()}};
+      TITAN_ASSERT(t.at("dtype") == s.at("dtype") && t.at("shape") == s.at("global_shape"), "ranks disagree on ", name);
+      t.at("slices").push_back(
+          {{"file", r.at("file")}, {"begin", s.at("begin")}, {"length", s.at("length")}, {"crc32", s.at("crc32")}});
+    }
+  }
+  // Every tensor must be covered exactly once (slices of distinct ranks never overlap).
+  for (auto& [name, t] : tensors.items()) {
+    int64_t covered = 0;
+    for (const auto& s : t.at("slices")) covered += numel_of(s.at("length").get<std::vector<int64_t>>());
+    TITAN_ASSERT(covered == numel_of(t.at("shape").get<std::vector<int64_t>>()), "checkpoint slices of ", name,
+                 " cover ", covered, " of ", shape_str(t.at("shape").get<std::vector<int64_t>>()), " entries");
+  }
+  nlohmann::json index = {{"format", "titan-checkpoint"}, {"version", kFormatVersion}, {"info", snap.info},
+                          {"state", snap.state.is_null() ? nlohmann::json::object() : snap.state},
+                          {"files", files}, {"tensors", tensors}};
+  write_file_atomically((tmp_dir / kIndexFile).string(), index.dump(1));
+  sync_directory(tmp_dir.string());
+  // An older folder of the same step (a run that resumed before it) is replaced.
+  if (fs::exists(step_dir)) {
+    const fs::path old = step_dir.string() + ".old";
+    fs::remove_all(old, ec);
+    fs::rename(step_dir, old, ec);
+    TITAN_USER_CHECK(!ec, "cannot move aside the existing ", step_dir.string(), ": ", ec.message());
+    fs::rename(tmp_dir, step_dir, ec);
+    fs::remove_all(old);
+  } else {
+    fs::rename(tmp_dir, step_dir, ec);
+  }
+  TITAN_USER_CHECK(!ec, "cannot rename ", tmp_dir.string(), " to ", step_dir.string(), ": ", ec.message());
+  sync_directory(step_dir.parent_path().string());
+  return written.bytes;
+}
+
+void write_single_process(const std::string& step_dir, const std::map<std::string, at::Tensor>& tensors,
+                          const nlohmann::json& info, const nlohmann::json& state) {
+  std::vector<dist::PlacedTensor> placed;
+  for (const auto& [name, t] : tensors) placed.push_back({name, t, dist::whole(t)});
+  Snapshot snap = take_snapshot(placed);
+  snap.info = info;
+  snap.state = state;
+  auto coord = single_process_coordinator();
+  write(step_dir, snap, *coord);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading
+
+struct Reader::OpenFile {
+  std::unique_ptr<SafetensorsFile> file;
+};
+
+Reader::Reader(std::string step_dir) : dir_(std::move(step_dir)) {
+  const std::string path = (fs::path(dir_) / kIndexFile).string();
+  TITAN_USER_CHECK(fs::is_directory(dir_), "checkpoint folder ", dir_, " does not exist");
+  TITAN_USER_CHECK(fs::exists(path), dir_, " is not a complete titan checkpoint: it has no ", kIndexFile,
+                   " (a save that did not finish, or not a checkpoint folder; Hugging Face folders load with "
+                   "checkpoint.initial_load_in_hf or titan convert from-hf)");
+  const std::string text = read_file(path);
+  try {
+    index_ = nlohmann::json::parse(text);
+    TITAN_USER_CHECK(index_.at("format") == "titan-checkpoint", path, " is not a titan checkpoint index");
+    TITAN_USER_CHECK(index_.at("version").get<int>() <= kFormatVersion, path, " has format version ",
+                     index_.at("version"), ", newer than this titan reads (", kFormatVersion, "): update titan");
+    for (const char* key : {"info", "state", "files", "tensors"}) (void)index_.at(key);
+  } catch (const nlohmann::json::exception& e) {
+    throw UserError(path + " is corrupt or not a titan checkpoint index: " + e.what());
+  }
+}
+
+Reader::~Reader() = default;
+
+std::vector<std::string> Reader::names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, t] : index_.at("tensors").items()) out.push_back(name);
+  return out;
+}
+
+std::optional<TensorMeta> Reader::meta(const std::string& name) const {
+  const auto& tensors = index_.at("tensors");
+  auto it = tensors.find(name);
+  if (it == tensors.end()) return std::nullopt;
+  return TensorMeta{dtype_from_name(it->at("dtype").get<std::string>()), it->at("shape").get<std::vector<int64_t>>()};
+}
+
+Reader::OpenFile& Reader::file(const std::string& name) {
+  auto& f = files_[name];
+  if (!f) {
+    const auto& files = index_.at("files");
+    TITAN_USER_CHECK(files.contains(name), describe(), ": the index names file ", name, " but does not describe it");
+    const int64_t bytes = files.at(name).at("bytes").get<int64_t>();
+    const std::string path = (fs::path(dir_) / name).string();
+    std::error_code ec;
+    const auto size = fs::file_size(path, ec);
+    TITAN_USER_CHECK(!ec, describe(), ": file ", path, " is missing (", ec.message(), "): the checkpoint is incomplete");
+    TITAN_USER_CHECK(static_cast<int64_t>(size) == bytes, describe(), ": file ", path, " has ", size,
+                     " bytes but was written with ", bytes, ": it is truncated or corrupt; load another step with "
+                     "--checkpoint.load_step");
+    f = std::make_unique<OpenFile>();
+    f->file = std::make_unique<SafetensorsFile>(path);
+  }
+  return *f;
+}
+
+at::Tensor Reader::read(const std::string& name, const std::vector<int64_t>& begin, const std::vector<int64_t>& length) {
+  const auto& tensors = index_.at("tensors");
+  TITAN_USER_CHECK(tensors.contains(name), describe(), " has no tensor '", name, "'");
+  const auto& t = tensors.at(name);
+  const at::ScalarType dtype = dtype_from_name(t.at("dtype").get<std::string>());
+  at::Tensor out = at::empty(length, at::TensorOptions().dtype(dtype));
+  int64_t filled = 0;
+  for (const auto& s : t.at("slices")) {
+    const auto sb = s.at("begin").get<std::vector<int64_t>>(), sl = s.at("length").get<std::vector<int64_t>>();
+    // The overlap of the requested block and this slice, per dimension.
+    std::vector<int64_t> lo(begin.size()), n(begin.size());
+    bool empty = false;
+    for (size_t d = 0; d < begin.size(); ++d) {
+      lo[d] = std::max(begin[d], sb[d]);
+      n[d] = std::min(begin[d] + length[d], sb[d] + sl[d]) - lo[d];
+      empty = empty || n[d] <= 0;
+    }
+    if (empty) continue;
+    const std::string file_name = s.at("file");
+    at::Tensor slice = file(file_name).file->read(name);  // whole slice, so that its CRC can be checked
+    TITAN_USER_CHECK(slice.sizes().vec() == sl && slice.scalar_type() == dtype, describe(), ": file ", file_name,
+                     " holds tensor '", name, "' with another shape or dtype than its index says: the checkpoint is corrupt");
+    TITAN_USER_CHECK(tensor_crc32(slice) == s.at("crc32").get<uint32_t>(), describe(), ": file ",
+                     (fs::path(dir_) / file_name).string(), " is corrupt: the CRC-32 of tensor '", name,
+                     "' does not match the index; load another step with --checkpoint.load_step");
+    at::Tensor src = slice, dst = out;
+    for (size_t d = 0; d < begin.size(); ++d) {
+      src = src.narrow(static_cast<int64_t>(d), lo[d] - sb[d], n[d]);
+      dst = dst.narrow(static_cast<int64_t>(d), lo[d] - begin[d], n[d]);
+    }
+    dst.copy_(src);
+    filled += numel_of(n);
+  }
+  TITAN_USER_CHECK(filled == numel_of(length), describe(), ": tensor '", name, "' is not fully stored (",
+                   filled, " of ", numel_of(length), " entries of the requested block): the checkpoint is corrupt");
+  return out;
+}
+
+void Reader::verify_all() {
+  for (const auto& [name, f] : index_.at("files").items()) {
+    const std::string path = (fs::path(dir_) / name).string();
+    (void)file(name);  // checks presence and size
+    TITAN_USER_CHECK(file_crc32(path) == f.at("crc32").get<uint32_t>(), describe(), ": file ", path,
+                     " is corrupt: its CRC-32 does not match the index");
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Loading into placed tensors
+
+void Staged::apply() {
+  at::NoGradGuard no_grad;
+  for (auto& [dst, value] : copies) dst.copy_(value);
+}
+
+Staged stage(Source& source, const std::vector<dist::PlacedTensor>& tensors, bool allow_cast) {
+  at::NoGradGuard no_grad;
+  Staged staged;
+  for (const auto& t : tensors) {
+    const dist::Placement& p = t.placement;
+    auto meta = source.meta(t.name);
+    TITAN_USER_CHECK(meta, source.describe(), " has no tensor '", t.name,
+                     "': it was written for another model, or without this part (exclude it with "
+                     "checkpoint.exclude_from_loading)");
+    TITAN_USER_CHECK(meta->shape == p.global_shape, source.describe(), ": tensor '", t.name, "' has shape ",
+                     shape_str(meta->shape), " there but ", shape_str(p.global_shape),
+                     " in this model: the checkpoint is of another model or flavor");
+    const at::ScalarType want = t.local.scalar_type();
+    TITAN_USER_CHECK(meta->dtype == want || (allow_cast && at::isFloatingType(meta->dtype) && at::isFloatingType(want)),
+                     source.describe(), ": tensor '", t.name, "' is ", c10::toString(meta->dtype), " there but ",
+                     c10::toString(want), " here");
+    at::Tensor value = at::zeros(t.local.sizes(), t.local.options().requires_grad(false));
+    if (p.real_numel() > 0) {
+      at::Tensor block = source.read(t.name, p.global_begin(), p.global_length());
+      p.real_part(value).copy_(block.reshape(p.real_part(value).sizes()));
+    }
+    staged.copies.emplace_back(t.local, value);
+  }
+  return staged;
+}
+
+std::map<int64_t, std::string> list_checkpoints(const std::string& folder) {
+  std::map<int64_t, std::string> out;
+  std::error_code ec;
+  if (!fs::is_directory(folder, ec)) return out;
+  static const std::regex step_re(R"(^step-(\d+)$)");
+  for (const auto& e : fs::directory_iterator(folder, ec)) {
+    std::smatch m;
+    const std::string name = e.path().filename().string();
+    if (e.is_directory() && std::regex_match(name, m, step_re) && fs::exists(e.path() / kIndexFile))
+      out[std::stoll(m[1])] = e.path().string();
+  }
+  return out;
+}
+
+}  // namespace titan::checkpoint

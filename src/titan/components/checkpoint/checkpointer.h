@@ -1,0 +1,65 @@
+// The checkpoint manager of a training run: when to save, where, in the foreground or background,
+// how many to keep, which one to resume from, and the cleanup of saves that never completed.
+// The format itself is checkpoint.h; what goes into a checkpoint is the trainer's business.
+#pragma once
+
+#include "titan/components/checkpoint/checkpoint.h"
+#include "titan/config/sections_train.h"
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <exception>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+namespace titan::checkpoint {
+
+// Coordinates the ranks of a save through the job's TCP store (keys prefixed by `prefix`, unique per
+// run), so that it works from a background thread without touching the process groups.
+std::unique_ptr<Coordinator> store_coordinator(c10::intrusive_ptr<c10d::Store> store, std::string prefix, int rank,
+                                               int world_size, std::chrono::milliseconds timeout);
+
+class Checkpointer {
+ public:
+  // folder: <dump_folder>/<checkpoint.folder>. Rank 0 removes what interrupted saves left behind.
+  Checkpointer(const config::Checkpoint& cfg, std::string folder, std::unique_ptr<Coordinator> coord,
+               std::function<void(const std::string&)> log);
+  ~Checkpointer();  // waits for a background save (errors are logged, not thrown)
+
+  const std::string& folder() const { return folder_; }
+  std::string step_dir(int64_t step) const;
+  // Whether training step `step` (1-based) ends with a save: every interval steps, after the first step
+  // with enable_first_step_checkpoint, and after the last step. Never with load_only or enable false.
+  bool should_save(int64_t step, int64_t last_step) const;
+  // Writes `snap` as step `step`: in the background with async_mode (after waiting for the previous
+  // save), else before returning. Keeps the newest keep_latest_k checkpoints.
+  void save(int64_t step, Snapshot snap);
+  // Waits for the background save, rethrowing its failure as a UserError.
+  void wait();
+  // Rethrows the failure of a finished background save, if any (called every step).
+  void check();
+  // Buffers of the previous snapshot, to be reused by async_with_pinned_mem (null otherwise).
+  Snapshot* reusable_snapshot();
+  // Seconds the training loop was blocked by the last save (snapshot excluded) and bytes written.
+  double last_blocking_seconds() const { return last_blocking_seconds_; }
+
+  // The folder to resume from: load_step's, else the latest complete checkpoint holding training
+  // state (model-only exports after the last step are not resumed from; a step-0 seed is), or nullopt.
+  std::optional<std::string> resume_dir() const;
+
+ private:
+  void finish_save(int64_t step);  // rank 0: keep_latest_k
+  config::Checkpoint cfg_;
+  std::string folder_;
+  std::unique_ptr<Coordinator> coord_;
+  std::function<void(const std::string&)> log_;
+  std::thread worker_;
+  std::mutex mutex_;
+  std::exception_ptr error_;
+  Snapshot previous_;
+  double last_blocking_seconds_ = 0;
+};
+
+}  // namespace titan::checkpoint

@@ -1,0 +1,67 @@
+// Durable file I/O for checkpoints: safetensors files written with CRC-32s and fsync, read one
+// tensor at a time with pread, and small files replaced atomically.
+#pragma once
+
+#include "titan/components/checkpoint/safetensors.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace titan::checkpoint {
+
+using safetensors::dtype_from_name;
+using safetensors::dtype_name;
+
+struct SafetensorsEntry {
+  std::string name;
+  at::Tensor data;  // CPU, contiguous
+};
+
+struct WrittenFile {
+  int64_t bytes = 0;
+  uint32_t crc32 = 0;                 // of the whole file
+  std::vector<uint32_t> entry_crc32;  // of each entry's bytes, in the order given
+};
+
+// Writes `entries` as a safetensors file at `path`: to path + ".tmp", fsync, then renamed. Throws
+// titan::UserError naming the path (and the system's reason) when it cannot be written.
+WrittenFile write_safetensors(const std::string& path, const std::vector<SafetensorsEntry>& entries,
+                              const std::map<std::string, std::string>& metadata);
+
+// A safetensors file opened for reading single tensors (its header parsed once).
+class SafetensorsFile {
+ public:
+  explicit SafetensorsFile(std::string path);
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+  bool has(const std::string& name) const { return entries_.count(name) > 0; }
+  // The whole tensor `name` (a CPU tensor owning its memory). UserError naming the file when absent or unreadable.
+  at::Tensor read(const std::string& name);
+  const std::string& path() const { return path_; }
+
+ private:
+  struct Entry {
+    at::ScalarType dtype;
+    std::vector<int64_t> shape;
+    uint64_t begin, end;  // byte offsets in the file
+  };
+  std::string path_;
+  int fd_ = -1;
+  std::map<std::string, Entry> entries_;
+};
+
+uint32_t tensor_crc32(const at::Tensor& t);  // CRC-32 (zlib's) of a contiguous CPU tensor's bytes
+uint32_t file_crc32(const std::string& path);
+
+// Replaces `path` with `contents` atomically (temporary file, fsync, rename).
+void write_file_atomically(const std::string& path, const std::string& contents);
+// fsync of a folder, so that renames inside it survive a crash.
+void sync_directory(const std::string& path);
+std::string read_file(const std::string& path);
+
+}  // namespace titan::checkpoint

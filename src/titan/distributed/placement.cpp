@@ -1,0 +1,124 @@
+#include "titan/distributed/placement.h"
+
+#include "titan/common/error.h"
+#include "titan/common/grad_norm.h"
+#include "titan/distributed/mesh.h"
+
+#include <ATen/ATen.h>
+
+#include <map>
+
+namespace titan::dist {
+
+std::vector<int64_t> Placement::global_begin() const {
+  std::vector<int64_t> begin(global_shape.size(), 0);
+  for (const auto& s : shards) begin[s.tensor_dim] += s.offset;
+  return begin;
+}
+
+std::vector<int64_t> Placement::global_length() const {
+  std::vector<int64_t> length = global_shape;
+  for (const auto& s : shards) length[s.tensor_dim] = s.length;
+  return length;
+}
+
+at::Tensor Placement::real_part(const at::Tensor& local) const {
+  at::Tensor t = local;
+  for (const auto& s : shards) t = t.narrow(s.tensor_dim, 0, s.length);
+  // A 0-dim tensor is sharded as one row.
+  return global_shape.empty() && t.numel() == 1 ? t.reshape({}) : t;
+}
+
+int64_t Placement::real_numel() const {
+  int64_t n = 1;
+  for (int64_t l : global_length()) n *= l;
+  return n;
+}
+
+Placement whole(const at::Tensor& t, std::vector<std::string> replicated, bool primary) {
+  Placement p;
+  p.global_shape = t.sizes().vec();
+  p.replicated = std::move(replicated);
+  p.primary = primary;
+  return p;
+}
+
+Shard chunk(const std::string& mesh_dim, int64_t tensor_dim, int64_t size, int rank, int n) {
+  Shard s;
+  s.mesh_dim = mesh_dim;
+  s.tensor_dim = tensor_dim;
+  s.local_size = (size + n - 1) / n;
+  s.offset = std::min(size, rank * s.local_size);
+  s.length = std::min(size, (rank + 1) * s.local_size) - s.offset;
+  return s;
+}
+
+namespace {
+
+// The groups whose members hold different pieces of `p` (their sums must be added up).
+std::vector<std::string> shard_groups(const Placement& p) {
+  std::vector<std::string> out;
+  for (const auto& s : p.shards)
+    if (std::find(out.begin(), out.end(), s.mesh_dim) == out.end()) out.push_back(s.mesh_dim);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+at::Tensor total_norm(const std::vector<PlacedTensor>& params, Mesh& mesh, std::vector<at::Tensor>& grads) {
+  // Gradients grouped by the set of groups they are sharded over; each group's sum of squares is
+  // all-reduced over those groups (a replicated gradient counts once, as its copies are equal).
+  std::map<std::vector<std::string>, std::vector<at::Tensor>> by_groups;
+  for (const auto& p : params) {
+    const at::Tensor g = p.local.grad();
+    if (!g.defined()) continue;
+    grads.push_back(g);
+    by_groups[shard_groups(p.placement)].push_back(g);  // padding gradients are zero
+  }
+  at::Tensor sum_sq;
+  for (auto& [groups, gs] : by_groups) {
+    at::Tensor s = grad_sum_of_squares(gs);
+    for (const auto& name : groups) mesh[name].all_reduce(s).wait();
+    sum_sq = sum_sq.defined() ? sum_sq + s : s;
+  }
+  return sum_sq.defined() ? sum_sq.sqrt() : at::zeros({}, at::kDouble);
+}
+
+}  // namespace
+
+double global_grad_norm(const std::vector<PlacedTensor>& params, Mesh& mesh) {
+  std::vector<at::Tensor> grads;
+  return total_norm(params, mesh, grads).item<double>();
+}
+
+double clip_grad_norm(const std::vector<PlacedTensor>& params, double max_norm, Mesh& mesh) {
+  std::vector<at::Tensor> grads;
+  at::Tensor total = total_norm(params, mesh, grads);
+  scale_grads_to_norm(grads, total, max_norm);
+  return total.item<double>();
+}
+
+at::Tensor gather_full(const PlacedTensor& t, Mesh& mesh) {
+  at::NoGradGuard no_grad;
+  const Placement& p = t.placement;
+  at::Tensor cur = t.local.detach();
+  if (cur.dim() == 0 && !p.shards.empty()) cur = cur.view({1});
+  // Undo the shards from the last applied to the first: all-gather the padded chunks, concatenate
+  // them along the split dimension and drop the padding (the size that shard split).
+  for (size_t i = p.shards.size(); i-- > 0;) {
+    const Shard& s = p.shards[i];
+    int64_t size_before = p.global_shape.empty() ? 1 : p.global_shape[s.tensor_dim];
+    for (size_t j = 0; j < i; ++j)
+      if (p.shards[j].tensor_dim == s.tensor_dim) size_before = p.shards[j].length;
+    Group& g = mesh[s.mesh_dim];
+    at::Tensor in = cur.contiguous();
+    at::Tensor buf = at::empty({g.size() * in.numel()}, in.options());
+    g.all_gather(buf, in).wait();
+    std::vector<int64_t> shape = in.sizes().vec();
+    shape.insert(shape.begin(), g.size());
+    at::Tensor pieces = buf.view(shape);
+    cur = at::cat(pieces.unbind(0), s.tensor_dim).narrow(s.tensor_dim, 0, size_before);
+  }
+  return cur.reshape(p.global_shape);
+}
+
+}  // namespace titan::dist

@@ -1,0 +1,73 @@
+// Where a tensor lives: the one public description of a rank's piece of a global tensor.
+//
+// Every parameter and optimizer-state tensor a rank holds is a PlacedTensor: its local tensor plus a
+// Placement saying which part of which global tensor it is. Each parallelism sets the placements of
+// what it shards (FSDP: dim 0 over "dp_shard_cp", replicated over "dp_replicate"; DDP: replicated over
+// "dp_replicate"); checkpoints, gradient-norm clipping and gathering full weights read only placements.
+//
+// A shard along a mesh dimension splits one tensor dimension into `group size` chunks of
+// `local_size` entries (torch.chunk's rule: ceil(size / n)); the chunk of group rank k starts at
+// `offset` = k * local_size and holds `length` = min(local_size, size - offset) real entries, the
+// rest is padding (zeros). Shards are listed in the order they were applied; a later shard splits
+// the result of the earlier ones, and its offset is relative to that result.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace titan::dist {
+
+class Mesh;
+
+struct Shard {
+  std::string mesh_dim;    // the mesh group that splits it ("dp_shard_cp", later "tp", ...)
+  int64_t tensor_dim = 0;  // which dimension of the tensor is split
+  int64_t offset = 0;      // where this rank's chunk starts in that dimension
+  int64_t length = 0;      // real entries of the chunk (padding excluded)
+  int64_t local_size = 0;  // entries of the chunk including padding (the local tensor's size)
+};
+
+struct Placement {
+  std::vector<int64_t> global_shape;
+  std::vector<Shard> shards;              // empty: the whole tensor
+  std::vector<std::string> replicated;    // mesh groups holding identical copies (HSDP/DDP replicas)
+  bool primary = true;  // this rank's copy is the one written when copies are identical
+
+  // The part of the global tensor this rank holds: per dimension the first index and the count.
+  // For a rank that holds only padding along some dimension the count is 0.
+  std::vector<int64_t> global_begin() const;
+  std::vector<int64_t> global_length() const;
+  // The real (non-padding) region of a local tensor of this placement.
+  at::Tensor real_part(const at::Tensor& local) const;
+  int64_t real_numel() const;
+};
+
+struct PlacedTensor {
+  std::string name;  // global name ("layers.0.attention.wq.weight")
+  at::Tensor local;
+  Placement placement;
+};
+
+// A placement of the whole tensor `t` on every rank, replicated over `replicated` (this rank primary
+// when `primary`).
+Placement whole(const at::Tensor& t, std::vector<std::string> replicated = {}, bool primary = true);
+
+// The chunk of `size` entries that rank `rank` of `n` holds (torch.chunk's rule, padded).
+Shard chunk(const std::string& mesh_dim, int64_t tensor_dim, int64_t size, int rank, int n);
+
+// The L2 norm of the gradients of `params` as one global tensor set, with the local sums of squares
+// added over every mesh dimension a gradient is sharded on. Collective over those groups.
+double global_grad_norm(const std::vector<PlacedTensor>& params, Mesh& mesh);
+
+// Gradient clipping like torch.nn.utils.clip_grad_norm_ (coefficient max_norm / (norm + 1e-6),
+// clamped to 1) with the global norm above. Returns the norm before clipping; max_norm <= 0 only measures.
+double clip_grad_norm(const std::vector<PlacedTensor>& params, double max_norm, Mesh& mesh);
+
+// The full tensor of `t` (unpadded, global shape), all-gathered over its shard groups; collective
+// over those groups (every rank holding a piece must call it in the same order).
+at::Tensor gather_full(const PlacedTensor& t, Mesh& mesh);
+
+}  // namespace titan::dist

@@ -1,0 +1,137 @@
+#include "titan/tools/convert.h"
+
+#include "titan/common/error.h"
+#include "titan/components/checkpoint/checkpoint.h"
+#include "titan/components/checkpoint/hf.h"
+#include "titan/config/job_config.h"
+#include "titan/models/registry.h"
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+
+namespace titan {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr const char* kModelPrefix = "model.";
+
+at::ScalarType export_dtype(const std::string& name) {
+  if (name == "float32") return at::kFloat;
+  if (name == "bfloat16") return at::kBFloat16;
+  if (name == "float16") return at::kHalf;
+  throw UserError("checkpoint.export_dtype '" + name + "' is not one of float32, bfloat16, float16");
+}
+
+// Opens a checkpoint, pointing at its step folders when given the folder that holds them.
+checkpoint::Reader open_checkpoint(const std::string& step_dir) {
+  if (fs::is_directory(step_dir) && !fs::exists(fs::path(step_dir) / checkpoint::kIndexFile)) {
+    const auto steps = checkpoint::list_checkpoints(step_dir);
+    TITAN_USER_CHECK(steps.empty(), step_dir, " holds checkpoints, not one checkpoint: pass one of its step folders, "
+                     "e.g. ", steps.empty() ? "" : steps.rbegin()->second, " (the latest)");
+  }
+  return checkpoint::Reader(step_dir);
+}
+
+}  // namespace
+
+int64_t convert_to_hf(const std::string& step_dir, const std::string& out_dir, at::ScalarType dtype) {
+  checkpoint::Reader reader = open_checkpoint(step_dir);
+  std::string model, flavor;
+  try {
+    model = reader.info().at("model").at("name").get<std::string>();
+    flavor = reader.info().at("model").at("flavor").get<std::string>();
+  } catch (const nlohmann::json::exception&) {
+    throw UserError("checkpoint " + step_dir + " does not record its model (info.model.name and .flavor in " +
+                    checkpoint::kIndexFile + "), so it cannot be exported");
+  }
+  checkpoint::HFWriter writer(out_dir, model_spec(model), flavor, dtype);
+  int64_t n = 0;
+  for (const std::string& name : reader.names()) {
+    if (name.rfind(kModelPrefix, 0) != 0) continue;  // optimizer state, ...
+    const std::vector<int64_t> shape = reader.meta(name)->shape;
+    writer.add(name.substr(std::string(kModelPrefix).size()),
+               reader.read(name, std::vector<int64_t>(shape.size(), 0), shape));
+    ++n;
+  }
+  TITAN_USER_CHECK(n > 0, "checkpoint ", step_dir, " holds no model weights (no model.* tensors)");
+  writer.finish();
+  return n;
+}
+
+std::string convert_from_hf(const std::string& hf_dir, const std::string& out_step_dir, const std::string& model,
+                            const std::string& flavor) {
+  const ModelSpec& spec = model_spec(model);
+  std::string chosen = flavor;
+  if (chosen.empty()) {
+    const auto matches = checkpoint::matching_hf_flavors(hf_dir, spec);
+    if (matches.empty()) {
+      const std::string config = checkpoint::read_file((fs::path(hf_dir) / checkpoint::kHFConfigFile).string());
+      std::string why;
+      for (const auto& f : spec.flavors) why += "\n  " + f + ": " + spec.hf_adapter(f).config_mismatch(config);
+      throw UserError(hf_dir + "/" + checkpoint::kHFConfigFile + " matches no " + spec.name + " flavor:" + why +
+                      "\nOnly models of a registered flavor's exact shape can be imported");
+    }
+    chosen = matches.front();
+  }
+  TITAN_USER_CHECK(!fs::exists(out_step_dir), out_step_dir, " already exists: choose a new checkpoint folder");
+  checkpoint::HFSource source(hf_dir, spec, chosen);
+  std::map<std::string, at::Tensor> tensors;
+  for (const std::string& name : source.names()) {
+    const std::vector<int64_t> shape = source.meta(name)->shape;
+    tensors[name] = source.read(name, std::vector<int64_t>(shape.size(), 0), shape).to(at::kFloat);
+  }
+  const nlohmann::json info = {{"step", 0},
+                               {"model", {{"name", spec.name}, {"flavor", chosen}}},
+                               {"contents", {"model"}},
+                               {"world_size", 1},
+                               {"layout", "single process"}};
+  checkpoint::write_single_process(out_step_dir, tensors, info);
+  return chosen;
+}
+
+std::string convert_usage() {
+  return "usage:\n"
+         "  titan convert to-hf CHECKPOINT_STEP_DIR OUT_DIR [--checkpoint.export_dtype float32|bfloat16|float16]\n"
+         "      a titan checkpoint (e.g. outputs/checkpoint/step-1000) to a Hugging Face model folder\n"
+         "      (config.json + safetensors, for transformers' from_pretrained); optimizer state is left out\n"
+         "  titan convert from-hf HF_DIR OUT_CHECKPOINT_DIR [--model.name llama3] [--model.flavor F]\n"
+         "      a Hugging Face model folder to a new titan checkpoint holding the model (fp32); without\n"
+         "      --model.flavor, the flavor whose shape matches config.json\n";
+}
+
+int run_convert(const std::vector<std::string>& args) {
+  if (args.empty() || args[0] == "--help" || args[0] == "-h") {
+    std::fputs(convert_usage().c_str(), args.empty() ? stderr : stdout);
+    return args.empty() ? 2 : 0;
+  }
+  const std::string& direction = args[0];
+  TITAN_USER_CHECK(direction == "to-hf" || direction == "from-hf", "unknown conversion '", direction,
+                   "': use to-hf or from-hf\n", convert_usage());
+  const std::vector<std::string> options(args.begin() + std::min<size_t>(args.size(), 3), args.end());
+  if (help_requested(args)) {
+    std::cout << convert_usage();
+    return 0;
+  }
+  TITAN_USER_CHECK(args.size() >= 3 && args[1].rfind("--", 0) != 0 && args[2].rfind("--", 0) != 0,
+                   "titan convert ", direction, " needs two folders before any option\n", convert_usage());
+  const JobConfig cfg = parse_config(options);
+  if (direction == "to-hf") {
+    const int64_t n = convert_to_hf(args[1], args[2], export_dtype(cfg.checkpoint.export_dtype));
+    std::printf("wrote %lld tensors (%s) and config.json to %s\n", static_cast<long long>(n),
+                cfg.checkpoint.export_dtype.c_str(), args[2].c_str());
+    return 0;
+  }
+  // The flavor counts as given when named on the command line or by a config file.
+  bool flavor_given = false;
+  for (const auto& o : options)
+    flavor_given |= o.rfind("--model.flavor", 0) == 0 || o.rfind("--job.config_file", 0) == 0;
+  const std::string flavor = convert_from_hf(args[1], args[2], cfg.model.name, flavor_given ? cfg.model.flavor : "");
+  std::printf("wrote %s flavor %s as titan checkpoint %s\n", cfg.model.name.c_str(), flavor.c_str(), args[2].c_str());
+  return 0;
+}
+
+}  // namespace titan

@@ -1,0 +1,33 @@
+// `titan convert`: a titan checkpoint to a Hugging Face model folder and back.
+//
+//   titan convert to-hf CHECKPOINT_STEP_DIR OUT_DIR [--checkpoint.export_dtype float32|bfloat16|float16]
+//   titan convert from-hf HF_DIR OUT_CHECKPOINT_DIR [--model.name llama3] [--model.flavor F]
+//
+// to-hf writes the model's weights (optimizer state is left out) as safetensors shards of at most
+// 5 GB plus config.json, loadable with transformers' from_pretrained. from-hf writes a titan
+// checkpoint holding only the model (fp32), for checkpoint.initial_load_path or further training.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <vector>
+
+namespace titan {
+
+// Exports the "model.*" tensors of titan checkpoint `step_dir` (e.g. outputs/checkpoint/step-1000),
+// one tensor in memory at a time. Returns the number of tensors written.
+int64_t convert_to_hf(const std::string& step_dir, const std::string& out_dir, at::ScalarType dtype);
+
+// Imports Hugging Face folder `hf_dir` as model `model` / `flavor` into a new checkpoint folder
+// `out_step_dir`. An empty flavor picks the registered flavor whose config matches config.json.
+// Returns the flavor used.
+std::string convert_from_hf(const std::string& hf_dir, const std::string& out_step_dir, const std::string& model,
+                            const std::string& flavor);
+
+// The command line after `titan convert`; returns the exit status.
+int run_convert(const std::vector<std::string>& args);
+// Usage text of `titan convert`.
+std::string convert_usage();
+
+}  // namespace titan

@@ -1,0 +1,224 @@
+// The trainer's side of checkpoints: what a checkpoint holds, when it is saved, and resuming.
+//
+// Contents (names as in the checkpoint index, docs/checkpoint.md):
+//   model.<param>                                     every parameter, by its global name
+//   optimizer.<param>.exp_avg / .exp_avg_sq / .step   AdamW state, placed like its parameter
+//   rng.cpu (rng.cuda)                                the default generators' states
+//   state: train_state {step, ntokens_seen}, lr_scheduler {step}, dataloader (global stream position)
+// Every piece is global (placements, the global sample stream), so any layout resumes any checkpoint.
+#include "titan/common/error.h"
+#if __has_include("titan/components/checkpoint/hf.h")  // TEMP-HF
+#include "titan/components/checkpoint/hf.h"
+#define TITAN_TEMP_HF 1
+#endif
+#include "titan/trainer/trainer.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <random>
+
+#include <unistd.h>
+
+namespace titan {
+namespace {
+
+const std::vector<std::string> kParts = {"model", "optimizer", "lr_scheduler", "dataloader", "train_state", "rng"};
+
+bool has(const std::vector<std::string>& v, const std::string& x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+
+at::ScalarType export_dtype(const std::string& name) {
+  return name == "bfloat16" ? at::kBFloat16 : name == "float16" ? at::kHalf : at::kFloat;
+}
+
+}  // namespace
+
+std::vector<dist::PlacedTensor> Trainer::checkpoint_tensors(const std::vector<std::string>& parts) {
+  std::vector<dist::PlacedTensor> out;
+  if (has(parts, "model"))
+    for (const auto& p : params_) out.push_back({"model." + p.name, p.local, p.placement});
+  if (has(parts, "optimizer")) {
+    const auto state = optimizer_->state_dict();  // aliases of the live state
+    for (const auto& p : params_) {
+      out.push_back({"optimizer." + p.name + ".exp_avg", state.at(p.name + ".exp_avg"), p.placement});
+      out.push_back({"optimizer." + p.name + ".exp_avg_sq", state.at(p.name + ".exp_avg_sq"), p.placement});
+      // The step count is the same on every piece: written once, by the first shard's primary copy.
+      bool first = p.placement.primary;
+      for (const auto& s : p.placement.shards) first = first && s.offset == 0;
+      const at::Tensor step = state.at(p.name + ".step");
+      out.push_back({"optimizer." + p.name + ".step", step, dist::whole(step, {}, first)});
+    }
+  }
+  if (has(parts, "rng")) {
+    // Every rank draws from the same seeded generators; rank 0's state is written.
+    at::Tensor cpu = at::detail::getDefaultCPUGenerator().get_state();
+    out.push_back({"rng.cpu", cpu, dist::whole(cpu, {}, env_.rank == 0)});
+    if (device_.is_cuda()) {
+      at::Tensor cuda = at::globalContext().defaultGenerator(device_).get_state();
+      out.push_back({"rng.cuda", cuda, dist::whole(cuda, {}, env_.rank == 0)});
+    }
+  }
+  return out;
+}
+
+nlohmann::json Trainer::checkpoint_state() {
+  return {{"train_state", {{"step", step_}, {"ntokens_seen", tokens_seen()}}},
+          {"lr_scheduler", {{"step", step_}}},
+          {"dataloader", nlohmann::json::parse(dataloader_->state())}};
+}
+
+void Trainer::save_checkpoint(bool model_only, std::optional<at::ScalarType> cast) {
+  TITAN_ASSERT(checkpointer_, "save_checkpoint without checkpoint.enable");
+  const std::vector<std::string> parts = model_only ? std::vector<std::string>{"model"} : kParts;
+  // The copy off the live tensors blocks training; writing it does not with async_mode.
+  const bool pin = device_.is_cuda() && cfg_.checkpoint.async_mode == "async_with_pinned_mem";
+  checkpoint::Snapshot snap =
+      checkpoint::take_snapshot(checkpoint_tensors(parts), checkpointer_->reusable_snapshot(), pin, cast);
+  nlohmann::json contents = parts;
+  snap.info = {{"step", step_},
+               {"model", {{"name", cfg_.model.name}, {"flavor", cfg_.model.flavor}}},
+               {"contents", contents},
+               {"world_size", env_.world_size},
+               {"layout", dims_->describe()}};
+  if (!model_only) snap.state = checkpoint_state();
+  checkpointer_->save(step_, std::move(snap));
+}
+
+void Trainer::save_checkpoint_at_step() {
+  const auto& c = cfg_.checkpoint;
+  const bool last = step_ == cfg_.training.steps;
+  if (!last || (!c.last_save_model_only && !c.last_save_in_hf)) return save_checkpoint(false);
+  if (!c.last_save_in_hf) return save_checkpoint(true, export_dtype(c.export_dtype));
+#ifdef TITAN_TEMP_HF
+  // Hugging Face: rank 0 writes config.json and the safetensors files, one gathered tensor at a time.
+  checkpointer_->wait();
+  const std::string dir = checkpointer_->step_dir(step_);
+  std::unique_ptr<checkpoint::HFWriter> writer;
+  if (env_.rank == 0)
+    writer = std::make_unique<checkpoint::HFWriter>(dir, model_spec(cfg_.model.name), cfg_.model.flavor,
+                                                    export_dtype(c.export_dtype));
+  for (const auto& p : params_) {
+    at::Tensor full = dist::gather_full(p, *mesh_);
+    if (writer) writer->add(p.name, full.to(at::kCPU));
+  }
+  if (writer) {
+    writer->finish();
+    log_info("Checkpoint: saved step " + std::to_string(step_) + " in Hugging Face format to " + dir);
+  }
+#endif
+}
+
+void Trainer::wait_for_checkpoint() {
+  if (checkpointer_) checkpointer_->wait();
+}
+
+double Trainer::last_checkpoint_blocking_seconds() const {
+  return checkpointer_ ? checkpointer_->last_blocking_seconds() : 0.0;
+}
+
+void Trainer::load_checkpoint(checkpoint::Source& source, std::vector<std::string> parts, const nlohmann::json& state,
+                              bool allow_cast) {
+  // Read and check everything first; nothing is modified unless every rank succeeded.
+  std::string error;
+  checkpoint::Staged staged;
+  std::optional<int64_t> step, tokens;
+  std::string data_state;
+  const std::vector<dist::PlacedTensor> tensors = checkpoint_tensors(parts);
+  try {
+    staged = checkpoint::stage(source, tensors, allow_cast);
+    if (has(parts, "train_state")) {
+      step = state.at("train_state").at("step").get<int64_t>();
+      tokens = state.at("train_state").at("ntokens_seen").get<int64_t>();
+      TITAN_USER_CHECK(*tokens % dims_->dp_size() == 0, source.describe(), ": ", *tokens,
+                       " tokens seen do not split over ", dims_->dp_size(), " data-parallel ranks");
+    }
+    if (has(parts, "dataloader")) data_state = state.at("dataloader").dump();
+  } catch (const nlohmann::json::exception& e) {
+    error = source.describe() + ": its training state is malformed (" + e.what() + ")";
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  at::Tensor failed = at::full({1}, error.empty() ? 0 : 1, at::TensorOptions().dtype(at::kInt).device(device_));
+  (*mesh_)["world"].all_reduce(failed, c10d::ReduceOp::MAX).wait();
+  if (failed.item<int>() != 0)
+    throw UserError(error.empty() ? "another rank could not load " + source.describe() + " (its error is in its log)"
+                                  : error);
+  staged.apply();
+  if (step) step_ = *step;  // the learning-rate schedule is a function of the step
+  if (tokens) ntokens_seen_ = *tokens / dims_->dp_size();
+  if (!data_state.empty()) dataloader_->load_state(data_state);
+  for (const auto& t : tensors) {  // the generator states were staged into copies: set them
+    if (t.name != "rng.cpu" && t.name != "rng.cuda") continue;
+    at::Generator g = t.name == "rng.cpu" ? at::detail::getDefaultCPUGenerator()
+                                          : at::globalContext().defaultGenerator(device_);
+    std::lock_guard<std::mutex> lock(g.mutex());
+    g.set_state(t.local);
+  }
+}
+
+void Trainer::set_up_checkpointing() {
+  const auto& c = cfg_.checkpoint;
+  TITAN_USER_CHECK(!c.create_seed_checkpoint || c.enable,
+                   "checkpoint.create_seed_checkpoint needs checkpoint.enable = true (the seed is written to its folder)");
+  TITAN_USER_CHECK(!c.last_save_in_hf || c.last_save_model_only,
+                   "checkpoint.last_save_in_hf writes only the model: set checkpoint.last_save_model_only = true");
+  for (const auto& part : c.exclude_from_loading) {
+    TITAN_USER_CHECK(has(kParts, part), "checkpoint.exclude_from_loading: unknown part '", part,
+                     "'; the parts are model, optimizer, lr_scheduler, dataloader, train_state, rng");
+  }
+  if (!c.enable && c.initial_load_path.empty()) return;
+
+  // A run id shared by all ranks keeps the store keys of this run apart from a restarted one's.
+  at::Tensor id = at::zeros({1}, at::TensorOptions().dtype(at::kLong).device(device_));
+  if (env_.rank == 0) id.fill_(static_cast<int64_t>(std::random_device{}() & 0x7fffffff) << 20 | (::getpid() & 0xfffff));
+  (*mesh_)["world"].broadcast(id, 0).wait();
+  run_id_ = std::to_string(id.item<int64_t>());
+  const std::string folder = (std::filesystem::path(cfg_.job.dump_folder) / c.folder).string();
+  const auto timeout = std::chrono::seconds(std::max<int64_t>(1800, cfg_.comm.init_timeout_seconds));
+  checkpointer_ = std::make_unique<checkpoint::Checkpointer>(
+      c, folder,
+      checkpoint::store_coordinator(store_, "titan/" + run_id_, env_.rank, env_.world_size, timeout),
+      [this](const std::string& m) { log_info(m); });
+  if (c.create_seed_checkpoint) return;  // a seed is the initialized model: nothing to load
+
+  std::optional<std::string> dir = c.enable ? checkpointer_->resume_dir() : std::nullopt;
+  if (dir) {
+    checkpoint::Reader reader(*dir);
+    const auto& contents = reader.info().at("contents");
+    std::vector<std::string> parts;
+    for (const auto& p : kParts)
+      if (std::find(contents.begin(), contents.end(), p) != contents.end() && !has(c.exclude_from_loading, p))
+        parts.push_back(p);
+    load_checkpoint(reader, parts, reader.state(), /*allow_cast=*/false);
+    std::string loaded;
+    for (const auto& p : parts) loaded += (loaded.empty() ? "" : ", ") + p;
+    log_info("Checkpoint: resumed from " + *dir + " (" + loaded + "), saved by " +
+             reader.info().at("layout").get<std::string>() + "; continuing at step " + std::to_string(step_ + 1));
+    return;
+  }
+  if (c.initial_load_path.empty()) return;
+  // No checkpoint in the folder yet: start from initial_load_path (a titan checkpoint or a Hugging Face folder).
+  std::vector<std::string> parts = {"model"};
+  if (c.initial_load_in_hf) {
+#ifdef TITAN_TEMP_HF
+    checkpoint::HFSource source(c.initial_load_path, model_spec(cfg_.model.name), cfg_.model.flavor);
+    load_checkpoint(source, parts, nlohmann::json::object(), /*allow_cast=*/true);
+#endif
+  } else {
+    checkpoint::Reader reader(c.initial_load_path);
+    if (!c.initial_load_model_only) {
+      const auto& contents = reader.info().at("contents");
+      for (const auto& p : kParts)
+        if (p != "model" && std::find(contents.begin(), contents.end(), p) != contents.end() &&
+            !has(c.exclude_from_loading, p))
+          parts.push_back(p);
+    }
+    load_checkpoint(reader, parts, reader.state(), /*allow_cast=*/true);
+  }
+  log_info("Checkpoint: initial load of " + c.initial_load_path + (c.initial_load_in_hf ? " (Hugging Face)" : "") +
+           "; starting at step " + std::to_string(step_ + 1));
+}
+
+}  // namespace titan

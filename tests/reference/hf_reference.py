@@ -1,0 +1,93 @@
+"""Hugging Face transformers side of titan's HF interop tests (tests/unit/checkpoint/hf_test.cpp).
+
+  hf_reference.py load MODEL_DIR IN.safetensors OUT.safetensors [--dtype float32|auto]
+      Loads MODEL_DIR with LlamaForCausalLM.from_pretrained (eager attention; --dtype auto keeps the
+      dtype config.json declares) and writes the logits of IN's "tokens" (B, S).
+  hf_reference.py create CONFIG.json MODEL_DIR IN.safetensors OUT.safetensors [--seed N]
+      Creates a randomly initialized LlamaForCausalLM from the LlamaConfig arguments in CONFIG.json
+      (RMSNorm weights randomized too, so that a norm mapped to the wrong place shows), saves it to
+      MODEL_DIR with save_pretrained, then loads it back as `load` does.
+
+OUT holds "logits" (B, S, V) as float32 and a metadata entry "report": JSON with what loading said:
+missing_keys, unexpected_keys, mismatched_keys, error_msgs (from output_loading_info), warnings
+(every Python warning and transformers log record of level WARNING or above), dtype (of the loaded
+parameters) and transformers_version. The C++ test decides what is acceptable.
+"""
+
+import argparse
+import json
+import logging
+import warnings
+
+import torch
+import transformers
+from safetensors.torch import load_file, save_file
+from transformers import LlamaConfig, LlamaForCausalLM
+
+
+class Records(logging.Handler):
+    def __init__(self):
+        super().__init__(level=logging.WARNING)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(f"{record.name}: {record.getMessage()}")
+
+
+def load(model_dir, tokens, dtype):
+    records = Records()
+    hf_logger = logging.getLogger("transformers")
+    hf_logger.addHandler(records)
+    transformers.logging.set_verbosity_warning()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model, info = LlamaForCausalLM.from_pretrained(
+            model_dir, output_loading_info=True, attn_implementation="eager",
+            dtype="auto" if dtype == "auto" else torch.float32)
+    hf_logger.removeHandler(records)
+    model.eval()
+    with torch.no_grad():
+        logits = model(input_ids=tokens).logits.float()
+    report = {
+        "missing_keys": sorted(info.get("missing_keys", [])),
+        "unexpected_keys": sorted(info.get("unexpected_keys", [])),
+        "mismatched_keys": [str(k) for k in info.get("mismatched_keys", [])],
+        "error_msgs": [str(m) for m in info.get("error_msgs", [])],
+        "warnings": [f"{w.category.__name__}: {w.message}" for w in caught] + records.messages,
+        "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+        "transformers_version": transformers.__version__,
+    }
+    return logits, report
+
+
+def create(config_path, model_dir, seed):
+    with open(config_path) as f:
+        kwargs = json.load(f)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(LlamaConfig(**kwargs)).float()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.2 * torch.randn_like(p))
+    model.save_pretrained(model_dir)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("command", choices=["load", "create"])
+    ap.add_argument("paths", nargs="+")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "auto"])
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    if args.command == "create":
+        config_path, model_dir, inp, out = args.paths
+        create(config_path, model_dir, args.seed)
+    else:
+        model_dir, inp, out = args.paths
+    torch.set_num_threads(2)
+    logits, report = load(model_dir, load_file(inp)["tokens"], args.dtype)
+    save_file({"logits": logits.contiguous()}, out, metadata={"report": json.dumps(report)})
+
+
+if __name__ == "__main__":
+    main()
