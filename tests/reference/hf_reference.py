@@ -1,8 +1,8 @@
 """Hugging Face transformers side of titan's HF interop tests (tests/unit/checkpoint/hf_test.cpp).
 
-  hf_reference.py load MODEL_DIR IN.safetensors OUT.safetensors [--dtype float32|auto]
-      Loads MODEL_DIR with LlamaForCausalLM.from_pretrained (eager attention; --dtype auto keeps the
-      dtype config.json declares) and writes the logits of IN's "tokens" (B, S).
+  hf_reference.py load MODEL_DIR IN.safetensors OUT.safetensors
+      Loads MODEL_DIR with LlamaForCausalLM.from_pretrained (fp32, eager attention) and writes the
+      logits of IN's "tokens" (B, S). Weights stored in bf16/fp16 are upcast exactly.
   hf_reference.py create CONFIG.json MODEL_DIR IN.safetensors OUT.safetensors [--seed N]
       Creates a randomly initialized LlamaForCausalLM from the LlamaConfig arguments in CONFIG.json
       (RMSNorm weights randomized too, so that a norm mapped to the wrong place shows), saves it to
@@ -10,8 +10,8 @@
 
 OUT holds "logits" (B, S, V) as float32 and a metadata entry "report": JSON with what loading said:
 missing_keys, unexpected_keys, mismatched_keys, error_msgs (from output_loading_info), warnings
-(every Python warning and transformers log record of level WARNING or above), dtype (of the loaded
-parameters) and transformers_version. The C++ test decides what is acceptable.
+(every Python warning and transformers log record of level WARNING or above), config_dtype (the
+dtype transformers reads from config.json, e.g. "bfloat16") and transformers_version. The C++ test decides what is acceptable.
 """
 
 import argparse
@@ -34,7 +34,7 @@ class Records(logging.Handler):
         self.messages.append(f"{record.name}: {record.getMessage()}")
 
 
-def load(model_dir, tokens, dtype):
+def load(model_dir, tokens):
     records = Records()
     hf_logger = logging.getLogger("transformers")
     hf_logger.addHandler(records)
@@ -42,8 +42,8 @@ def load(model_dir, tokens, dtype):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model, info = LlamaForCausalLM.from_pretrained(
-            model_dir, output_loading_info=True, attn_implementation="eager",
-            dtype="auto" if dtype == "auto" else torch.float32)
+            model_dir, output_loading_info=True, attn_implementation="eager", dtype=torch.float32)
+        config = LlamaConfig.from_pretrained(model_dir)
     hf_logger.removeHandler(records)
     model.eval()
     with torch.no_grad():
@@ -54,7 +54,7 @@ def load(model_dir, tokens, dtype):
         "mismatched_keys": [str(k) for k in info.get("mismatched_keys", [])],
         "error_msgs": [str(m) for m in info.get("error_msgs", [])],
         "warnings": [f"{w.category.__name__}: {w.message}" for w in caught] + records.messages,
-        "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+        "config_dtype": str(getattr(config, "dtype", None) or config.torch_dtype).replace("torch.", ""),
         "transformers_version": transformers.__version__,
     }
     return logits, report
@@ -76,7 +76,6 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("command", choices=["load", "create"])
     ap.add_argument("paths", nargs="+")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "auto"])
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     if args.command == "create":
@@ -85,7 +84,7 @@ def main():
     else:
         model_dir, inp, out = args.paths
     torch.set_num_threads(2)
-    logits, report = load(model_dir, load_file(inp)["tokens"], args.dtype)
+    logits, report = load(model_dir, load_file(inp)["tokens"])
     save_file({"logits": logits.contiguous()}, out, metadata={"report": json.dumps(report)})
 
 

@@ -7,10 +7,7 @@
 //   state: train_state {step, ntokens_seen}, lr_scheduler {step}, dataloader (global stream position)
 // Every piece is global (placements, the global sample stream), so any layout resumes any checkpoint.
 #include "titan/common/error.h"
-#if __has_include("titan/components/checkpoint/hf.h")  // TEMP-HF
 #include "titan/components/checkpoint/hf.h"
-#define TITAN_TEMP_HF 1
-#endif
 #include "titan/trainer/trainer.h"
 
 #include <ATen/ATen.h>
@@ -91,23 +88,25 @@ void Trainer::save_checkpoint_at_step() {
   const bool last = step_ == cfg_.training.steps;
   if (!last || (!c.last_save_model_only && !c.last_save_in_hf)) return save_checkpoint(false);
   if (!c.last_save_in_hf) return save_checkpoint(true, export_dtype(c.export_dtype));
-#ifdef TITAN_TEMP_HF
-  // Hugging Face: rank 0 writes config.json and the safetensors files, one gathered tensor at a time.
+  // Hugging Face: rank 0 writes config.json and the safetensors files, one gathered tensor at a time,
+  // into step-N.partial, renamed to step-N when complete (replacing an export of the same step).
   checkpointer_->wait();
-  const std::string dir = checkpointer_->step_dir(step_);
+  const std::string dir = checkpointer_->step_dir(step_), partial = dir + ".partial";
   std::unique_ptr<checkpoint::HFWriter> writer;
-  if (env_.rank == 0)
-    writer = std::make_unique<checkpoint::HFWriter>(dir, model_spec(cfg_.model.name), cfg_.model.flavor,
+  if (env_.rank == 0) {
+    std::filesystem::remove_all(partial);
+    writer = std::make_unique<checkpoint::HFWriter>(partial, model_spec(cfg_.model.name), cfg_.model.flavor,
                                                     export_dtype(c.export_dtype));
+  }
   for (const auto& p : params_) {
     at::Tensor full = dist::gather_full(p, *mesh_);
     if (writer) writer->add(p.name, full.to(at::kCPU));
   }
-  if (writer) {
-    writer->finish();
-    log_info("Checkpoint: saved step " + std::to_string(step_) + " in Hugging Face format to " + dir);
-  }
-#endif
+  if (!writer) return;
+  writer->finish();
+  std::filesystem::remove_all(dir);
+  std::filesystem::rename(partial, dir);
+  log_info("Checkpoint: saved step " + std::to_string(step_) + " in Hugging Face format to " + dir);
 }
 
 void Trainer::wait_for_checkpoint() {
@@ -202,10 +201,8 @@ void Trainer::set_up_checkpointing() {
   // No checkpoint in the folder yet: start from initial_load_path (a titan checkpoint or a Hugging Face folder).
   std::vector<std::string> parts = {"model"};
   if (c.initial_load_in_hf) {
-#ifdef TITAN_TEMP_HF
     checkpoint::HFSource source(c.initial_load_path, model_spec(cfg_.model.name), cfg_.model.flavor);
     load_checkpoint(source, parts, nlohmann::json::object(), /*allow_cast=*/true);
-#endif
   } else {
     checkpoint::Reader reader(c.initial_load_path);
     if (!c.initial_load_model_only) {

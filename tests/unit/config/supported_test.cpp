@@ -28,8 +28,6 @@ TEST(ConfigSupported, EachGatedFeatureIsAnErrorNamingItsKey) {
       {{"--float8.enable_float8_linear"}, "--model.converters="},
       {{"--compile.enable"}, "--compile.enable false"},
       {{"--training.compile"}, "compile.enable = true"},
-      {{"--checkpoint.enable"}, "--checkpoint.enable false"},
-      {{"--checkpoint.enable_checkpoint"}, "checkpoint.enable = true"},
       {{"--validation.enable"}, "--validation.enable false"},
       {{"--metrics.enable_wandb"}, "--metrics.enable_wandb false"},
       {{"--fault_tolerance.enable"}, "fault_tolerance.enable"},
@@ -47,10 +45,19 @@ TEST(ConfigSupported, EachGatedFeatureIsAnErrorNamingItsKey) {
 }
 
 TEST(ConfigSupported, AllProblemsAreListedAtOnce) {
-  const JobConfig cfg = parse({"--compile.enable", "--checkpoint.enable"});
+  const JobConfig cfg = parse({"--compile.enable", "--profiling.enable_profiling"});
   const std::string e = user_error([&] { check_supported(cfg); });
-  for (const char* key : {"activation_checkpoint.mode", "compile.enable", "checkpoint.enable"})
+  for (const char* key : {"activation_checkpoint.mode", "compile.enable", "profiling.enable_profiling"})
     EXPECT_NE(e.find(key), std::string::npos) << key;
+}
+
+TEST(ConfigSupported, CheckpointsAreSupported) {
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"--checkpoint.enable"}, {"--checkpoint.enable_checkpoint"}, {"--checkpoint.enable", "--checkpoint.create_seed_checkpoint"}}) {
+    std::vector<std::string> all = {"--activation_checkpoint.mode", "none"};
+    all.insert(all.end(), args.begin(), args.end());
+    EXPECT_NO_THROW(check_supported(parse(all))) << args[0];
+  }
 }
 
 TEST(ConfigSupported, DataParallelismIsSupported) {

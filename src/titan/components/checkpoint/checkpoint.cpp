@@ -10,6 +10,9 @@
 #include <filesystem>
 #include <regex>
 
+#include <csignal>
+#include <unistd.h>
+
 namespace titan::checkpoint {
 namespace fs = std::filesystem;
 
@@ -26,6 +29,14 @@ std::string rank_file_name(int rank) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "rank-%05d.safetensors", rank);
   return buf;
+}
+
+// Testing hook for crash safety: TITAN_CHECKPOINT_CRASH_AT=<phase> makes the process kill itself
+// (SIGKILL, like kill -9) at that moment of a save: "data" (half of its file written), "index" (every
+// file written, no index yet), "rename" (index written, folder not yet renamed).
+void crash_point(const char* phase) {
+  const char* at = std::getenv("TITAN_CHECKPOINT_CRASH_AT");
+  if (at && std::string(at) == phase) ::kill(::getpid(), SIGKILL);
 }
 
 std::string shape_str(const std::vector<int64_t>& s) {
@@ -108,6 +119,7 @@ int64_t write(const std::string& step_dir_in, const Snapshot& snap, Coordinator&
                       {"crc32", written.entry_crc32[i]}});
   }
   mine["slices"] = slices;
+  crash_point("index");
   auto all = coord.gather_to_rank0("checkpoint/" + step_dir.string(), mine.dump());
   if (coord.rank() != 0) return written.bytes;
 
@@ -138,6 +150,7 @@ int64_t write(const std::string& step_dir_in, const Snapshot& snap, Coordinator&
                           {"files", files}, {"tensors", tensors}};
   write_file_atomically((tmp_dir / kIndexFile).string(), index.dump(1));
   sync_directory(tmp_dir.string());
+  crash_point("rename");
   // An older folder of the same step (a run that resumed before it) is replaced.
   if (fs::exists(step_dir)) {
     const fs::path old = step_dir.string() + ".old";

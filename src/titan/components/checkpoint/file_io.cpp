@@ -7,6 +7,8 @@
 #include <zlib.h>
 
 #include <cerrno>
+#include <csignal>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -94,6 +96,9 @@ WrittenFile write_safetensors(const std::string& path, const std::vector<Safeten
   for (const auto& e : entries) {
     const uint64_t nbytes = static_cast<uint64_t>(e.data.numel() * e.data.element_size());
     const uint32_t c = tensor_crc32(e.data);
+    if (&e == &entries[entries.size() / 2] && std::getenv("TITAN_CHECKPOINT_CRASH_AT") &&
+        std::string(std::getenv("TITAN_CHECKPOINT_CRASH_AT")) == "data")
+      ::kill(::getpid(), SIGKILL);  // testing hook, see checkpoint.cpp
     f.write(e.data.data_ptr(), nbytes);
     crc = static_cast<uint32_t>(crc32_combine(crc, c, static_cast<z_off_t>(nbytes)));
     out.entry_crc32.push_back(c);

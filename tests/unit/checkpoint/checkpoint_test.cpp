@@ -1,0 +1,161 @@
+// The checkpoint format on its own: slices written by several "ranks" read back as blocks of any
+// other split, checksums that catch a flipped byte or a truncated file (naming it), errors that name
+// the tensor, and staging that modifies nothing on failure.
+#include "test_util.h"
+
+#include "titan/common/error.h"
+#include "titan/components/checkpoint/checkpoint.h"
+#include "titan/components/checkpoint/file_io.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace titan::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Stand-in for the ranks of a save: rank r's gather hands its text to a shared list, and rank 0
+// (called last) gets all of them.
+class FakeRanks : public Coordinator {
+ public:
+  FakeRanks(int rank, int world, std::vector<std::string>* all) : rank_(rank), world_(world), all_(all) {}
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_; }
+  std::vector<std::string> gather_to_rank0(const std::string&, const std::string& mine) override {
+    (*all_)[rank_] = mine;
+    return rank_ == 0 ? *all_ : std::vector<std::string>{};
+  }
+
+ private:
+  int rank_, world_;
+  std::vector<std::string>* all_;
+};
+
+nlohmann::json info() { return {{"step", 3}, {"model", {{"name", "toy"}, {"flavor", "x"}}}, {"contents", {"model"}}}; }
+
+// Writes `full` (7 x 5, so 3 ranks hold 3, 3 and 1 rows) sharded on dim 0 over `world` ranks, with
+// replicas when `replicas` > 1 (only the first replica of each shard writes).
+void write_sharded(const std::string& dir, const at::Tensor& full, int world, int replicas = 1) {
+  std::vector<std::string> all(static_cast<size_t>(world * replicas));
+  for (int r = world * replicas - 1; r >= 0; --r) {  // rank 0 last: it writes the index
+    const int shard = r % world, replica = r / world;
+    dist::Placement p;
+    p.global_shape = full.sizes().vec();
+    p.shards.push_back(dist::chunk("dp_shard", 0, full.size(0), shard, world));
+    p.primary = replica == 0;
+    at::Tensor local = at::zeros({p.shards[0].local_size, full.size(1)});
+    local.narrow(0, 0, p.shards[0].length).copy_(full.narrow(0, p.shards[0].offset, p.shards[0].length));
+    Snapshot snap = take_snapshot({{"model.w", local, p}});
+    snap.info = info();
+    FakeRanks coord(r, world * replicas, &all);
+    write(dir, snap, coord);
+  }
+}
+
+TEST(Checkpoint, SlicesOfOneSplitReadBackUnderAnother) {
+  test::TempDir dir;
+  const at::Tensor full = at::arange(35, at::kFloat).view({7, 5});
+  write_sharded(dir / "step-3", full, 3, /*replicas=*/2);
+  // Replicas are written once: 3 files, not 6.
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(dir / "step-3")) files += e.path().extension() == ".safetensors";
+  EXPECT_EQ(files, 3);
+  Reader reader(dir / "step-3");
+  EXPECT_EQ(reader.info().at("step"), 3);
+  ASSERT_TRUE(reader.meta("model.w"));
+  EXPECT_EQ(reader.meta("model.w")->shape, (std::vector<int64_t>{7, 5}));
+  // Blocks crossing the saved slices, as 2 and 4 ranks (and one process) would read them.
+  EXPECT_TRUE(at::equal(reader.read("model.w", {0, 0}, {7, 5}), full));
+  EXPECT_TRUE(at::equal(reader.read("model.w", {2, 0}, {4, 5}), full.narrow(0, 2, 4)));
+  EXPECT_TRUE(at::equal(reader.read("model.w", {6, 1}, {1, 3}), full.narrow(0, 6, 1).narrow(1, 1, 3)));
+  reader.verify_all();
+  // Staged into a 4-way split: rank 3 holds rows 6 and a padding row.
+  dist::Placement p;
+  p.global_shape = {7, 5};
+  p.shards.push_back(dist::chunk("dp_shard", 0, 7, 3, 4));
+  at::Tensor local = at::full({2, 5}, -1.0f);
+  Staged staged = stage(reader, {{"model.w", local, p}}, false);
+  EXPECT_EQ(local[0][0].item<float>(), -1.0f);  // nothing modified before apply
+  staged.apply();
+  EXPECT_TRUE(at::equal(local[0], full[6]));
+  EXPECT_TRUE(at::equal(local[1], at::zeros({5})));
+  // The files are plain safetensors: the generic reader opens them.
+  auto file = safetensors::load(dir / "step-3/rank-00002.safetensors");
+  EXPECT_TRUE(at::equal(file.tensors.at("model.w"), full.narrow(0, 6, 1)));
+  EXPECT_NE(file.metadata.at("titan_slices").find("\"begin\":[6,0]"), std::string::npos) << file.metadata.at("titan_slices");
+}
+
+void expect_user_error(const std::function<void()>& f, const std::vector<std::string>& needles) {
+  try {
+    f();
+    ADD_FAILURE() << "no error";
+  } catch (const UserError& e) {
+    for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
+  }
+}
+
+TEST(Checkpoint, AFlippedByteIsCaughtByItsChecksumAndNamesTheFile) {
+  test::TempDir dir;
+  const at::Tensor full = at::randn({7, 5});
+  write_sharded(dir / "step-3", full, 3);
+  const std::string victim = dir / "step-3/rank-00001.safetensors";
+  {
+    std::fstream f(victim, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-3, std::ios::end);
+    char c;
+    f.read(&c, 1);
+    c ^= 0x10;
+    f.seekp(-3, std::ios::end);
+    f.write(&c, 1);
+  }
+  Reader reader(dir / "step-3");
+  expect_user_error([&] { reader.read("model.w", {0, 0}, {7, 5}); }, {victim, "corrupt", "model.w"});
+  expect_user_error([&] { Reader(dir / "step-3").verify_all(); }, {victim, "CRC-32"});
+  // A block that does not touch the damaged slice still reads.
+  EXPECT_TRUE(at::equal(reader.read("model.w", {0, 0}, {3, 5}), full.narrow(0, 0, 3)));
+}
+
+TEST(Checkpoint, ATruncatedFileNamesTheFile) {
+  test::TempDir dir;
+  write_sharded(dir / "step-3", at::randn({7, 5}), 3);
+  const std::string victim = dir / "step-3/rank-00000.safetensors";
+  fs::resize_file(victim, fs::file_size(victim) - 10);
+  Reader reader(dir / "step-3");
+  expect_user_error([&] { reader.read("model.w", {0, 0}, {7, 5}); }, {victim, "truncated"});
+}
+
+TEST(Checkpoint, MismatchesNameTheTensorAndStageModifiesNothing) {
+  test::TempDir dir;
+  write_single_process(dir / "step-1", {{"model.a", at::ones({4})}, {"model.b", at::ones({2, 3})}}, info());
+  Reader reader(dir / "step-1");
+  at::Tensor a = at::zeros({4}), b = at::zeros({3, 2}), c = at::zeros({1});
+  expect_user_error([&] { stage(reader, {{"model.a", a, dist::whole(a)}, {"model.b", b, dist::whole(b)}}, false); },
+                    {"model.b", "[2, 3]", "[3, 2]"});
+  expect_user_error([&] { stage(reader, {{"model.a", a, dist::whole(a)}, {"model.c", c, dist::whole(c)}}, false); },
+                    {"model.c", "has no tensor"});
+  at::Tensor d = at::zeros({4}, at::kDouble);
+  expect_user_error([&] { stage(reader, {{"model.a", d, dist::whole(d)}}, false); }, {"model.a", "Float", "Double"});
+  EXPECT_EQ(a.sum().item<double>(), 0.0);  // failed loads leave the destination untouched
+  stage(reader, {{"model.a", d, dist::whole(d)}}, /*allow_cast=*/true).apply();
+  EXPECT_EQ(d.sum().item<double>(), 4.0);
+}
+
+TEST(Checkpoint, OnlyCompleteFoldersAreListed) {
+  test::TempDir dir;
+  write_single_process(dir / "step-2", {{"model.a", at::ones({4})}}, info());
+  write_single_process(dir / "step-10", {{"model.a", at::ones({4})}}, info());
+  fs::create_directories(dir / "step-12.partial");
+  fs::create_directories(dir / "step-11");  // no index: not complete
+  auto all = list_checkpoints(dir.path());
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all.begin()->first, 2);
+  EXPECT_EQ(all.rbegin()->first, 10);
+  expect_user_error([&] { Reader r(dir / "step-11"); }, {"step-11", "index.json"});
+}
+
+}  // namespace
+}  // namespace titan::checkpoint
