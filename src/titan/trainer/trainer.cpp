@@ -205,7 +205,7 @@ StepResult Trainer::train_step() {
   const auto& tr = cfg_.training;
   optimizer_->zero_grad();
   StepResult r;
-  r.lr = cfg_.optimizer.lr * lr_schedule_->factor(step_);
+  r.lr = cfg_.optimizer.lr * lr_schedule_->factor(lr_step_);
   optimizer_->set_lr(r.lr);
 
   // Every micro-batch's loss is a sum over its tokens divided by the tokens of the whole global
@@ -238,6 +238,7 @@ StepResult Trainer::train_step() {
   r.grad_norm = dist::clip_grad_norm(params_, tr.max_norm, *mesh_);
   optimizer_->step();
   ++step_;
+  ++lr_step_;
   // Global average loss (sum over ranks) and the largest local average.
   at::Tensor local_avg = loss_sum * (global_tokens / local_tokens);
   (*mesh_)["dp"].all_reduce(loss_sum).wait();

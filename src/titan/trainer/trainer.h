@@ -95,6 +95,7 @@ class Trainer {
   std::vector<dist::PlacedTensor> params_;
   int64_t grad_accum_steps_ = 1;
   int64_t step_ = 0;
+  int64_t lr_step_ = 0;  // the learning-rate schedule's step: step_, unless a resume restored them apart
   int64_t ntokens_seen_ = 0;
   double data_seconds_ = 0;  // time spent waiting for batches since the last log
 };

@@ -7,6 +7,7 @@
 //   state: train_state {step, ntokens_seen}, lr_scheduler {step}, dataloader (global stream position)
 // Every piece is global (placements, the global sample stream), so any layout resumes any checkpoint.
 #include "titan/common/error.h"
+#include "titan/components/checkpoint/file_io.h"
 #include "titan/components/checkpoint/hf.h"
 #include "titan/trainer/trainer.h"
 
@@ -62,7 +63,7 @@ std::vector<dist::PlacedTensor> Trainer::checkpoint_tensors(const std::vector<st
 
 nlohmann::json Trainer::checkpoint_state() {
   return {{"train_state", {{"step", step_}, {"ntokens_seen", tokens_seen()}}},
-          {"lr_scheduler", {{"step", step_}}},
+          {"lr_scheduler", {{"step", lr_step_}}},
           {"dataloader", nlohmann::json::parse(dataloader_->state())}};
 }
 
@@ -104,8 +105,7 @@ void Trainer::save_checkpoint_at_step() {
   }
   if (!writer) return;
   writer->finish();
-  std::filesystem::remove_all(dir);
-  std::filesystem::rename(partial, dir);
+  checkpoint::replace_directory(partial, dir);
   log_info("Checkpoint: saved step " + std::to_string(step_) + " in Hugging Face format to " + dir);
 }
 
@@ -122,8 +122,7 @@ void Trainer::load_checkpoint(checkpoint::Source& source, std::vector<std::strin
   // Read and check everything first; nothing is modified unless every rank succeeded.
   std::string error;
   checkpoint::Staged staged;
-  std::optional<int64_t> step, tokens;
-  std::string data_state;
+  std::optional<int64_t> step, tokens, lr_step;
   const std::vector<dist::PlacedTensor> tensors = checkpoint_tensors(parts);
   try {
     staged = checkpoint::stage(source, tensors, allow_cast);
@@ -133,7 +132,10 @@ void Trainer::load_checkpoint(checkpoint::Source& source, std::vector<std::strin
       TITAN_USER_CHECK(*tokens % dims_->dp_size() == 0, source.describe(), ": ", *tokens,
                        " tokens seen do not split over ", dims_->dp_size(), " data-parallel ranks");
     }
-    if (has(parts, "dataloader")) data_state = state.at("dataloader").dump();
+    // The data position is checked (same dataset, same seq_len) by restoring it; on a failure the
+    // constructor throws, so the half-restored loader is never used.
+    if (has(parts, "lr_scheduler")) lr_step = state.at("lr_scheduler").at("step").get<int64_t>();
+    if (has(parts, "dataloader")) dataloader_->load_state(state.at("dataloader").dump());
   } catch (const nlohmann::json::exception& e) {
     error = source.describe() + ": its training state is malformed (" + e.what() + ")";
   } catch (const std::exception& e) {
@@ -145,9 +147,9 @@ void Trainer::load_checkpoint(checkpoint::Source& source, std::vector<std::strin
     throw UserError(error.empty() ? "another rank could not load " + source.describe() + " (its error is in its log)"
                                   : error);
   staged.apply();
-  if (step) step_ = *step;  // the learning-rate schedule is a function of the step
+  if (step) step_ = *step;
+  if (lr_step) lr_step_ = *lr_step;
   if (tokens) ntokens_seen_ = *tokens / dims_->dp_size();
-  if (!data_state.empty()) dataloader_->load_state(data_state);
   for (const auto& t : tensors) {  // the generator states were staged into copies: set them
     if (t.name != "rng.cpu" && t.name != "rng.cuda") continue;
     at::Generator g = t.name == "rng.cpu" ? at::detail::getDefaultCPUGenerator()
@@ -182,7 +184,23 @@ void Trainer::set_up_checkpointing() {
       [this](const std::string& m) { log_info(m); });
   if (c.create_seed_checkpoint) return;  // a seed is the initialized model: nothing to load
 
-  std::optional<std::string> dir = c.enable ? checkpointer_->resume_dir() : std::nullopt;
+  // Rank 0 chooses the checkpoint and every rank loads that one (their views of the folder may lag).
+  at::Tensor chosen = at::full({1}, -1, at::TensorOptions().dtype(at::kLong).device(device_));
+  std::optional<std::string> dir;
+  std::string choose_error;
+  if (env_.rank == 0 && c.enable) {
+    try {
+      dir = checkpointer_->resume_dir();
+      if (dir) chosen.fill_(checkpoint::Reader(*dir).info().at("step").get<int64_t>());
+    } catch (const std::exception& e) {
+      choose_error = e.what();
+      chosen.fill_(-2);
+    }
+  }
+  (*mesh_)["world"].broadcast(chosen, 0).wait();
+  const int64_t resume_step = chosen.item<int64_t>();
+  TITAN_USER_CHECK(resume_step != -2, choose_error.empty() ? "rank 0 could not choose a checkpoint to resume (its error is in its log)" : choose_error);
+  dir = resume_step >= 0 ? std::optional<std::string>(checkpointer_->step_dir(resume_step)) : std::nullopt;
   if (dir) {
     checkpoint::Reader reader(*dir);
     const auto& contents = reader.info().at("contents");

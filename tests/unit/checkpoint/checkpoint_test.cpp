@@ -5,6 +5,7 @@
 
 #include "titan/common/error.h"
 #include "titan/components/checkpoint/checkpoint.h"
+#include "titan/components/checkpoint/checkpointer.h"
 #include "titan/components/checkpoint/file_io.h"
 
 #include <ATen/ATen.h>
@@ -155,6 +156,39 @@ TEST(Checkpoint, OnlyCompleteFoldersAreListed) {
   EXPECT_EQ(all.begin()->first, 2);
   EXPECT_EQ(all.rbegin()->first, 10);
   expect_user_error([&] { Reader r(dir / "step-11"); }, {"step-11", "index.json"});
+}
+
+TEST(Checkpoint, ACrashWhileReplacingAStepIsRepairedByTheNextRun) {
+  // A save of step 4 again moved the old step-4 aside and crashed before renaming the new one in.
+  for (const bool new_complete : {true, false}) {
+    test::TempDir dir;
+    write_single_process(dir / "step-4", {{"model.a", at::ones({4})}}, info());
+    write_single_process(dir / "step-4.partial", {{"model.a", at::full({4}, 2.0f)}}, info());
+    fs::rename(dir / "step-4", dir / "step-4.old");
+    if (!new_complete) fs::remove(dir / "step-4.partial/index.json");
+    config::Checkpoint cfg;
+    cfg.enable = true;
+    std::vector<std::string> logs;
+    Checkpointer ck(cfg, dir.path(), single_process_coordinator(), [&](const std::string& m) { logs.push_back(m); });
+    auto all = list_checkpoints(dir.path());
+    ASSERT_EQ(all.size(), 1u) << new_complete;
+    Reader r(all.at(4));
+    EXPECT_EQ(r.read("model.a", {0}, {4})[0].item<float>(), new_complete ? 2.0f : 1.0f);
+    EXPECT_FALSE(fs::exists(dir / "step-4.old"));
+    EXPECT_FALSE(fs::exists(dir / "step-4.partial"));
+    EXPECT_FALSE(logs.empty());
+  }
+}
+
+TEST(Checkpoint, ADamagedTrainingStateInTheIndexIsCaught) {
+  test::TempDir dir;
+  write_single_process(dir / "step-1", {{"model.a", at::ones({4})}}, info(), {{"train_state", {{"step", 1}}}});
+  std::string text = read_file(dir / "step-1/index.json");
+  const auto at = text.find("\"step\": 1");
+  ASSERT_NE(at, std::string::npos) << text;
+  text.replace(at, 9, "\"step\": 7");
+  std::ofstream(dir / "step-1/index.json") << text;
+  expect_user_error([&] { Reader r(dir / "step-1"); }, {"index.json", "CRC-32"});
 }
 
 }  // namespace

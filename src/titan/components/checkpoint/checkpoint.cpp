@@ -90,10 +90,18 @@ Snapshot take_snapshot(const std::vector<dist::PlacedTensor>& tensors, Snapshot*
 int64_t write(const std::string& step_dir_in, const Snapshot& snap, Coordinator& coord) {
   const fs::path step_dir = fs::path(step_dir_in).lexically_normal();
   const fs::path tmp_dir = step_dir.string() + ".partial";
+  const std::string key = "checkpoint/" + step_dir.string();
+  // A rank that cannot write still reports to rank 0 (which then fails the save with its reason
+  // instead of waiting for it), then throws.
+  auto fail = [&](const std::string& what) {
+    coord.gather_to_rank0(key, nlohmann::json({{"error", what}}).dump());
+    throw UserError(what);
+  };
   std::error_code ec;
   fs::create_directories(tmp_dir, ec);
-  TITAN_USER_CHECK(!ec, "cannot create checkpoint folder ", tmp_dir.string(), ": ", ec.message(),
-                   " (check checkpoint.folder and job.dump_folder, and that the disk is writable)");
+  if (ec)
+    fail("cannot create checkpoint folder " + tmp_dir.string() + ": " + ec.message() +
+         " (check checkpoint.folder and job.dump_folder, and that the disk is writable)");
 
   // This rank's slices, as one safetensors file whose metadata says where each slice sits.
   std::vector<SafetensorsEntry> entries;
@@ -104,8 +112,12 @@ int64_t write(const std::string& step_dir_in, const Snapshot& snap, Coordinator&
   }
   const std::string file = rank_file_name(coord.rank());
   WrittenFile written;
-  if (!entries.empty())
-    written = write_safetensors((tmp_dir / file).string(), entries, {{"format", "pt"}, {"titan_slices", where.dump()}});
+  try {
+    if (!entries.empty())
+      written = write_safetensors((tmp_dir / file).string(), entries, {{"format", "pt"}, {"titan_slices", where.dump()}});
+  } catch (const std::exception& e) {
+    fail(e.what());
+  }
 
   nlohmann::json mine = {{"file", entries.empty() ? "" : file}, {"bytes", written.bytes}, {"crc32", written.crc32}};
   nlohmann::json slices = nlohmann::json::array();
@@ -120,13 +132,15 @@ int64_t write(const std::string& step_dir_in, const Snapshot& snap, Coordinator&
   }
   mine["slices"] = slices;
   crash_point("index");
-  auto all = coord.gather_to_rank0("checkpoint/" + step_dir.string(), mine.dump());
+  auto all = coord.gather_to_rank0(key, mine.dump());
   if (coord.rank() != 0) return written.bytes;
 
   // Rank 0: the index, then the folder becomes visible.
   nlohmann::json tensors = nlohmann::json::object(), files = nlohmann::json::object();
-  for (const auto& text : all) {
-    const nlohmann::json r = nlohmann::json::parse(text);
+  for (size_t rank = 0; rank < all.size(); ++rank) {
+    const nlohmann::json r = nlohmann::json::parse(all[rank]);
+    TITAN_USER_CHECK(!r.contains("error"), "checkpoint ", step_dir.string(), " is incomplete: rank ", rank,
+                     " could not write its part: ", r.at("error").get<std::string>());
     if (!r.at("file").get<std::string>().empty())
       files[r.at("file").get<std::string>()] = {{"bytes", r.at("bytes")}, {"crc32", r.at("crc32")}};
     for (const auto& s : r.at("slices")) {
@@ -145,25 +159,17 @@ int64_t write(const std::string& step_dir_in, const Snapshot& snap, Coordinator&
     TITAN_ASSERT(covered == numel_of(t.at("shape").get<std::vector<int64_t>>()), "checkpoint slices of ", name,
                  " cover ", covered, " of ", shape_str(t.at("shape").get<std::vector<int64_t>>()), " entries");
   }
+  const nlohmann::json state = snap.state.is_null() ? nlohmann::json::object() : snap.state;
+  const std::string state_text = state.dump();
+  // The non-tensor state (step, data position) has its own CRC-32: a damaged digit would resume silently.
   nlohmann::json index = {{"format", "titan-checkpoint"}, {"version", kFormatVersion}, {"info", snap.info},
-                          {"state", snap.state.is_null() ? nlohmann::json::object() : snap.state},
+                          {"state", state}, {"state_crc32", string_crc32(state_text)},
                           {"files", files}, {"tensors", tensors}};
   write_file_atomically((tmp_dir / kIndexFile).string(), index.dump(1));
   sync_directory(tmp_dir.string());
   crash_point("rename");
   // An older folder of the same step (a run that resumed before it) is replaced.
-  if (fs::exists(step_dir)) {
-    const fs::path old = step_dir.string() + ".old";
-    fs::remove_all(old, ec);
-    fs::rename(step_dir, old, ec);
-    TITAN_USER_CHECK(!ec, "cannot move aside the existing ", step_dir.string(), ": ", ec.message());
-    fs::rename(tmp_dir, step_dir, ec);
-    fs::remove_all(old);
-  } else {
-    fs::rename(tmp_dir, step_dir, ec);
-  }
-  TITAN_USER_CHECK(!ec, "cannot rename ", tmp_dir.string(), " to ", step_dir.string(), ": ", ec.message());
-  sync_directory(step_dir.parent_path().string());
+  replace_directory(tmp_dir.string(), step_dir.string());
   return written.bytes;
 }
 
@@ -198,6 +204,9 @@ Reader::Reader(std::string step_dir) : dir_(std::move(step_dir)) {
     TITAN_USER_CHECK(index_.at("version").get<int>() <= kFormatVersion, path, " has format version ",
                      index_.at("version"), ", newer than this titan reads (", kFormatVersion, "): update titan");
     for (const char* key : {"info", "state", "files", "tensors"}) (void)index_.at(key);
+    TITAN_USER_CHECK(string_crc32(index_.at("state").dump()) == index_.at("state_crc32").get<uint32_t>(), path,
+                     " is corrupt: the CRC-32 of its training state does not match; load another step with "
+                     "--checkpoint.load_step");
   } catch (const nlohmann::json::exception& e) {
     throw UserError(path + " is corrupt or not a titan checkpoint index: " + e.what());
   }

@@ -8,7 +8,7 @@
 //                              (file, offset, length, CRC-32), per file its size and CRC-32, and
 //                              the non-tensor state (train_state, lr_scheduler, dataloader, ...)
 //
-// A folder is a checkpoint only once complete: files are written under step-N.partial-<id>/ and
+// A folder is a checkpoint only once complete: files are written under step-N.partial/ and
 // fsynced, index.json is written last, then the folder is renamed to step-N. Any layout and world
 // size can read any checkpoint: each rank reads the blocks of each tensor it holds (Source::read).
 #pragma once

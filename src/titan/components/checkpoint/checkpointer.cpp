@@ -57,15 +57,26 @@ Checkpointer::Checkpointer(const config::Checkpoint& cfg, std::string folder, st
                            std::function<void(const std::string&)> log)
     : cfg_(cfg), folder_(std::move(folder)), coord_(std::move(coord)), log_(std::move(log)) {
   if (coord_->rank() != 0 || !fs::is_directory(folder_)) return;
-  // Saves that were interrupted (a crash or kill during the write) left step-N.partial folders, and
-  // replacements step-N.old; none of them is a checkpoint.
-  static const std::regex leftover(R"(^step-\d+\.(partial|old)$)");
+  // A save that was interrupted (a crash or kill during the write) left step-N.partial; one that was
+  // replacing an older folder of the same step may have left step-N.old without step-N.
+  static const std::regex leftover(R"(^(step-\d+)\.(partial|old)$)");
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(folder_, ec)) {
-    const std::string name = e.path().filename().string();
-    if (!std::regex_match(name, leftover)) continue;
-    fs::remove_all(e.path(), ec);
-    log_("Checkpoint: removed " + e.path().string() + ", left by a save that did not complete");
+  std::vector<fs::path> found;
+  for (const auto& e : fs::directory_iterator(folder_, ec)) found.push_back(e.path());
+  for (const auto& path : found) {
+    std::smatch m;
+    const std::string name = path.filename().string();
+    if (!std::regex_match(name, m, leftover)) continue;
+    const std::string final_dir = (fs::path(folder_) / m[1].str()).string();
+    const std::string done = recover_directory(final_dir + ".partial", final_dir, [](const std::string& d) {
+      return fs::exists(fs::path(d) / kIndexFile) || fs::exists(fs::path(d) / "config.json");
+    });
+    if (!done.empty()) log_("Checkpoint: " + done);
+  }
+  for (const auto& path : found) {
+    if (!std::regex_match(path.filename().string(), leftover) || !fs::exists(path)) continue;
+    fs::remove_all(path, ec);
+    log_("Checkpoint: removed " + path.string() + ", left by a save that did not complete");
   }
 }
 
@@ -114,11 +125,17 @@ void Checkpointer::finish_save(int64_t step) {
   if (coord_->rank() != 0) return;
   log_("Checkpoint: saved step " + std::to_string(step) + " to " + step_dir(step));
   if (cfg_.keep_latest_k <= 0) return;
+  // The newest k by step among this save and the older ones. Checkpoints of later steps (left by an
+  // earlier run that this one resumed before, with load_step) are not this run's to delete.
   auto all = list_checkpoints(folder_);
-  while (static_cast<int64_t>(all.size()) > cfg_.keep_latest_k) {
+  std::vector<std::string> older;
+  for (const auto& [s, dir] : all)
+    if (s < step) older.push_back(dir);
+  const int64_t keep_older = cfg_.keep_latest_k - 1;
+  for (int64_t i = 0; i + keep_older < static_cast<int64_t>(older.size()); ++i) {
     std::error_code ec;
-    fs::remove_all(all.begin()->second, ec);
-    all.erase(all.begin());
+    fs::remove(fs::path(older[i]) / kIndexFile, ec);  // first: a half-deleted folder is not a checkpoint
+    fs::remove_all(older[i], ec);
   }
 }
 
@@ -155,6 +172,9 @@ std::optional<std::string> Checkpointer::resume_dir() const {
     for (const auto& [s, d] : all) have += (have.empty() ? "" : ", ") + std::to_string(s);
     TITAN_USER_CHECK(it != all.end(), "checkpoint.load_step ", cfg_.load_step, ": ", folder_,
                      " has no complete checkpoint of that step (complete ones: ", have.empty() ? "none" : have, ")");
+    if (all.rbegin()->first > cfg_.load_step)
+      log_("Checkpoint: warning: " + folder_ + " also holds later steps (up to " + std::to_string(all.rbegin()->first) +
+           ") that this run does not continue; a later run without load_step would resume from the latest of them");
     return it->second;
   }
   for (auto it = all.rbegin(); it != all.rend(); ++it) {

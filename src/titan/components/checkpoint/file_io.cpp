@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -166,6 +167,10 @@ at::Tensor SafetensorsFile::read(const std::string& name) {
   return t;
 }
 
+uint32_t string_crc32(const std::string& text) {
+  return crc_update(crc32_z(0, nullptr, 0), text.data(), text.size());
+}
+
 uint32_t file_crc32(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   TITAN_USER_CHECK(in.good(), "cannot open ", path);
@@ -184,6 +189,41 @@ void write_file_atomically(const std::string& path, const std::string& contents)
   f.write(contents.data(), contents.size());
   f.sync_and_close();
   rename_or_throw(tmp, path);
+}
+
+void replace_directory(const std::string& from, const std::string& to) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const std::string parent = fs::path(to).parent_path().string();
+  if (!fs::exists(to)) {
+    fs::rename(from, to, ec);
+    TITAN_USER_CHECK(!ec, "cannot rename ", from, " to ", to, ": ", ec.message());
+  } else {
+    const std::string old = to + ".old";
+    fs::remove_all(old, ec);
+    fs::rename(to, old, ec);
+    TITAN_USER_CHECK(!ec, "cannot move aside the existing ", to, ": ", ec.message());
+    fs::rename(from, to, ec);
+    TITAN_USER_CHECK(!ec, "cannot rename ", from, " to ", to, ": ", ec.message());
+    sync_directory(parent);
+    fs::remove_all(old, ec);
+  }
+  sync_directory(parent);
+}
+
+std::string recover_directory(const std::string& from, const std::string& to,
+                              const std::function<bool(const std::string&)>& complete) {
+  namespace fs = std::filesystem;
+  const std::string old = to + ".old";
+  std::error_code ec;
+  if (fs::exists(to) || !fs::exists(old)) return "";
+  if (fs::exists(from) && complete(from)) {
+    fs::rename(from, to, ec);
+    if (!ec) fs::remove_all(old, ec);
+    return "completed the interrupted replacement of " + to;
+  }
+  fs::rename(old, to, ec);
+  return "restored " + to + " (its replacement did not complete)";
 }
 
 void sync_directory(const std::string& path) {

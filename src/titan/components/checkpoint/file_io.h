@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -57,9 +58,18 @@ class SafetensorsFile {
 
 uint32_t tensor_crc32(const at::Tensor& t);  // CRC-32 (zlib's) of a contiguous CPU tensor's bytes
 uint32_t file_crc32(const std::string& path);
+uint32_t string_crc32(const std::string& text);
 
 // Replaces `path` with `contents` atomically (temporary file, fsync, rename).
 void write_file_atomically(const std::string& path, const std::string& contents);
+// Makes the complete folder `from` visible as `to`: renamed into place, or, when `to` exists (a save
+// of the same step again), `to` is first renamed to `to`.old, then removed once `from` is in place.
+// A crash in between leaves `to`.old and `from`; recover_directory() puts the right one back.
+void replace_directory(const std::string& from, const std::string& to);
+// After a crash: `to` missing but `to`.old present: the new folder `from` is renamed into place when
+// `complete(from)`, else `to`.old is restored. Returns what was done, or "" when nothing was needed.
+std::string recover_directory(const std::string& from, const std::string& to,
+                              const std::function<bool(const std::string&)>& complete);
 // fsync of a folder, so that renames inside it survive a crash.
 void sync_directory(const std::string& path);
 std::string read_file(const std::string& path);
