@@ -79,17 +79,16 @@ std::string convert_from_hf(const std::string& hf_dir, const std::string& out_st
   }
   TITAN_USER_CHECK(!fs::exists(out_step_dir), out_step_dir, " already exists: choose a new checkpoint folder");
   checkpoint::HFSource source(hf_dir, spec, chosen);
-  std::map<std::string, at::Tensor> tensors;
-  for (const std::string& name : source.names()) {
-    const std::vector<int64_t> shape = source.meta(name)->shape;
-    tensors[name] = source.read(name, std::vector<int64_t>(shape.size(), 0), shape).to(at::kFloat);
-  }
   const nlohmann::json info = {{"step", 0},
                                {"model", {{"name", spec.name}, {"flavor", chosen}}},
                                {"contents", {"model"}},
                                {"world_size", 1},
                                {"layout", "single process"}};
-  checkpoint::write_single_process(out_step_dir, tensors, info);
+  // One tensor at a time: memory holds at most one output file's worth, whatever the model's size.
+  checkpoint::write_single_process(out_step_dir, source.names(), [&](const std::string& name) {
+    const std::vector<int64_t> shape = source.meta(name)->shape;
+    return source.read(name, std::vector<int64_t>(shape.size(), 0), shape).to(at::kFloat);
+  }, info);
   return chosen;
 }
 

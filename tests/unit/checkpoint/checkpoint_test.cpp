@@ -145,6 +145,26 @@ TEST(Checkpoint, MismatchesNameTheTensorAndStageModifiesNothing) {
   EXPECT_EQ(d.sum().item<double>(), 4.0);
 }
 
+TEST(Checkpoint, OneProcessStreamsTensorsIntoSeveralFiles) {
+  test::TempDir dir;
+  std::map<std::string, at::Tensor> tensors;
+  for (int i = 0; i < 5; ++i) tensors["model.t" + std::to_string(i)] = at::randn({10, 10});  // 400 bytes each
+  std::vector<std::string> names, fetched;
+  for (const auto& [n, t] : tensors) names.push_back(n);
+  write_single_process(dir / "step-0", names, [&](const std::string& n) {
+    fetched.push_back(n);
+    return tensors.at(n);
+  }, info(), nlohmann::json::object(), /*max_file_bytes=*/900);
+  EXPECT_EQ(fetched, names);  // each fetched once, in order
+  Reader r(dir / "step-0");
+  r.verify_all();
+  EXPECT_EQ(r.names(), names);
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(dir / "step-0")) files += e.path().extension() == ".safetensors";
+  EXPECT_EQ(files, 3);  // 2 + 2 + 1 tensors
+  for (const auto& [n, t] : tensors) EXPECT_TRUE(at::equal(r.read(n, {0, 0}, {10, 10}), t)) << n;
+}
+
 TEST(Checkpoint, OnlyCompleteFoldersAreListed) {
   test::TempDir dir;
   write_single_process(dir / "step-2", {{"model.a", at::ones({4})}}, info());

@@ -87,62 +87,39 @@ Snapshot take_snapshot(const std::vector<dist::PlacedTensor>& tensors, Snapshot*
   return snap;
 }
 
-int64_t write(const std::string& step_dir_in, const Snapshot& snap, Coordinator& coord) {
-  const fs::path step_dir = fs::path(step_dir_in).lexically_normal();
-  const fs::path tmp_dir = step_dir.string() + ".partial";
-  const std::string key = "checkpoint/" + step_dir.string();
-  // A rank that cannot write still reports to rank 0 (which then fails the save with its reason
-  // instead of waiting for it), then throws.
-  auto fail = [&](const std::string& what) {
-    coord.gather_to_rank0(key, nlohmann::json({{"error", what}}).dump());
-    throw UserError(what);
-  };
-  std::error_code ec;
-  fs::create_directories(tmp_dir, ec);
-  if (ec)
-    fail("cannot create checkpoint folder " + tmp_dir.string() + ": " + ec.message() +
-         " (check checkpoint.folder and job.dump_folder, and that the disk is writable)");
+namespace {
 
-  // This rank's slices, as one safetensors file whose metadata says where each slice sits.
+// Writes `slices` as the safetensors file `name` in `dir` (its metadata says where each slice sits in
+// its tensor) and returns the file's record for the index: {file, bytes, crc32, slices: [...]}.
+nlohmann::json write_slices(const fs::path& dir, const std::string& name, const std::vector<Snapshot::Slice>& slices) {
   std::vector<SafetensorsEntry> entries;
   nlohmann::json where = nlohmann::json::object();
-  for (const auto& s : snap.slices) {
+  for (const auto& s : slices) {
     entries.push_back({s.name, s.data});
     where[s.name] = {{"global_shape", s.global_shape}, {"begin", s.begin}};
   }
-  const std::string file = rank_file_name(coord.rank());
-  WrittenFile written;
-  try {
-    if (!entries.empty())
-      written = write_safetensors((tmp_dir / file).string(), entries, {{"format", "pt"}, {"titan_slices", where.dump()}});
-  } catch (const std::exception& e) {
-    fail(e.what());
+  const WrittenFile written =
+      write_safetensors((dir / name).string(), entries, {{"format", "pt"}, {"titan_slices", where.dump()}});
+  nlohmann::json records = nlohmann::json::array();
+  for (size_t i = 0; i < slices.size(); ++i) {
+    const auto& s = slices[i];
+    records.push_back({{"name", s.name},
+                       {"dtype", dtype_name(s.data.scalar_type())},
+                       {"global_shape", s.global_shape},
+                       {"begin", s.begin},
+                       {"length", s.data.sizes().vec()},
+                       {"crc32", written.entry_crc32[i]}});
   }
+  return {{"file", name}, {"bytes", written.bytes}, {"crc32", written.crc32}, {"slices", records}};
+}
 
-  nlohmann::json mine = {{"file", entries.empty() ? "" : file}, {"bytes", written.bytes}, {"crc32", written.crc32}};
-  nlohmann::json slices = nlohmann::json::array();
-  for (size_t i = 0; i < snap.slices.size(); ++i) {
-    const auto& s = snap.slices[i];
-    slices.push_back({{"name", s.name},
-                      {"dtype", dtype_name(s.data.scalar_type())},
-                      {"global_shape", s.global_shape},
-                      {"begin", s.begin},
-                      {"length", s.data.sizes().vec()},
-                      {"crc32", written.entry_crc32[i]}});
-  }
-  mine["slices"] = slices;
-  crash_point("index");
-  auto all = coord.gather_to_rank0(key, mine.dump());
-  if (coord.rank() != 0) return written.bytes;
-
-  // Rank 0: the index, then the folder becomes visible.
+// Rank 0, once every file is written: the index (from every rank's file records) is written last,
+// then the folder becomes visible as `step_dir`.
+void write_index(const fs::path& tmp_dir, const fs::path& step_dir, const std::vector<nlohmann::json>& file_records,
+                 const nlohmann::json& info, const nlohmann::json& state_in) {
   nlohmann::json tensors = nlohmann::json::object(), files = nlohmann::json::object();
-  for (size_t rank = 0; rank < all.size(); ++rank) {
-    const nlohmann::json r = nlohmann::json::parse(all[rank]);
-    TITAN_USER_CHECK(!r.contains("error"), "checkpoint ", step_dir.string(), " is incomplete: rank ", rank,
-                     " could not write its part: ", r.at("error").get<std::string>());
-    if (!r.at("file").get<std::string>().empty())
-      files[r.at("file").get<std::string>()] = {{"bytes", r.at("bytes")}, {"crc32", r.at("crc32")}};
+  for (const auto& r : file_records) {
+    files[r.at("file").get<std::string>()] = {{"bytes", r.at("bytes")}, {"crc32", r.at("crc32")}};
     for (const auto& s : r.at("slices")) {
       const std::string name = s.at("name");
       auto& t = tensors[name];
@@ -159,29 +136,93 @@ int64_t write(const std::string& step_dir_in, const Snapshot& snap, Coordinator&
     TITAN_ASSERT(covered == numel_of(t.at("shape").get<std::vector<int64_t>>()), "checkpoint slices of ", name,
                  " cover ", covered, " of ", shape_str(t.at("shape").get<std::vector<int64_t>>()), " entries");
   }
-  const nlohmann::json state = snap.state.is_null() ? nlohmann::json::object() : snap.state;
-  const std::string state_text = state.dump();
+  const nlohmann::json state = state_in.is_null() ? nlohmann::json::object() : state_in;
   // The non-tensor state (step, data position) has its own CRC-32: a damaged digit would resume silently.
-  nlohmann::json index = {{"format", "titan-checkpoint"}, {"version", kFormatVersion}, {"info", snap.info},
-                          {"state", state}, {"state_crc32", string_crc32(state_text)},
+  nlohmann::json index = {{"format", "titan-checkpoint"}, {"version", kFormatVersion}, {"info", info},
+                          {"state", state}, {"state_crc32", string_crc32(state.dump())},
                           {"files", files}, {"tensors", tensors}};
   write_file_atomically((tmp_dir / kIndexFile).string(), index.dump(1));
   sync_directory(tmp_dir.string());
   crash_point("rename");
   // An older folder of the same step (a run that resumed before it) is replaced.
   replace_directory(tmp_dir.string(), step_dir.string());
-  return written.bytes;
+}
+
+fs::path create_partial_dir(const fs::path& step_dir) {
+  const fs::path tmp_dir = step_dir.string() + ".partial";
+  std::error_code ec;
+  fs::create_directories(tmp_dir, ec);
+  TITAN_USER_CHECK(!ec, "cannot create checkpoint folder ", tmp_dir.string(), ": ", ec.message(),
+                   " (check checkpoint.folder and job.dump_folder, and that the disk is writable)");
+  return tmp_dir;
+}
+
+}  // namespace
+
+int64_t write(const std::string& step_dir_in, const Snapshot& snap, Coordinator& coord) {
+  const fs::path step_dir = fs::path(step_dir_in).lexically_normal();
+  const std::string key = "checkpoint/" + step_dir.string();
+  // This rank's slices as one file. A rank that cannot write still reports to rank 0 (which then
+  // fails the save with its reason instead of waiting for it), then throws.
+  nlohmann::json mine = {{"files", nlohmann::json::array()}};
+  int64_t bytes = 0;
+  try {
+    const fs::path tmp_dir = create_partial_dir(step_dir);
+    if (!snap.slices.empty()) {
+      mine["files"].push_back(write_slices(tmp_dir, rank_file_name(coord.rank()), snap.slices));
+      bytes = mine["files"][0].at("bytes").get<int64_t>();
+    }
+  } catch (const std::exception& e) {
+    coord.gather_to_rank0(key, nlohmann::json({{"error", e.what()}}).dump());
+    throw;
+  }
+  crash_point("index");
+  auto all = coord.gather_to_rank0(key, mine.dump());
+  if (coord.rank() != 0) return bytes;
+
+  std::vector<nlohmann::json> records;
+  for (size_t rank = 0; rank < all.size(); ++rank) {
+    const nlohmann::json r = nlohmann::json::parse(all[rank]);
+    TITAN_USER_CHECK(!r.contains("error"), "checkpoint ", step_dir.string(), " is incomplete: rank ", rank,
+                     " could not write its part: ", r.at("error").get<std::string>());
+    for (const auto& f : r.at("files")) records.push_back(f);
+  }
+  write_index(step_dir.string() + ".partial", step_dir, records, snap.info, snap.state);
+  return bytes;
+}
+
+void write_single_process(const std::string& step_dir_in, const std::vector<std::string>& names,
+                          const std::function<at::Tensor(const std::string&)>& fetch, const nlohmann::json& info,
+                          const nlohmann::json& state, int64_t max_file_bytes) {
+  const fs::path step_dir = fs::path(step_dir_in).lexically_normal();
+  const fs::path tmp_dir = create_partial_dir(step_dir);
+  std::vector<nlohmann::json> records;
+  std::vector<Snapshot::Slice> pending;
+  int64_t pending_bytes = 0;
+  auto flush = [&] {
+    if (pending.empty()) return;
+    char name[64];
+    std::snprintf(name, sizeof name, "part-%05zu.safetensors", records.size());
+    records.push_back(write_slices(tmp_dir, name, pending));
+    pending.clear();
+    pending_bytes = 0;
+  };
+  for (const auto& n : names) {
+    at::Tensor t = fetch(n).detach().to(at::kCPU).contiguous();
+    const int64_t nbytes = t.numel() * t.element_size();
+    if (pending_bytes > 0 && pending_bytes + nbytes > max_file_bytes) flush();
+    pending.push_back({n, t, t.sizes().vec(), std::vector<int64_t>(t.dim(), 0)});
+    pending_bytes += nbytes;
+  }
+  flush();
+  write_index(tmp_dir, step_dir, records, info, state);
 }
 
 void write_single_process(const std::string& step_dir, const std::map<std::string, at::Tensor>& tensors,
                           const nlohmann::json& info, const nlohmann::json& state) {
-  std::vector<dist::PlacedTensor> placed;
-  for (const auto& [name, t] : tensors) placed.push_back({name, t, dist::whole(t)});
-  Snapshot snap = take_snapshot(placed);
-  snap.info = info;
-  snap.state = state;
-  auto coord = single_process_coordinator();
-  write(step_dir, snap, *coord);
+  std::vector<std::string> names;
+  for (const auto& [n, t] : tensors) names.push_back(n);
+  write_single_process(step_dir, names, [&](const std::string& n) { return tensors.at(n); }, info, state);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -66,7 +66,12 @@ Snapshot take_snapshot(const std::vector<dist::PlacedTensor>& tensors, Snapshot*
 // titan::UserError (naming the path) when something cannot be written. Returns bytes this rank wrote.
 int64_t write(const std::string& step_dir, const Snapshot& snap, Coordinator& coord);
 
-// Writes whole tensors from one process (titan convert): `tensors` by checkpoint name.
+// Writes whole tensors from one process (titan convert), fetching them one at a time by checkpoint
+// name into files of at most max_file_bytes (part-00000.safetensors, ...): memory holds one file's worth.
+void write_single_process(const std::string& step_dir, const std::vector<std::string>& names,
+                          const std::function<at::Tensor(const std::string&)>& fetch, const nlohmann::json& info,
+                          const nlohmann::json& state = nlohmann::json::object(), int64_t max_file_bytes = 2'000'000'000);
+// The same for tensors already in memory.
 void write_single_process(const std::string& step_dir, const std::map<std::string, at::Tensor>& tensors,
                           const nlohmann::json& info, const nlohmann::json& state = nlohmann::json::object());
 
