@@ -148,6 +148,12 @@ SafetensorsFile::~SafetensorsFile() {
   if (fd_ >= 0) ::close(fd_);
 }
 
+std::map<std::string, TensorMeta> SafetensorsFile::tensors() const {
+  std::map<std::string, TensorMeta> out;
+  for (const auto& [name, e] : entries_) out[name] = {e.dtype, e.shape};
+  return out;
+}
+
 at::Tensor SafetensorsFile::read(const std::string& name) {
   auto it = entries_.find(name);
   TITAN_USER_CHECK(it != entries_.end(), path_, " has no tensor '", name, "'");

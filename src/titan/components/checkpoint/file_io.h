@@ -3,6 +3,7 @@
 #pragma once
 
 #include "titan/components/checkpoint/safetensors.h"
+#include "titan/components/checkpoint/source.h"
 
 #include <ATen/core/Tensor.h>
 
@@ -41,6 +42,8 @@ class SafetensorsFile {
   SafetensorsFile(const SafetensorsFile&) = delete;
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
   bool has(const std::string& name) const { return entries_.count(name) > 0; }
+  // Every tensor's dtype and shape, from the header.
+  std::map<std::string, TensorMeta> tensors() const;
   // The whole tensor `name` (a CPU tensor owning its memory). UserError naming the file when absent or unreadable.
   at::Tensor read(const std::string& name);
   const std::string& path() const { return path_; }

@@ -35,28 +35,7 @@ std::pair<std::string, std::vector<int64_t>> to_hf_name(const HFAdapter& adapter
 }
 
 // Name -> (dtype, shape) of a safetensors file, from its header only.
-std::map<std::string, TensorMeta> read_header(const std::string& path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  TITAN_USER_CHECK(in.good(), "cannot open ", path, ": no such file or not readable");
-  const uint64_t size = static_cast<uint64_t>(in.tellg());
-  in.seekg(0);
-  uint64_t header_len = 0;
-  TITAN_USER_CHECK(size >= 8 && in.read(reinterpret_cast<char*>(&header_len), 8) && header_len <= size - 8, path,
-                   " is truncated or not a safetensors file");
-  std::string text(header_len, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(header_len));
-  std::map<std::string, TensorMeta> out;
-  try {
-    const nlohmann::json header = nlohmann::json::parse(text);
-    for (const auto& [name, entry] : header.items()) {
-      if (name == "__metadata__") continue;
-      out[name] = {dtype_from_name(entry.at("dtype").get<std::string>()), entry.at("shape").get<std::vector<int64_t>>()};
-    }
-  } catch (const nlohmann::json::exception& e) {
-    throw UserError(path + " has a malformed safetensors header: " + e.what());
-  }
-  return out;
-}
+std::map<std::string, TensorMeta> read_header(const std::string& path) { return SafetensorsFile(path).tensors(); }
 
 std::string read_config(const std::string& hf_dir) {
   const std::string path = join(hf_dir, kHFConfigFile);
