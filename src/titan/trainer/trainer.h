@@ -71,6 +71,9 @@ class Trainer {
   // The tensors of a checkpoint by checkpoint name: "model.<param>", "optimizer.<param>.exp_avg", ...
   std::vector<dist::PlacedTensor> checkpoint_tensors(const std::vector<std::string>& parts);
   nlohmann::json checkpoint_state();
+  // Runs `f` on every rank; if it throws on any, every rank throws (the failing rank its own error,
+  // the others one naming `what`), so that no rank waits for another in a collective.
+  void on_every_rank(const std::function<void()>& f, const std::string& what);
   // Loads `parts` from `source` (all ranks agree on success before anything is modified).
   void load_checkpoint(checkpoint::Source& source, std::vector<std::string> parts, const nlohmann::json& state,
                        bool allow_cast);

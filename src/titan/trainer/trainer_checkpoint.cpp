@@ -117,14 +117,28 @@ double Trainer::last_checkpoint_blocking_seconds() const {
   return checkpointer_ ? checkpointer_->last_blocking_seconds() : 0.0;
 }
 
+void Trainer::on_every_rank(const std::function<void()>& f, const std::string& what) {
+  std::string error;
+  try {
+    f();
+  } catch (const nlohmann::json::exception& e) {
+    error = what + ": malformed (" + e.what() + ")";
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  at::Tensor failed = at::full({1}, error.empty() ? 0 : 1, at::TensorOptions().dtype(at::kInt).device(device_));
+  (*mesh_)["world"].all_reduce(failed, c10d::ReduceOp::MAX).wait();
+  if (failed.item<int>() != 0)
+    throw UserError(error.empty() ? "another rank failed to " + what + " (its error is in its log)" : error);
+}
+
 void Trainer::load_checkpoint(checkpoint::Source& source, std::vector<std::string> parts, const nlohmann::json& state,
                               bool allow_cast) {
   // Read and check everything first; nothing is modified unless every rank succeeded.
-  std::string error;
   checkpoint::Staged staged;
   std::optional<int64_t> step, tokens, lr_step;
   const std::vector<dist::PlacedTensor> tensors = checkpoint_tensors(parts);
-  try {
+  on_every_rank([&] {
     staged = checkpoint::stage(source, tensors, allow_cast);
     if (has(parts, "train_state")) {
       step = state.at("train_state").at("step").get<int64_t>();
@@ -136,16 +150,7 @@ void Trainer::load_checkpoint(checkpoint::Source& source, std::vector<std::strin
     // constructor throws, so the half-restored loader is never used.
     if (has(parts, "lr_scheduler")) lr_step = state.at("lr_scheduler").at("step").get<int64_t>();
     if (has(parts, "dataloader")) dataloader_->load_state(state.at("dataloader").dump());
-  } catch (const nlohmann::json::exception& e) {
-    error = source.describe() + ": its training state is malformed (" + e.what() + ")";
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
-  at::Tensor failed = at::full({1}, error.empty() ? 0 : 1, at::TensorOptions().dtype(at::kInt).device(device_));
-  (*mesh_)["world"].all_reduce(failed, c10d::ReduceOp::MAX).wait();
-  if (failed.item<int>() != 0)
-    throw UserError(error.empty() ? "another rank could not load " + source.describe() + " (its error is in its log)"
-                                  : error);
+  }, "load " + source.describe());
   staged.apply();
   if (step) step_ = *step;
   if (lr_step) lr_step_ = *lr_step;
@@ -186,52 +191,49 @@ void Trainer::set_up_checkpointing() {
 
   // Rank 0 chooses the checkpoint and every rank loads that one (their views of the folder may lag).
   at::Tensor chosen = at::full({1}, -1, at::TensorOptions().dtype(at::kLong).device(device_));
-  std::optional<std::string> dir;
-  std::string choose_error;
-  if (env_.rank == 0 && c.enable) {
-    try {
-      dir = checkpointer_->resume_dir();
-      if (dir) chosen.fill_(checkpoint::Reader(*dir).info().at("step").get<int64_t>());
-    } catch (const std::exception& e) {
-      choose_error = e.what();
-      chosen.fill_(-2);
-    }
-  }
+  on_every_rank([&] {
+    if (env_.rank != 0 || !c.enable) return;
+    if (auto dir = checkpointer_->resume_dir()) chosen.fill_(checkpoint::Reader(*dir).info().at("step").get<int64_t>());
+  }, "choose a checkpoint in " + folder);
   (*mesh_)["world"].broadcast(chosen, 0).wait();
-  const int64_t resume_step = chosen.item<int64_t>();
-  TITAN_USER_CHECK(resume_step != -2, choose_error.empty() ? "rank 0 could not choose a checkpoint to resume (its error is in its log)" : choose_error);
-  dir = resume_step >= 0 ? std::optional<std::string>(checkpointer_->step_dir(resume_step)) : std::nullopt;
-  if (dir) {
-    checkpoint::Reader reader(*dir);
-    const auto& contents = reader.info().at("contents");
+  if (const int64_t step = chosen.item<int64_t>(); step >= 0) {
+    const std::string dir = checkpointer_->step_dir(step);
+    std::unique_ptr<checkpoint::Reader> reader;
+    on_every_rank([&] { reader = std::make_unique<checkpoint::Reader>(dir); }, "open " + dir);
+    const auto& contents = reader->info().at("contents");
     std::vector<std::string> parts;
     for (const auto& p : kParts)
       if (std::find(contents.begin(), contents.end(), p) != contents.end() && !has(c.exclude_from_loading, p))
         parts.push_back(p);
-    load_checkpoint(reader, parts, reader.state(), /*allow_cast=*/false);
+    load_checkpoint(*reader, parts, reader->state(), /*allow_cast=*/false);
     std::string loaded;
     for (const auto& p : parts) loaded += (loaded.empty() ? "" : ", ") + p;
-    log_info("Checkpoint: resumed from " + *dir + " (" + loaded + "), saved by " +
-             reader.info().at("layout").get<std::string>() + "; continuing at step " + std::to_string(step_ + 1));
+    log_info("Checkpoint: resumed from " + dir + " (" + loaded + "), saved by " +
+             reader->info().at("layout").get<std::string>() + "; continuing at step " + std::to_string(step_ + 1));
     return;
   }
   if (c.initial_load_path.empty()) return;
   // No checkpoint in the folder yet: start from initial_load_path (a titan checkpoint or a Hugging Face folder).
   std::vector<std::string> parts = {"model"};
-  if (c.initial_load_in_hf) {
-    checkpoint::HFSource source(c.initial_load_path, model_spec(cfg_.model.name), cfg_.model.flavor);
-    load_checkpoint(source, parts, nlohmann::json::object(), /*allow_cast=*/true);
-  } else {
-    checkpoint::Reader reader(c.initial_load_path);
+  std::unique_ptr<checkpoint::Source> source;
+  nlohmann::json state = nlohmann::json::object();
+  on_every_rank([&] {
+    if (c.initial_load_in_hf) {
+      source = std::make_unique<checkpoint::HFSource>(c.initial_load_path, model_spec(cfg_.model.name), cfg_.model.flavor);
+      return;
+    }
+    auto reader = std::make_unique<checkpoint::Reader>(c.initial_load_path);
     if (!c.initial_load_model_only) {
-      const auto& contents = reader.info().at("contents");
+      const auto& contents = reader->info().at("contents");
       for (const auto& p : kParts)
         if (p != "model" && std::find(contents.begin(), contents.end(), p) != contents.end() &&
             !has(c.exclude_from_loading, p))
           parts.push_back(p);
+      state = reader->state();
     }
-    load_checkpoint(reader, parts, reader.state(), /*allow_cast=*/true);
-  }
+    source = std::move(reader);
+  }, "open checkpoint.initial_load_path " + c.initial_load_path);
+  load_checkpoint(*source, parts, state, /*allow_cast=*/true);
   log_info("Checkpoint: initial load of " + c.initial_load_path + (c.initial_load_in_hf ? " (Hugging Face)" : "") +
            "; starting at step " + std::to_string(step_ + 1));
 }
