@@ -105,5 +105,8 @@ int main(int argc, char** argv) {
   } catch (const c10::Error& e) {
     std::fprintf(stderr, "titan %s: error from LibTorch: %s\n", command.c_str(), e.what_without_backtrace());
     return 1;
+  } catch (const std::exception& e) {  // e.g. a file system error: reported, not an abort
+    std::fprintf(stderr, "titan %s: error: %s\n", command.c_str(), e.what());
+    return 1;
   }
 }

@@ -94,11 +94,13 @@ void Trainer::save_checkpoint_at_step() {
   checkpointer_->wait();
   const std::string dir = checkpointer_->step_dir(step_), partial = dir + ".partial";
   std::unique_ptr<checkpoint::HFWriter> writer;
-  if (env_.rank == 0) {
-    std::filesystem::remove_all(partial);
+  on_every_rank([&] {  // rank 0 prepares the folder before the ranks enter the gathers
+    if (env_.rank != 0) return;
+    std::error_code ec;
+    std::filesystem::remove_all(partial, ec);
     writer = std::make_unique<checkpoint::HFWriter>(partial, model_spec(cfg_.model.name), cfg_.model.flavor,
                                                     export_dtype(c.export_dtype));
-  }
+  }, "start the Hugging Face save in " + partial);
   for (const auto& p : params_) {
     at::Tensor full = dist::gather_full(p, *mesh_);
     if (writer) writer->add(p.name, full.to(at::kCPU));
@@ -193,7 +195,7 @@ void Trainer::set_up_checkpointing() {
   at::Tensor chosen = at::full({1}, -1, at::TensorOptions().dtype(at::kLong).device(device_));
   on_every_rank([&] {
     if (env_.rank != 0 || !c.enable) return;
-    if (auto dir = checkpointer_->resume_dir()) chosen.fill_(checkpoint::Reader(*dir).info().at("step").get<int64_t>());
+    if (auto step = checkpointer_->resume_step()) chosen.fill_(*step);
   }, "choose a checkpoint in " + folder);
   (*mesh_)["world"].broadcast(chosen, 0).wait();
   if (const int64_t step = chosen.item<int64_t>(); step >= 0) {

@@ -206,7 +206,13 @@ TEST(Checkpoint, ADamagedTrainingStateInTheIndexIsCaught) {
   std::string text = read_file(dir / "step-1/index.json");
   const auto at = text.find("\"step\": 1");
   ASSERT_NE(at, std::string::npos) << text;
+  const std::string good = text;
   text.replace(at, 9, "\"step\": 7");
+  std::ofstream(dir / "step-1/index.json") << text;
+  expect_user_error([&] { Reader r(dir / "step-1"); }, {"index.json", "CRC-32"});
+  // The info (contents, model, step) is covered too.
+  text = good;
+  text.replace(text.find("\"toy\""), 5, "\"toz\"");
   std::ofstream(dir / "step-1/index.json") << text;
   expect_user_error([&] { Reader r(dir / "step-1"); }, {"index.json", "CRC-32"});
 }

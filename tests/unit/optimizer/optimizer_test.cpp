@@ -17,6 +17,16 @@ namespace {
 
 const std::string kScript = std::string(TITAN_SOURCE_DIR) + "/tests/reference/optim_reference.py";
 
+TEST(LRSchedule, PastTheLastStepTheRateStaysAtItsEnd) {
+  // A resumed schedule that was not restarted may run past its end: never below min_lr_factor.
+  for (const std::string kind : {"linear", "sqrt", "cosine"}) {
+    LRSchedule s(LRScheduleOptions{2, std::nullopt, kind, 0.1}, 10);
+    EXPECT_GT(s.factor(9), 0.1) << kind;  // the last training step (torchtitan's schedule ends one later)
+    EXPECT_NEAR(s.factor(10), 0.1, 1e-12) << kind;
+    EXPECT_NEAR(s.factor(15), 0.1, 1e-12) << kind;
+  }
+}
+
 TEST(LRSchedule, EqualsTorchtitansScheduleStepByStep) {
   // A grid over warmup / decay_ratio / decay type / min factor, including warmup > steps and
   // warmup + decay > steps, compared with LambdaLR driven by the schedule's definition.

@@ -31,6 +31,10 @@ std::string rank_file_name(int rank) {
   return buf;
 }
 
+uint32_t info_state_crc32(const nlohmann::json& info, const nlohmann::json& state) {
+  return string_crc32(info.dump() + "\n" + state.dump());
+}
+
 // Testing hook for crash safety: TITAN_CHECKPOINT_CRASH_AT=<phase> makes the process kill itself
 // (SIGKILL, like kill -9) at that moment of a save: "data" (half of its file written), "index" (every
 // file written, no index yet), "rename" (index written, folder not yet renamed).
@@ -137,9 +141,10 @@ void write_index(const fs::path& tmp_dir, const fs::path& step_dir, const std::v
                  " cover ", covered, " of ", shape_str(t.at("shape").get<std::vector<int64_t>>()), " entries");
   }
   const nlohmann::json state = state_in.is_null() ? nlohmann::json::object() : state_in;
-  // The non-tensor state (step, data position) has its own CRC-32: a damaged digit would resume silently.
+  // What the checkpoint is and the non-tensor state (step, data position) have their own CRC-32: a
+  // damaged digit would otherwise resume silently at the wrong place.
   nlohmann::json index = {{"format", "titan-checkpoint"}, {"version", kFormatVersion}, {"info", info},
-                          {"state", state}, {"state_crc32", string_crc32(state.dump())},
+                          {"state", state}, {"info_state_crc32", info_state_crc32(info, state)},
                           {"files", files}, {"tensors", tensors}};
   write_file_atomically((tmp_dir / kIndexFile).string(), index.dump(1));
   sync_directory(tmp_dir.string());
@@ -245,9 +250,10 @@ Reader::Reader(std::string step_dir) : dir_(std::move(step_dir)) {
     TITAN_USER_CHECK(index_.at("version").get<int>() <= kFormatVersion, path, " has format version ",
                      index_.at("version"), ", newer than this titan reads (", kFormatVersion, "): update titan");
     for (const char* key : {"info", "state", "files", "tensors"}) (void)index_.at(key);
-    TITAN_USER_CHECK(string_crc32(index_.at("state").dump()) == index_.at("state_crc32").get<uint32_t>(), path,
-                     " is corrupt: the CRC-32 of its training state does not match; load another step with "
-                     "--checkpoint.load_step");
+    TITAN_USER_CHECK(info_state_crc32(index_.at("info"), index_.at("state")) ==
+                         index_.at("info_state_crc32").get<uint32_t>(),
+                     path, " is corrupt: the CRC-32 of its info and training state does not match; load another "
+                     "step with --checkpoint.load_step");
   } catch (const nlohmann::json::exception& e) {
     throw UserError(path + " is corrupt or not a titan checkpoint index: " + e.what());
   }

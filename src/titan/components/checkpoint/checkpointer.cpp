@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <regex>
+#include <set>
 
 namespace titan::checkpoint {
 namespace fs = std::filesystem;
@@ -56,27 +57,35 @@ std::unique_ptr<Coordinator> store_coordinator(c10::intrusive_ptr<c10d::Store> s
 Checkpointer::Checkpointer(const config::Checkpoint& cfg, std::string folder, std::unique_ptr<Coordinator> coord,
                            std::function<void(const std::string&)> log)
     : cfg_(cfg), folder_(std::move(folder)), coord_(std::move(coord)), log_(std::move(log)) {
-  if (coord_->rank() != 0 || !fs::is_directory(folder_)) return;
-  // A save that was interrupted (a crash or kill during the write) left step-N.partial; one that was
-  // replacing an older folder of the same step may have left step-N.old without step-N.
-  static const std::regex leftover(R"(^(step-\d+)\.(partial|old)$)");
   std::error_code ec;
+  // Only a run that saves touches the folder: a load_only job beside a training job must not remove
+  // that job's save in progress.
+  if (coord_->rank() != 0 || !cfg_.enable || cfg_.load_only || !fs::is_directory(folder_, ec)) return;
+  // A save that was interrupted (a crash or kill during the write) left step-N.partial; one that was
+  // replacing an older folder of the same step may have left step-N.old without step-N; a deletion
+  // by keep_latest_k, step-N.deleting.
+  static const std::regex leftover(R"(^(step-\d+)\.(partial|old|deleting)$)");
   std::vector<fs::path> found;
   for (const auto& e : fs::directory_iterator(folder_, ec)) found.push_back(e.path());
+  std::set<std::string> keep;  // leftovers of a step whose repair failed: left for the user to inspect
   for (const auto& path : found) {
     std::smatch m;
     const std::string name = path.filename().string();
-    if (!std::regex_match(name, m, leftover)) continue;
+    if (!std::regex_match(name, m, leftover) || m[2] != "old") continue;
     const std::string final_dir = (fs::path(folder_) / m[1].str()).string();
     const std::string done = recover_directory(final_dir + ".partial", final_dir, [](const std::string& d) {
-      return fs::exists(fs::path(d) / kIndexFile) || fs::exists(fs::path(d) / "config.json");
+      std::error_code e;
+      return fs::exists(fs::path(d) / kIndexFile, e) || fs::exists(fs::path(d) / "config.json", e);
     });
     if (!done.empty()) log_("Checkpoint: " + done);
+    if (!fs::exists(final_dir, ec)) keep.insert(m[1].str());
   }
   for (const auto& path : found) {
-    if (!std::regex_match(path.filename().string(), leftover) || !fs::exists(path)) continue;
+    std::smatch m;
+    const std::string name = path.filename().string();
+    if (!std::regex_match(name, m, leftover) || keep.count(m[1].str()) || !fs::exists(path, ec)) continue;
     fs::remove_all(path, ec);
-    log_("Checkpoint: removed " + path.string() + ", left by a save that did not complete");
+    log_("Checkpoint: removed " + path.string() + ", left by a save or deletion that did not complete");
   }
 }
 
@@ -133,9 +142,12 @@ void Checkpointer::finish_save(int64_t step) {
     if (s < step) older.push_back(dir);
   const int64_t keep_older = cfg_.keep_latest_k - 1;
   for (int64_t i = 0; i + keep_older < static_cast<int64_t>(older.size()); ++i) {
+    // Renamed first (atomic): a deletion cut short leaves step-N.deleting, removed by the next run.
     std::error_code ec;
-    fs::remove(fs::path(older[i]) / kIndexFile, ec);  // first: a half-deleted folder is not a checkpoint
-    fs::remove_all(older[i], ec);
+    const std::string doomed = older[i] + ".deleting";
+    fs::rename(older[i], doomed, ec);
+    if (ec) fs::remove(fs::path(older[i]) / kIndexFile, ec);  // at least no longer a checkpoint
+    fs::remove_all(ec ? older[i] : doomed, ec);
   }
 }
 
@@ -164,7 +176,7 @@ Snapshot* Checkpointer::reusable_snapshot() {
   return &previous_;
 }
 
-std::optional<std::string> Checkpointer::resume_dir() const {
+std::optional<int64_t> Checkpointer::resume_step() const {
   auto all = list_checkpoints(folder_);
   if (cfg_.load_step >= 0) {
     auto it = all.find(cfg_.load_step);
@@ -175,13 +187,13 @@ std::optional<std::string> Checkpointer::resume_dir() const {
     if (all.rbegin()->first > cfg_.load_step)
       log_("Checkpoint: warning: " + folder_ + " also holds later steps (up to " + std::to_string(all.rbegin()->first) +
            ") that this run does not continue; a later run without load_step would resume from the latest of them");
-    return it->second;
+    return it->first;
   }
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     Reader r(it->second);
     const auto& contents = r.info().at("contents");
     const bool full = std::find(contents.begin(), contents.end(), "train_state") != contents.end();
-    if (full || it->first == 0) return it->second;
+    if (full || it->first == 0) return it->first;
     log_("Checkpoint: " + it->second + " holds only the model (an export after the last step); not resuming from it");
   }
   return std::nullopt;

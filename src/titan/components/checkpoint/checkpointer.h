@@ -23,7 +23,8 @@ std::unique_ptr<Coordinator> store_coordinator(c10::intrusive_ptr<c10d::Store> s
 
 class Checkpointer {
  public:
-  // folder: <dump_folder>/<checkpoint.folder>. Rank 0 removes what interrupted saves left behind.
+  // folder: <dump_folder>/<checkpoint.folder>. In a run that saves, rank 0 repairs or removes what
+  // interrupted saves and deletions left behind (never throws for that: it runs before ranks agree).
   Checkpointer(const config::Checkpoint& cfg, std::string folder, std::unique_ptr<Coordinator> coord,
                std::function<void(const std::string&)> log);
   ~Checkpointer();  // waits for a background save (errors are logged, not thrown)
@@ -45,9 +46,10 @@ class Checkpointer {
   // Seconds the training loop was blocked by the last save (snapshot excluded) and bytes written.
   double last_blocking_seconds() const { return last_blocking_seconds_; }
 
-  // The folder to resume from: load_step's, else the latest complete checkpoint holding training
-  // state (model-only exports after the last step are not resumed from; a step-0 seed is), or nullopt.
-  std::optional<std::string> resume_dir() const;
+  // The step (its folder's name) to resume from: load_step's, else the latest complete checkpoint
+  // holding training state (model-only exports after the last step are not resumed from; a step-0
+  // seed is), or nullopt.
+  std::optional<int64_t> resume_step() const;
 
  private:
   void finish_save(int64_t step);  // rank 0: keep_latest_k

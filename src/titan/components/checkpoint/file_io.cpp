@@ -222,13 +222,16 @@ std::string recover_directory(const std::string& from, const std::string& to,
   namespace fs = std::filesystem;
   const std::string old = to + ".old";
   std::error_code ec;
-  if (fs::exists(to) || !fs::exists(old)) return "";
-  if (fs::exists(from) && complete(from)) {
+  if (fs::exists(to, ec) || !fs::exists(old, ec)) return "";
+  if (fs::exists(from, ec) && complete(from)) {
     fs::rename(from, to, ec);
-    if (!ec) fs::remove_all(old, ec);
+    if (ec) return "could not complete the interrupted replacement of " + to + " (" + ec.message() + "); " + from +
+                   " and " + old + " are left as they are";
+    fs::remove_all(old, ec);
     return "completed the interrupted replacement of " + to;
   }
   fs::rename(old, to, ec);
+  if (ec) return "could not restore " + to + " from " + old + " (" + ec.message() + "); it is left as it is";
   return "restored " + to + " (its replacement did not complete)";
 }
 

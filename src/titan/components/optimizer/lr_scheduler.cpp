@@ -31,7 +31,9 @@ LRSchedule::LRSchedule(const LRScheduleOptions& opts, int64_t total_steps) : opt
 double LRSchedule::factor(int64_t step) const {
   if (step < warmup_) return static_cast<double>(step + 1) / static_cast<double>(warmup_);
   if (step < warmup_ + stable_) return 1.0;
-  const double progress = static_cast<double>(step + 1 - warmup_ - stable_) / static_cast<double>(decay_);
+  // Past the schedule's end (a resumed schedule that was not restarted) the rate stays at its end value.
+  const double progress =
+      std::min(1.0, static_cast<double>(step + 1 - warmup_ - stable_) / static_cast<double>(decay_));
   double f;
   if (opts_.decay_type == "linear")
     f = 1 - progress;

@@ -6,7 +6,7 @@
 //   s < warmup + stable:        1
 //   otherwise:                  p = (s + 1 - warmup - stable) / decay,
 //                               min + (1 - min) * {1 - p | 1 - sqrt(p) | (1 + cos(pi p)) / 2}
-// with warmup clamped to the total steps, decay = round(total * decay_ratio) (clamped so that
+// (p clamped to 1: past the last step the factor stays at min), with warmup clamped to the total steps, decay = round(total * decay_ratio) (clamped so that
 // warmup + decay <= total) or total - warmup without decay_ratio, stable = total + 1 - warmup - decay.
 #pragma once
 
