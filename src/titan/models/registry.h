@@ -25,6 +25,10 @@ class FSDP;
 struct ParallelizeContext {
   dist::FSDP* fsdp = nullptr;  // shard the model's units with fsdp->fully_shard, inner units first
   std::function<void()> init_weights;  // fills parameters as they get memory (DeferAllocation)
+  // Activation checkpointing of the repeated blocks: "none", "full" (every block) or "selective"
+  // (every ac_every-th block, counting from 1, as torchtitan's selective_ac_option k does).
+  std::string ac_mode = "none";
+  int64_t ac_every = 1;
 };
 
 using LanguageModel = std::shared_ptr<LanguageModelImpl>;

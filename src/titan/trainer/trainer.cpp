@@ -115,8 +115,14 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
     fo.reduce_dtype = at::kFloat;
     fo.reshard_after_forward = cfg_.parallelism.fsdp_reshard_after_forward;
     fsdp_ = std::make_unique<dist::FSDP>((*mesh_)["dp_shard_cp"], &(*mesh_)["dp_replicate"], fo);
-    TITAN_ASSERT(spec.parallelize, "model ", spec.name, " has no parallelize function");
-    spec.parallelize(*model_, ParallelizeContext{fsdp_.get(), [this, seed] { model_->init_weights(seed); }});
+  }
+  // The model's parallelize function applies what the config asks (activation checkpointing, FSDP).
+  TITAN_ASSERT(spec.parallelize, "model ", spec.name, " has no parallelize function");
+  ParallelizeContext pctx{fsdp_.get(), [this, seed] { model_->init_weights(seed); }};
+  pctx.ac_mode = cfg_.activation_checkpoint.mode;
+  if (pctx.ac_mode == "selective") pctx.ac_every = std::stoll(cfg_.activation_checkpoint.selective_ac_option);
+  spec.parallelize(*model_, pctx);
+  if (fsdp_) {
     params_ = fsdp_->placed_parameters();
   } else {
     // Whole on every rank; DDP's replicas are identical and the first one is written.
@@ -191,6 +197,10 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
                 metrics::format_thousands(model_->num_params()).c_str(), model_->flops_per_token(tr.seq_len),
                 device_.str().c_str(), bf16_autocast_ ? ", bf16 autocast" : "");
   log_info(buf);
+  const auto& ac = cfg_.activation_checkpoint;
+  log_info("Activation checkpointing: " + (ac.mode == "none"   ? std::string("off")
+                                           : ac.mode == "full" ? std::string("every block")
+                                                               : "1 block in " + ac.selective_ac_option));
   log_info("Data: " + dataloader_->description() + "; tokenizer vocabulary " +
            std::to_string(tokenizer_->vocab_size()));
   log_info("Training " + std::to_string(tr.steps) + " steps: local batch " + std::to_string(tr.local_batch_size) +

@@ -15,6 +15,7 @@
 #include "titan/distributed/fsdp.h"
 #include "titan/distributed/mesh.h"
 #include "titan/distributed/placement.h"
+#include "titan/models/common/activation_checkpoint.h"
 #include "titan/models/llama3/model.h"
 
 #include <ATen/ATen.h>
@@ -52,6 +53,7 @@ TITAN_TEST_WORKER_FN(data_parallel) {
   const int rank = env_int("TITAN_TEST_RANK"), world = env_int("TITAN_TEST_WORLD");
   const int replicate = env_int("TITAN_TEST_REPLICATE"), shard = env_int("TITAN_TEST_SHARD");
   const std::string reshard = std::getenv("TITAN_TEST_RESHARD");
+  const bool ac = std::getenv("TITAN_TEST_AC") && std::string(std::getenv("TITAN_TEST_AC")) == "1";
   const auto port = static_cast<uint16_t>(env_int("TITAN_TEST_PORT"));
   at::set_num_threads(1);
   auto store = dist::make_tcp_store("127.0.0.1", port, false, 60s);
@@ -88,6 +90,11 @@ TITAN_TEST_WORKER_FN(data_parallel) {
   if (dims.fsdp_enabled()) {
     fsdp = std::make_unique<dist::FSDP>(mesh["dp_shard_cp"], &mesh["dp_replicate"], dist::FSDPOptions{at::kFloat, at::kFloat, reshard});
     auto init = [&] { par->init_weights(11); };
+    // Activation checkpointing inside FSDP's hooks: the recomputation must gather nothing more (the
+    // byte counts below are the same as without it).
+    if (ac)
+      for (size_t i = 0; i < par->layers->size(); ++i)
+        nn::apply_activation_checkpointing(*par->layers[i]->as<llama3::TransformerBlock>());
     for (size_t i = 0; i < par->layers->size(); ++i)
       fsdp->fully_shard(*par->layers[i]->as<llama3::TransformerBlock>(), "layers." + std::to_string(i) + ".", init);
     fsdp->fully_shard(*par, "", init);
@@ -220,14 +227,15 @@ TITAN_TEST_WORKER_FN(data_parallel) {
   return 0;
 }
 
-void run_layout(int world, int replicate, int shard, const std::string& reshard = "default") {
+void run_layout(int world, int replicate, int shard, const std::string& reshard = "default", bool ac = false) {
   auto server = dist::make_tcp_store("127.0.0.1", 0, true, 60s);
   auto results = test::run_workers("data_parallel", world,
                                    {{"TITAN_TEST_PORT", std::to_string(dist::store_port(server))},
                                     {"TITAN_TEST_WORLD", std::to_string(world)},
                                     {"TITAN_TEST_REPLICATE", std::to_string(replicate)},
                                     {"TITAN_TEST_SHARD", std::to_string(shard)},
-                                    {"TITAN_TEST_RESHARD", reshard}, {"OMP_NUM_THREADS", "1"}},
+                                    {"TITAN_TEST_RESHARD", reshard}, {"TITAN_TEST_AC", ac ? "1" : "0"},
+                                    {"OMP_NUM_THREADS", "1"}},
                                    300s);
   for (size_t r = 0; r < results.size(); ++r) {
     EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
@@ -283,6 +291,7 @@ TEST(DataParallel, FsdpWorldOneEqualsThePlainModelOnCuda) {
 }
 
 TEST(DataParallel, Fsdp2) { run_layout(2, 1, 2); }
+TEST(DataParallel, Fsdp2WithActivationCheckpointing) { run_layout(2, 1, 2, "default", /*ac=*/true); }
 TEST(DataParallel, Fsdp4ReshardAlways) { run_layout(4, 1, 4, "always"); }
 TEST(DataParallel, Fsdp2ReshardNever) { run_layout(2, 1, 2, "never"); }
 TEST(DataParallel, Hsdp2x2) { run_layout(4, 2, 2); }

@@ -115,9 +115,9 @@ TEST(TitanTrain, TorchtitanTomlFilesOfBothGenerationsRun) {
 
 TEST(TitanTrain, UnsupportedFeaturesAndBadInputAreClearErrors) {
   test::TempDir dir;
-  auto r = test::run_process({kTitan, "train", "--job.dump_folder", dir.path()});
+  auto r = test::run_process({kTitan, "train", "--job.dump_folder", dir.path(), "--compile.enable"});
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_NE(r.output.find("--activation_checkpoint.mode none"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--compile.enable false"), std::string::npos) << r.output;
   r = test::run_process({kTitan, "train", "--activation_checkpoint.mode", "none", "--training.stepz", "3"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("training.steps"), std::string::npos) << r.output;
@@ -125,6 +125,17 @@ TEST(TitanTrain, UnsupportedFeaturesAndBadInputAreClearErrors) {
                          "--model.hf_assets_path", dir / "nothing-here"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("nothing-here"), std::string::npos) << r.output;
+}
+
+TEST(TitanTrain, NoConfigFileTrainsWithTorchtitansDefaults) {
+  // torchtitan's defaults (debugmodel, c4_test, selective activation checkpointing of 1 block in 2),
+  // one step of the default batch (8 x 2048 tokens).
+  test::TempDir dir;
+  auto r = test::run_process({kTitan, "train", "--job.dump_folder", dir.path(), "--training.steps", "1"}, {},
+                             std::chrono::seconds(600));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("Activation checkpointing: 1 block in 2"), std::string::npos) << r.output;
+  EXPECT_EQ(parse_losses(r.output).size(), 1u) << r.output;
 }
 
 TEST(TitanTokenize, ShardsTrainLikeTheText) {

@@ -29,8 +29,10 @@ TransformerBlockImpl::TransformerBlockImpl(int64_t layer_id, const ModelArgs& ar
 }
 
 at::Tensor TransformerBlockImpl::forward(const at::Tensor& x_BSD, const at::Tensor& cis_SE2) {
-  return with_hooks([&] {
-    at::Tensor h_BSD = x_BSD + attention->forward(attention_norm(x_BSD), cis_SE2);
+  // The body depends on its inputs only (activation checkpointing may run it again in backward).
+  return with_hooks({x_BSD, cis_SE2}, [this](const std::vector<at::Tensor>& in) {
+    const at::Tensor &x = in[0], &cis = in[1];
+    at::Tensor h_BSD = x + attention->forward(attention_norm(x), cis);
     return h_BSD + feed_forward(ffn_norm(h_BSD));
   });
 }

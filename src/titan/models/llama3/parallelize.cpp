@@ -2,6 +2,7 @@
 
 #include "titan/common/error.h"
 #include "titan/distributed/fsdp.h"
+#include "titan/models/common/activation_checkpoint.h"
 #include "titan/models/llama3/model.h"
 
 namespace titan::llama3 {
@@ -9,6 +10,14 @@ namespace titan::llama3 {
 void parallelize(LanguageModelImpl& model, const ParallelizeContext& ctx) {
   auto* transformer = dynamic_cast<TransformerImpl*>(&model);
   TITAN_ASSERT(transformer, "llama3::parallelize needs a llama3 Transformer");
+  // torchtitan's order: (TP, CP,) activation checkpointing, then FSDP. FSDP's hooks run around the
+  // checkpointed body, so recomputation in backward gathers nothing more.
+  if (ctx.ac_mode != "none") {
+    TITAN_ASSERT(ctx.ac_mode == "full" || (ctx.ac_mode == "selective" && ctx.ac_every >= 1), "AC mode ", ctx.ac_mode);
+    for (size_t i = 0; i < transformer->layers->size(); ++i)
+      if (ctx.ac_mode == "full" || static_cast<int64_t>(i + 1) % ctx.ac_every == 0)
+        nn::apply_activation_checkpointing(*transformer->layers[i]->as<TransformerBlock>());
+  }
   if (ctx.fsdp) {
     for (size_t i = 0; i < transformer->layers->size(); ++i)
       ctx.fsdp->fully_shard(*transformer->layers[i]->as<TransformerBlock>(), "layers." + std::to_string(i) + ".",

@@ -1,0 +1,84 @@
+// Activation checkpointing: a checkpointed block recomputes in backward exactly what the plain block
+// computed, so losses and every gradient are bitwise those of the model without it; and its
+// activations are not kept (fewer tensors alive between forward and backward).
+#include "test_util.h"
+
+#include "titan/models/common/activation_checkpoint.h"
+#include "titan/models/llama3/model.h"
+#include "titan/models/registry.h"
+
+#include <torch/csrc/autograd/function.h>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+namespace titan {
+namespace {
+
+llama3::ModelArgs tiny() {
+  llama3::ModelArgs a;
+  a.dim = 64;
+  a.n_layers = 3;
+  a.n_heads = 4;
+  a.n_kv_heads = 2;
+  a.vocab_size = 101;
+  a.multiple_of = 32;
+  a.ffn_dim_multiplier.reset();
+  a.max_seq_len = 32;
+  return a;
+}
+
+std::pair<double, std::map<std::string, at::Tensor>> loss_and_grads(llama3::Transformer& m, const at::Tensor& seq) {
+  at::Tensor logits = m->forward(seq.slice(1, 0, 16));
+  at::Tensor loss = at::cross_entropy_loss(logits.flatten(0, 1), seq.slice(1, 1, 17).flatten(0, 1));
+  loss.backward();
+  std::map<std::string, at::Tensor> grads;
+  for (const auto& p : m->named_parameters()) grads[p.key()] = p.value().grad().clone();
+  return {loss.item<double>(), grads};
+}
+
+TEST(ActivationCheckpoint, FullAndEverySecondBlockGiveBitwiseTheSameGradients) {
+  at::Tensor seq = at::randint(101, {3, 17}, at::kLong);
+  llama3::Transformer plain(tiny(), at::TensorOptions());
+  plain->init_weights(4);
+  auto [ref_loss, ref_grads] = loss_and_grads(plain, seq);
+  for (const std::string mode : {"full", "selective"}) {
+    llama3::Transformer m(tiny(), at::TensorOptions());
+    m->init_weights(4);
+    ParallelizeContext ctx;
+    ctx.ac_mode = mode;
+    ctx.ac_every = 2;
+    model_spec("llama3").parallelize(*m, ctx);
+    int wrapped = 0;
+    for (size_t i = 0; i < m->layers->size(); ++i) wrapped += m->layers[i]->as<llama3::TransformerBlock>()->has_forward_wrapper();
+    EXPECT_EQ(wrapped, mode == "full" ? 3 : 1) << mode;  // selective 2: the 2nd block of 3
+    auto [loss, grads] = loss_and_grads(m, seq);
+    EXPECT_EQ(loss, ref_loss) << mode;
+    for (const auto& [name, g] : ref_grads) EXPECT_TRUE(at::equal(grads.at(name), g)) << mode << " " << name;
+  }
+}
+
+TEST(ActivationCheckpoint, TheBodyRunsAgainInBackwardAndKeepsOnlyItsInputs) {
+  int calls = 0;
+  at::Tensor w = at::randn({8, 8}).requires_grad_(true);
+  nn::HookedModule::Body body = [&](const std::vector<at::Tensor>& in) {
+    ++calls;
+    return at::tanh(at::matmul(in[0], w)).sum(1);
+  };
+  at::Tensor x = at::randn({4, 8}).requires_grad_(true);
+  at::Tensor out = nn::checkpoint(body, {x});
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(out.grad_fn()->name(), "titan::nn::CheckpointBackward");  // no tanh/matmul nodes kept
+  out.sum().backward();
+  EXPECT_EQ(calls, 2);
+  at::Tensor xr = x.detach().requires_grad_(true), wr = w.detach().clone().requires_grad_(true);
+  at::tanh(at::matmul(xr, wr)).sum(1).sum().backward();
+  EXPECT_TRUE(at::equal(x.grad(), xr.grad()));
+  EXPECT_TRUE(at::equal(w.grad(), wr.grad()));
+  // Without grad mode it simply runs the body.
+  at::NoGradGuard no_grad;
+  EXPECT_FALSE(nn::checkpoint(body, {x}).requires_grad());
+}
+
+}  // namespace
+}  // namespace titan
