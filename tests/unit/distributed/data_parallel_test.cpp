@@ -84,17 +84,17 @@ TITAN_TEST_WORKER_FN(data_parallel) {
   for (const auto& p : ref->named_parameters()) ref_named.emplace_back(p.key(), p.value());
   const int64_t full_bytes = ref->num_params() * 4;
 
+  // Activation checkpointing inside FSDP's (or DDP's) hooks: the recomputation must communicate
+  // nothing more (the byte counts below are the same as without it).
+  if (ac)
+    for (size_t i = 0; i < par->layers->size(); ++i)
+      nn::apply_activation_checkpointing(*par->layers[i]->as<llama3::TransformerBlock>());
   std::unique_ptr<dist::FSDP> fsdp;
   std::unique_ptr<dist::DDP> ddp;
   std::vector<std::pair<std::string, at::Tensor>> par_named;
   if (dims.fsdp_enabled()) {
     fsdp = std::make_unique<dist::FSDP>(mesh["dp_shard_cp"], &mesh["dp_replicate"], dist::FSDPOptions{at::kFloat, at::kFloat, reshard});
     auto init = [&] { par->init_weights(11); };
-    // Activation checkpointing inside FSDP's hooks: the recomputation must gather nothing more (the
-    // byte counts below are the same as without it).
-    if (ac)
-      for (size_t i = 0; i < par->layers->size(); ++i)
-        nn::apply_activation_checkpointing(*par->layers[i]->as<llama3::TransformerBlock>());
     for (size_t i = 0; i < par->layers->size(); ++i)
       fsdp->fully_shard(*par->layers[i]->as<llama3::TransformerBlock>(), "layers." + std::to_string(i) + ".", init);
     fsdp->fully_shard(*par, "", init);
@@ -292,6 +292,7 @@ TEST(DataParallel, FsdpWorldOneEqualsThePlainModelOnCuda) {
 
 TEST(DataParallel, Fsdp2) { run_layout(2, 1, 2); }
 TEST(DataParallel, Fsdp2WithActivationCheckpointing) { run_layout(2, 1, 2, "default", /*ac=*/true); }
+TEST(DataParallel, Ddp2WithActivationCheckpointing) { run_layout(2, 2, 1, "default", /*ac=*/true); }
 TEST(DataParallel, Fsdp4ReshardAlways) { run_layout(4, 1, 4, "always"); }
 TEST(DataParallel, Fsdp2ReshardNever) { run_layout(2, 1, 2, "never"); }
 TEST(DataParallel, Hsdp2x2) { run_layout(4, 2, 2); }
