@@ -9,6 +9,7 @@
 // bf16 export: the stored values are checked to be exactly titan's rounded to bf16, and transformers
 // (upcasting them exactly to fp32) must give the logits of titan's model with bf16-rounded weights, 1e-5.
 // A wrong Q/K permutation moves the logits of these models by 5e-4..4e-2 relative.
+#include "models/tiny_llama.h"
 #include "test_util.h"
 
 #include "titan/common/error.h"
@@ -115,17 +116,10 @@ nlohmann::json read_json(const std::string& path) {
 // A small Llama unlike any registered flavor: grouped-query attention, tied embeddings, no RoPE
 // scaling (the other config.json branch), a vocabulary that is not a power of two.
 ModelSpec tiny_spec() {
-  llama3::ModelArgs args;
-  args.dim = 64;
-  args.n_layers = 2;
-  args.n_heads = 4;
-  args.n_kv_heads = 2;
-  args.vocab_size = 300;
-  args.multiple_of = 32;
+  llama3::ModelArgs args = test::tiny_llama(2, 300, 256);
   args.rope_theta = 10000.0;
   args.rope_scaling = std::nullopt;
   args.tie_embeddings = true;
-  args.max_seq_len = 256;
   ModelSpec spec;
   spec.name = "llama3";
   spec.flavors = {"tiny"};

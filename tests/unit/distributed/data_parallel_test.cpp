@@ -7,6 +7,7 @@
 // bytes counted by the collective wrapper must equal the theoretical volume, and sharded state must
 // take ~1/N of the memory. Tolerances: losses 1e-5 at every step; gradients 1e-5 at
 // the first step (1e-4 later); parameters after 3 AdamW steps within 1% of lr x steps, absolute.
+#include "models/tiny_llama.h"
 #include "test_util.h"
 
 #include "titan/common/tensor_storage.h"
@@ -31,18 +32,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-llama3::ModelArgs tiny_args() {
-  llama3::ModelArgs a;
-  a.dim = 64;
-  a.n_layers = 2;
-  a.n_heads = 4;
-  a.n_kv_heads = 2;
-  a.vocab_size = 130;
-  a.multiple_of = 32;
-  a.ffn_dim_multiplier.reset();
-  a.max_seq_len = 64;
-  return a;
-}
+llama3::ModelArgs tiny_args() { return test::tiny_llama(2, 130, 64); }
 
 constexpr int64_t kLocalBatch = 2, kSeqLen = 16, kSteps = 3;
 

@@ -1,6 +1,7 @@
 // Activation checkpointing: a checkpointed block recomputes in backward exactly what the plain block
 // computed, so losses and every gradient are bitwise those of the model without it; and its
 // activations are not kept (fewer tensors alive between forward and backward).
+#include "models/tiny_llama.h"
 #include "test_util.h"
 
 #include "titan/models/common/activation_checkpoint.h"
@@ -15,18 +16,7 @@
 namespace titan {
 namespace {
 
-llama3::ModelArgs tiny() {
-  llama3::ModelArgs a;
-  a.dim = 64;
-  a.n_layers = 3;
-  a.n_heads = 4;
-  a.n_kv_heads = 2;
-  a.vocab_size = 101;
-  a.multiple_of = 32;
-  a.ffn_dim_multiplier.reset();
-  a.max_seq_len = 32;
-  return a;
-}
+llama3::ModelArgs tiny() { return test::tiny_llama(3, 101, 32); }
 
 std::pair<double, std::map<std::string, at::Tensor>> loss_and_grads(llama3::Transformer& m, const at::Tensor& seq) {
   at::Tensor logits = m->forward(seq.slice(1, 0, 16));
