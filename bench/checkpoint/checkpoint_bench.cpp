@@ -1,8 +1,8 @@
 // Checkpoint throughput and how long a save blocks the training loop.
 //
 // The state of a Llama 3 flavor (default 1B: 1.24e9 parameters, fp32) is saved with titan's format
-// into --dir, synchronously and with async_mode (the loop is blocked only by the copy off the live
-// tensors), and loaded back as one process would. Prints one JSON line per repetition; run.sh
+// into --dir, synchronously (written from the live tensors) and with async_mode (the loop is blocked
+// only by the copy off the live tensors), and loaded back as one process would. Prints one JSON line per repetition; run.sh
 // compares with the disk's own write speed (dd) on the same file system.
 //
 //   build/titan_checkpoint_bench --dir /path/on/disk [--flavor 1B] [--reps 3] [--optimizer]
@@ -63,7 +63,10 @@ int main(int argc, char** argv) {
       double blocked = 0, total = 0;
       for (int step = 1; step <= 2; ++step) {
         const auto t0 = Clock::now();
-        auto snap = titan::checkpoint::take_snapshot(tensors, ck.reusable_snapshot());
+        titan::checkpoint::SnapshotOptions so;  // as the trainer does
+        so.copy = mode != "disabled";
+        so.reuse = ck.reusable_snapshot();
+        auto snap = titan::checkpoint::take_snapshot(tensors, so);
         snap.info = info;
         ck.save(step, std::move(snap));
         blocked = since(t0);

@@ -57,8 +57,6 @@ class Trainer {
   void save_checkpoint(bool model_only, std::optional<at::ScalarType> export_dtype = std::nullopt);
   // Waits for a background save to finish (rethrowing its failure).
   void wait_for_checkpoint();
-  // Seconds the last save blocked the training loop, for the benchmark.
-  double last_checkpoint_blocking_seconds() const;
   int64_t gradient_accumulation_steps() const { return grad_accum_steps_; }
   const LanguageModel& model() const { return model_; }
   const c10::Device& device() const { return device_; }

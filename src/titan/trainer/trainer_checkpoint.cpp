@@ -27,6 +27,15 @@ const std::vector<std::string> kParts = {"model", "optimizer", "lr_scheduler", "
 
 bool has(const std::vector<std::string>& v, const std::string& x) { return std::find(v.begin(), v.end(), x) != v.end(); }
 
+// The parts a checkpoint holds (its info's contents), in kParts order, less the excluded ones.
+std::vector<std::string> parts_to_load(const checkpoint::Reader& r, const std::vector<std::string>& exclude) {
+  const auto contents = r.info().at("contents").get<std::vector<std::string>>();
+  std::vector<std::string> out;
+  for (const auto& p : kParts)
+    if (has(contents, p) && !has(exclude, p)) out.push_back(p);
+  return out;
+}
+
 at::ScalarType export_dtype(const std::string& name) {
   return name == "bfloat16" ? at::kBFloat16 : name == "float16" ? at::kHalf : at::kFloat;
 }
@@ -70,10 +79,14 @@ nlohmann::json Trainer::checkpoint_state() {
 void Trainer::save_checkpoint(bool model_only, std::optional<at::ScalarType> cast) {
   TITAN_ASSERT(checkpointer_, "save_checkpoint without checkpoint.enable");
   const std::vector<std::string> parts = model_only ? std::vector<std::string>{"model"} : kParts;
-  // The copy off the live tensors blocks training; writing it does not with async_mode.
-  const bool pin = device_.is_cuda() && cfg_.checkpoint.async_mode == "async_with_pinned_mem";
-  checkpoint::Snapshot snap =
-      checkpoint::take_snapshot(checkpoint_tensors(parts), checkpointer_->reusable_snapshot(), pin, cast);
+  // With async_mode the copy off the live tensors is all that blocks training; a synchronous save
+  // writes the CPU tensors themselves.
+  checkpoint::SnapshotOptions so;
+  so.copy = cfg_.checkpoint.async_mode != "disabled";
+  so.reuse = checkpointer_->reusable_snapshot();
+  so.pin = device_.is_cuda() && cfg_.checkpoint.async_mode == "async_with_pinned_mem";
+  so.cast_floats_to = cast;
+  checkpoint::Snapshot snap = checkpoint::take_snapshot(checkpoint_tensors(parts), so);
   nlohmann::json contents = parts;
   snap.info = {{"step", step_},
                {"model", {{"name", cfg_.model.name}, {"flavor", cfg_.model.flavor}}},
@@ -113,10 +126,6 @@ void Trainer::save_checkpoint_at_step() {
 
 void Trainer::wait_for_checkpoint() {
   if (checkpointer_) checkpointer_->wait();
-}
-
-double Trainer::last_checkpoint_blocking_seconds() const {
-  return checkpointer_ ? checkpointer_->last_blocking_seconds() : 0.0;
 }
 
 void Trainer::on_every_rank(const std::function<void()>& f, const std::string& what) {
@@ -202,11 +211,7 @@ void Trainer::set_up_checkpointing() {
     const std::string dir = checkpointer_->step_dir(step);
     std::unique_ptr<checkpoint::Reader> reader;
     on_every_rank([&] { reader = std::make_unique<checkpoint::Reader>(dir); }, "open " + dir);
-    const auto& contents = reader->info().at("contents");
-    std::vector<std::string> parts;
-    for (const auto& p : kParts)
-      if (std::find(contents.begin(), contents.end(), p) != contents.end() && !has(c.exclude_from_loading, p))
-        parts.push_back(p);
+    const std::vector<std::string> parts = parts_to_load(*reader, c.exclude_from_loading);
     load_checkpoint(*reader, parts, reader->state(), /*allow_cast=*/false);
     std::string loaded;
     for (const auto& p : parts) loaded += (loaded.empty() ? "" : ", ") + p;
@@ -226,11 +231,8 @@ void Trainer::set_up_checkpointing() {
     }
     auto reader = std::make_unique<checkpoint::Reader>(c.initial_load_path);
     if (!c.initial_load_model_only) {
-      const auto& contents = reader->info().at("contents");
-      for (const auto& p : kParts)
-        if (p != "model" && std::find(contents.begin(), contents.end(), p) != contents.end() &&
-            !has(c.exclude_from_loading, p))
-          parts.push_back(p);
+      for (const auto& p : parts_to_load(*reader, c.exclude_from_loading))
+        if (p != "model") parts.push_back(p);
       state = reader->state();
     }
     source = std::move(reader);

@@ -10,9 +10,6 @@
 #include <filesystem>
 #include <regex>
 
-#include <csignal>
-#include <unistd.h>
-
 namespace titan::checkpoint {
 namespace fs = std::filesystem;
 
@@ -35,14 +32,6 @@ uint32_t info_state_crc32(const nlohmann::json& info, const nlohmann::json& stat
   return string_crc32(info.dump() + "\n" + state.dump());
 }
 
-// Testing hook for crash safety: TITAN_CHECKPOINT_CRASH_AT=<phase> makes the process kill itself
-// (SIGKILL, like kill -9) at that moment of a save: "data" (half of its file written), "index" (every
-// file written, no index yet), "rename" (index written, folder not yet renamed).
-void crash_point(const char* phase) {
-  const char* at = std::getenv("TITAN_CHECKPOINT_CRASH_AT");
-  if (at && std::string(at) == phase) ::kill(::getpid(), SIGKILL);
-}
-
 std::string shape_str(const std::vector<int64_t>& s) {
   std::string out = "[";
   for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
@@ -62,28 +51,32 @@ std::unique_ptr<Coordinator> single_process_coordinator() { return std::make_uni
 // ---------------------------------------------------------------------------------------------
 // Writing
 
-Snapshot take_snapshot(const std::vector<dist::PlacedTensor>& tensors, Snapshot* reuse, bool pin,
-                       std::optional<at::ScalarType> cast_floats_to) {
+Snapshot take_snapshot(const std::vector<dist::PlacedTensor>& tensors, const SnapshotOptions& o) {
   at::NoGradGuard no_grad;
   std::map<std::string, at::Tensor> buffers;
-  if (reuse)
-    for (auto& s : reuse->slices) buffers[s.name] = s.data;
+  if (o.reuse)
+    for (auto& s : o.reuse->slices) buffers[s.name] = s.data;
   Snapshot snap;
   for (const auto& t : tensors) {
     const dist::Placement& p = t.placement;
     if (!p.primary || p.real_numel() == 0) continue;
     at::Tensor real = p.real_part(t.local.detach());
     at::ScalarType dtype = real.scalar_type();
-    if (cast_floats_to && at::isFloatingType(dtype)) dtype = *cast_floats_to;
+    if (o.cast_floats_to && at::isFloatingType(dtype)) dtype = *o.cast_floats_to;
     Snapshot::Slice s;
     s.name = t.name;
     s.global_shape = p.global_shape;
     s.begin = p.global_begin();
+    if (!o.copy && real.device().is_cpu() && real.is_contiguous() && real.scalar_type() == dtype) {
+      s.data = real;  // FSDP's real part is a leading run of rows: contiguous
+      snap.slices.push_back(std::move(s));
+      continue;
+    }
     auto it = buffers.find(t.name);
     if (it != buffers.end() && it->second.sizes() == real.sizes() && it->second.scalar_type() == dtype) {
       s.data = it->second;
     } else {
-      s.data = at::empty(real.sizes(), at::TensorOptions().dtype(dtype).pinned_memory(pin));
+      s.data = at::empty(real.sizes(), at::TensorOptions().dtype(dtype).pinned_memory(o.pin));
     }
     s.data.copy_(real);
     snap.slices.push_back(std::move(s));
@@ -233,10 +226,6 @@ void write_single_process(const std::string& step_dir, const std::map<std::strin
 // ---------------------------------------------------------------------------------------------
 // Reading
 
-struct Reader::OpenFile {
-  std::unique_ptr<SafetensorsFile> file;
-};
-
 Reader::Reader(std::string step_dir) : dir_(std::move(step_dir)) {
   const std::string path = (fs::path(dir_) / kIndexFile).string();
   TITAN_USER_CHECK(fs::is_directory(dir_), "checkpoint folder ", dir_, " does not exist");
@@ -274,7 +263,7 @@ std::optional<TensorMeta> Reader::meta(const std::string& name) const {
   return TensorMeta{dtype_from_name(it->at("dtype").get<std::string>()), it->at("shape").get<std::vector<int64_t>>()};
 }
 
-Reader::OpenFile& Reader::file(const std::string& name) {
+SafetensorsFile& Reader::file(const std::string& name) {
   auto& f = files_[name];
   if (!f) {
     const auto& files = index_.at("files");
@@ -287,8 +276,7 @@ Reader::OpenFile& Reader::file(const std::string& name) {
     TITAN_USER_CHECK(static_cast<int64_t>(size) == bytes, describe(), ": file ", path, " has ", size,
                      " bytes but was written with ", bytes, ": it is truncated or corrupt; load another step with "
                      "--checkpoint.load_step");
-    f = std::make_unique<OpenFile>();
-    f->file = std::make_unique<SafetensorsFile>(path);
+    f = std::make_unique<SafetensorsFile>(path);
   }
   return *f;
 }
@@ -312,18 +300,18 @@ at::Tensor Reader::read(const std::string& name, const std::vector<int64_t>& beg
     }
     if (empty) continue;
     const std::string file_name = s.at("file");
-    at::Tensor slice = file(file_name).file->read(name);  // whole slice, so that its CRC can be checked
+    at::Tensor slice = file(file_name).read(name);  // whole slice, so that its CRC can be checked
     TITAN_USER_CHECK(slice.sizes().vec() == sl && slice.scalar_type() == dtype, describe(), ": file ", file_name,
                      " holds tensor '", name, "' with another shape or dtype than its index says: the checkpoint is corrupt");
     TITAN_USER_CHECK(tensor_crc32(slice) == s.at("crc32").get<uint32_t>(), describe(), ": file ",
                      (fs::path(dir_) / file_name).string(), " is corrupt: the CRC-32 of tensor '", name,
                      "' does not match the index; load another step with --checkpoint.load_step");
-    at::Tensor src = slice, dst = out;
-    for (size_t d = 0; d < begin.size(); ++d) {
-      src = src.narrow(static_cast<int64_t>(d), lo[d] - sb[d], n[d]);
-      dst = dst.narrow(static_cast<int64_t>(d), lo[d] - begin[d], n[d]);
+    std::vector<int64_t> in_slice(lo.size()), in_out(lo.size());
+    for (size_t d = 0; d < lo.size(); ++d) {
+      in_slice[d] = lo[d] - sb[d];
+      in_out[d] = lo[d] - begin[d];
     }
-    dst.copy_(src);
+    block_of(out, in_out, n).copy_(block_of(slice, in_slice, n));
     filled += numel_of(n);
   }
   TITAN_USER_CHECK(filled == numel_of(length), describe(), ": tensor '", name, "' is not fully stored (",

@@ -26,6 +26,8 @@
 
 namespace titan::checkpoint {
 
+class SafetensorsFile;
+
 inline constexpr const char* kIndexFile = "index.json";
 inline constexpr int kFormatVersion = 1;
 
@@ -42,8 +44,8 @@ class Coordinator {
 };
 std::unique_ptr<Coordinator> single_process_coordinator();
 
-// One rank's part of a save, already copied off the live training state (so that training can go on
-// while it is written): the real parts of the primary tensors, CPU, contiguous.
+// One rank's part of a save: the real parts of the primary tensors, CPU, contiguous; copied off the
+// live training state when training goes on while it is written.
 struct Snapshot {
   struct Slice {
     std::string name;
@@ -55,11 +57,17 @@ struct Snapshot {
   nlohmann::json info;   // what the checkpoint is: {"step", "model": {...}, "contents": [...], "layout"}
 };
 
-// Copies the real parts of the primary tensors of `tensors` to the CPU. `reuse`, when given, holds
-// buffers from the previous snapshot that are overwritten in place instead of allocating new ones
-// (async_with_pinned_mem); `pin` allocates new buffers in pinned memory (CUDA only).
-Snapshot take_snapshot(const std::vector<dist::PlacedTensor>& tensors, Snapshot* reuse = nullptr, bool pin = false,
-                       std::optional<at::ScalarType> cast_floats_to = std::nullopt);
+struct SnapshotOptions {
+  // Copy the data (a background save: training goes on and changes the live tensors). Without it,
+  // CPU tensors that need no conversion are referenced, not copied (a save written before returning).
+  bool copy = true;
+  Snapshot* reuse = nullptr;  // the previous snapshot's buffers, overwritten in place (async_with_pinned_mem)
+  bool pin = false;           // new buffers in pinned memory (CUDA only)
+  std::optional<at::ScalarType> cast_floats_to;  // e.g. bfloat16 for a model-only export
+};
+
+// The real parts of the primary tensors of `tensors`, on the CPU, contiguous.
+Snapshot take_snapshot(const std::vector<dist::PlacedTensor>& tensors, const SnapshotOptions& options = {});
 
 // Writes `snap` as this rank's part of the checkpoint `step_dir` (e.g. ".../checkpoint/step-10"); rank 0
 // then writes the index and makes the folder visible. Every rank of `coord` must call it. Throws
@@ -94,11 +102,10 @@ class Reader : public Source {
   void verify_all();
 
  private:
-  struct OpenFile;
-  OpenFile& file(const std::string& name);
+  SafetensorsFile& file(const std::string& name);  // opened once, its size checked against the index
   std::string dir_;
   nlohmann::json index_;
-  std::map<std::string, std::unique_ptr<OpenFile>> files_;
+  std::map<std::string, std::unique_ptr<SafetensorsFile>> files_;
 };
 
 // What to do with each local tensor when loading: read its block into a staging tensor first, so that

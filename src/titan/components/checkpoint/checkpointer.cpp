@@ -105,7 +105,6 @@ bool Checkpointer::should_save(int64_t step, int64_t last_step) const {
 }
 
 void Checkpointer::save(int64_t step, Snapshot snap) {
-  const auto t0 = std::chrono::steady_clock::now();
   wait();  // the previous save completes first (and its failure stops the run)
   const std::string dir = step_dir(step);
   if (cfg_.async_mode == "disabled") {
@@ -127,7 +126,6 @@ void Checkpointer::save(int64_t step, Snapshot snap) {
       }
     });
   }
-  last_blocking_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void Checkpointer::finish_save(int64_t step) {

@@ -43,8 +43,6 @@ class Checkpointer {
   void check();
   // Buffers of the previous snapshot, to be reused by async_with_pinned_mem (null otherwise).
   Snapshot* reusable_snapshot();
-  // Seconds the training loop was blocked by the last save (snapshot excluded) and bytes written.
-  double last_blocking_seconds() const { return last_blocking_seconds_; }
 
   // The step (its folder's name) to resume from: load_step's, else the latest complete checkpoint
   // holding training state (model-only exports after the last step are not resumed from; a step-0
@@ -61,7 +59,6 @@ class Checkpointer {
   std::mutex mutex_;
   std::exception_ptr error_;
   Snapshot previous_;
-  double last_blocking_seconds_ = 0;
 };
 
 }  // namespace titan::checkpoint

@@ -64,6 +64,11 @@ void rename_or_throw(const std::string& from, const std::string& to) {
 
 }  // namespace
 
+void crash_point(const char* phase) {
+  const char* at = std::getenv("TITAN_CHECKPOINT_CRASH_AT");
+  if (at && std::string(at) == phase) ::kill(::getpid(), SIGKILL);
+}
+
 uint32_t tensor_crc32(const at::Tensor& t) {
   TITAN_ASSERT(t.is_contiguous() && t.device().is_cpu());
   return crc_update(crc32_z(0, nullptr, 0), t.data_ptr(), static_cast<uint64_t>(t.numel() * t.element_size()));
@@ -97,9 +102,7 @@ WrittenFile write_safetensors(const std::string& path, const std::vector<Safeten
   for (const auto& e : entries) {
     const uint64_t nbytes = static_cast<uint64_t>(e.data.numel() * e.data.element_size());
     const uint32_t c = tensor_crc32(e.data);
-    if (&e == &entries[entries.size() / 2] && std::getenv("TITAN_CHECKPOINT_CRASH_AT") &&
-        std::string(std::getenv("TITAN_CHECKPOINT_CRASH_AT")) == "data")
-      ::kill(::getpid(), SIGKILL);  // testing hook, see checkpoint.cpp
+    if (&e == &entries[entries.size() / 2]) crash_point("data");
     f.write(e.data.data_ptr(), nbytes);
     crc = static_cast<uint32_t>(crc32_combine(crc, c, static_cast<z_off_t>(nbytes)));
     out.entry_crc32.push_back(c);
@@ -128,7 +131,10 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
   try {
     const nlohmann::json header = nlohmann::json::parse(json);
     for (const auto& [name, e] : header.items()) {
-      if (name == "__metadata__") continue;
+      if (name == "__metadata__") {
+        for (const auto& [k, v] : e.items()) metadata_[k] = v.is_string() ? v.get<std::string>() : v.dump();
+        continue;
+      }
       Entry entry;
       entry.dtype = dtype_from_name(e.at("dtype").get<std::string>());
       entry.shape = e.at("shape").get<std::vector<int64_t>>();

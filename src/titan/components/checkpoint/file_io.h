@@ -42,8 +42,9 @@ class SafetensorsFile {
   SafetensorsFile(const SafetensorsFile&) = delete;
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
   bool has(const std::string& name) const { return entries_.count(name) > 0; }
-  // Every tensor's dtype and shape, from the header.
+  // Every tensor's dtype and shape, and the header's __metadata__ (values that are not strings as JSON).
   std::map<std::string, TensorMeta> tensors() const;
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
   // The whole tensor `name` (a CPU tensor owning its memory). UserError naming the file when absent or unreadable.
   at::Tensor read(const std::string& name);
   const std::string& path() const { return path_; }
@@ -57,11 +58,17 @@ class SafetensorsFile {
   std::string path_;
   int fd_ = -1;
   std::map<std::string, Entry> entries_;
+  std::map<std::string, std::string> metadata_;
 };
 
 uint32_t tensor_crc32(const at::Tensor& t);  // CRC-32 (zlib's) of a contiguous CPU tensor's bytes
 uint32_t file_crc32(const std::string& path);
 uint32_t string_crc32(const std::string& text);
+
+// Testing hook for crash safety: TITAN_CHECKPOINT_CRASH_AT=<phase> makes the process kill itself
+// (SIGKILL, like kill -9) when a save reaches `phase`: "data" (half of a file written), "index" (every
+// file written, no index yet), "rename" (index written, folder not yet renamed).
+void crash_point(const char* phase);
 
 // Replaces `path` with `contents` atomically (temporary file, fsync, rename).
 void write_file_atomically(const std::string& path, const std::string& contents);

@@ -248,9 +248,7 @@ at::Tensor HFSource::read(const std::string& name, const std::vector<int64_t>& b
     cached_ = converted.begin()->second.contiguous();
     cached_name_ = name;
   }
-  at::Tensor block = cached_;
-  for (size_t d = 0; d < shape.size(); ++d) block = block.narrow(static_cast<int64_t>(d), begin[d], length[d]);
-  return block.clone(at::MemoryFormat::Contiguous);  // never the cached tensor itself
+  return block_of(cached_, begin, length).clone(at::MemoryFormat::Contiguous);  // never the cached tensor itself
 }
 
 std::vector<std::string> matching_hf_flavors(const std::string& hf_dir, const ModelSpec& spec) {

@@ -17,8 +17,8 @@ using Metadata = std::map<std::string, std::string>;
 std::string dtype_name(at::ScalarType t);
 at::ScalarType dtype_from_name(const std::string& name);
 
-// Writes CPU copies of `tensors` (any device; made contiguous) atomically: to path + ".tmp", then
-// renamed. Throws titan::UserError naming the path when the file cannot be written.
+// Writes CPU copies of `tensors` (any device; made contiguous) atomically: to path + ".tmp", fsynced,
+// then renamed. Throws titan::UserError naming the path when the file cannot be written.
 void save(const std::string& path, const Tensors& tensors, const Metadata& metadata = {});
 
 struct File {

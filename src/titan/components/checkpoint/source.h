@@ -19,6 +19,12 @@ struct TensorMeta {
   std::vector<int64_t> shape;  // global shape
 };
 
+// The block of `t` starting at `begin` with `length` entries per dimension (a view).
+inline at::Tensor block_of(at::Tensor t, const std::vector<int64_t>& begin, const std::vector<int64_t>& length) {
+  for (size_t d = 0; d < begin.size(); ++d) t = t.narrow(static_cast<int64_t>(d), begin[d], length[d]);
+  return t;
+}
+
 class Source {
  public:
   virtual ~Source() = default;
