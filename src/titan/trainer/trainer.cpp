@@ -2,6 +2,7 @@
 
 #include "titan/common/autocast.h"
 #include "titan/common/error.h"
+#include "titan/common/memory_tracker.h"
 #include "titan/common/tensor_storage.h"
 #include "titan/components/checkpoint/safetensors.h"
 #include "titan/components/metrics/format.h"
@@ -75,6 +76,7 @@ std::string config_changes(const JobConfig& cfg) {
 
 Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   const auto& tr = cfg_.training;
+  mem::install_cpu_tracking();  // before any tensor: the CPU memory figures count every one
 
   // ---- processes, mesh, device, seed, determinism, precision
   set_up_distributed();

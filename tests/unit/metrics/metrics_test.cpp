@@ -3,6 +3,7 @@
 #include "titan/components/metrics/format.h"
 #include "titan/components/metrics/metrics.h"
 
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <regex>
@@ -40,13 +41,15 @@ TEST(MetricsLogger, FiguresAndLine) {
   EXPECT_FALSE(logger.peak_flops().has_value());  // CPU
 
   const StepStats s = sample_stats();
+  { at::Tensor interval_peak = at::ones({16 << 20}); }  // 64 MiB, freed before the log
   const LoggedMetrics& m = logger.log(s);
   const double tps = 8 * 2048 * 10 / (4.0 * 2);
   EXPECT_DOUBLE_EQ(m.tps, tps);
   EXPECT_DOUBLE_EQ(m.tflops, 6.0e9 * tps / 1e12);
   EXPECT_FALSE(m.mfu_pct.has_value());
-  // CPU memory: the peak RSS of this process, a positive share of the machine's memory.
-  EXPECT_GT(m.memory.max_reserved_gib, 0.0);
+  // CPU memory: the peak bytes of CPU tensors in the interval, a share of the machine's memory.
+  EXPECT_GE(m.memory.max_reserved_gib, 64.0 / 1024);
+  EXPECT_LT(m.memory.max_reserved_gib, 64.0 / 1024 + 0.05);
   EXPECT_GT(m.memory.max_reserved_pct, 0.0);
   EXPECT_LE(m.memory.max_reserved_pct, 100.0);
   EXPECT_FALSE(m.memory.num_ooms.has_value());

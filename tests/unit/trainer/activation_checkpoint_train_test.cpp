@@ -33,7 +33,7 @@ TEST(ActivationCheckpointTraining, LossesAreIdenticalInEveryMode) {
   EXPECT_EQ(losses[2], losses[0]) << "selective";
 }
 
-// Peak memory (the log line's figure: the process's peak resident memory on CPU) of 3 steps at
+// Peak memory (the log line's figure: on CPU the peak bytes of tensors, counted by the allocator) of 3 steps at
 // sequence length 1024, where the activations of the 6 blocks (~0.5 GiB) dominate.
 double peak_gib(const std::string& mode) {
   test::TempDir dir;

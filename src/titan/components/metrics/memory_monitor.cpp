@@ -1,37 +1,16 @@
 #include "titan/components/metrics/memory_monitor.h"
 
 #include "titan/common/error.h"
+#include "titan/common/memory_tracker.h"
 
 #include <torch/cuda.h>
 #include <unistd.h>
 
-#include <fstream>
-#include <sstream>
 
 namespace titan::metrics {
 namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
-// A "<key>:  <n> kB" line of /proc/self/status, in bytes; 0 when absent (not Linux).
-double proc_status_bytes(const std::string& key) {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind(key + ":", 0) != 0) continue;
-    std::istringstream fields(line.substr(key.size() + 1));
-    double kib = 0;
-    fields >> kib;
-    return kib * 1024.0;
-  }
-  return 0;
-}
-
-// Resets the kernel's peak RSS (VmHWM) of this process to its current RSS.
-void reset_peak_rss() {
-  std::ofstream clear("/proc/self/clear_refs");
-  if (clear) clear << "5";
-}
 
 double physical_memory_bytes() {
   const long pages = sysconf(_SC_PHYS_PAGES), page_size = sysconf(_SC_PAGE_SIZE);
@@ -54,6 +33,7 @@ MemoryMonitor::MemoryMonitor(c10::Device device) : device_(device) {
   } else {
     device_name_ = "CPU";
     capacity_bytes_ = physical_memory_bytes();
+    mem::install_cpu_tracking();
   }
   reset_peak_stats();
 }
@@ -69,9 +49,10 @@ MemoryStats MemoryMonitor::peak_stats() const {
     s.num_alloc_retries = peaks.num_alloc_retries;
     s.num_ooms = peaks.num_ooms;
   } else {
-    const double peak_rss = proc_status_bytes("VmHWM");
-    s.max_active_gib = s.max_reserved_gib = peak_rss / kGiB;
-    s.max_active_pct = s.max_reserved_pct = pct(peak_rss, capacity_bytes_);
+    // No cache on CPU: what the allocator holds is what tensors use.
+    const double peak = static_cast<double>(mem::cpu_peak_bytes());
+    s.max_active_gib = s.max_reserved_gib = peak / kGiB;
+    s.max_active_pct = s.max_reserved_pct = pct(peak, capacity_bytes_);
   }
   return s;
 }
@@ -80,7 +61,7 @@ void MemoryMonitor::reset_peak_stats() {
   if (device_.is_cuda()) {
     detail::cuda_reset_peaks(device_.index());
   } else {
-    reset_peak_rss();
+    mem::reset_cpu_peak();
   }
 }
 

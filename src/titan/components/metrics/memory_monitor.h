@@ -2,10 +2,9 @@
 //
 // CUDA: the caching allocator's device statistics (peak active and reserved bytes since the last
 //   reset, allocation retries, OOMs), as a fraction of the GPU's total memory.
-// CPU: the process's peak resident set size (VmHWM of /proc/self/status) as a fraction of the
-//   machine's physical memory; "active" and "reserved" are both that figure, and retries/OOMs do
-//   not exist. The peak is reset through /proc/self/clear_refs (Linux >= 4.0); where that is not
-//   permitted the peak covers the whole run so far.
+// CPU: the peak bytes of CPU tensor storage (the counting allocator of common/memory_tracker.h,
+//   installed by the monitor) as a fraction of the machine's physical memory; "active" and
+//   "reserved" are both that figure (nothing is cached), and retries/OOMs do not exist.
 #pragma once
 
 #include <c10/core/Device.h>
