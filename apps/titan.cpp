@@ -2,7 +2,7 @@
 // < --section.key overrides (see `titan train --help`).
 //
 //   titan train     [--job.config_file F] [--section.key value ...]   train (torchtitan's log lines)
-//   titan estimate  [...]                                             parameters, FLOPs/token, memory
+//   titan estimate  [--world-size N] [--device cuda|cpu] [...]       per-rank memory, FLOPs, communication
 //   titan tokenize  --output DIR [...]                                pre-tokenize the dataset to shards
 //   titan convert   to-hf|from-hf SRC DST [...]                       checkpoint <-> Hugging Face folder
 #include "titan/common/error.h"
@@ -29,7 +29,8 @@ const char* kUsage =
     "usage: titan <command> [--job.config_file FILE.toml] [--section.key value ...]\n"
     "commands:\n"
     "  train      train a model (the log line and metrics of torchtitan)\n"
-    "  estimate   parameters, training FLOPs per token and memory of [model] name/flavor at [training] seq_len\n"
+    "  estimate   per-rank memory (peak, and whether it fits), FLOPs and communication per step of the config's\n"
+    "             run, from a dry run on the meta device; see titan estimate --help\n"
     "  launch     --nproc-per-node N [...] -- train ...: start N training processes (like torchrun);\n"
     "             see titan launch --help\n"
     "  tokenize   --output DIR: tokenize [training] dataset/dataset_path with [model] hf_assets_path into\n"
@@ -38,9 +39,50 @@ const char* kUsage =
     "             to a Hugging Face model folder (transformers) and back; see titan convert --help\n"
     "Options of every command: titan <command> --help\n";
 
-int run_estimate(const titan::JobConfig& cfg) {
-  std::cout << titan::format_estimate(
-      titan::estimate_model(cfg.model.name, cfg.model.flavor, cfg.training.seq_len));
+const char* kEstimateUsage =
+    "titan estimate [--world-size N] [--device cuda|cpu] [--device-memory-gib G] [config options]\n\n"
+    "Predicts, for one rank of the run the config describes, the memory it holds (parameters, gradients,\n"
+    "optimizer state, communication buffers, activations and the peak), its training FLOPs per step and\n"
+    "the bytes it communicates per step per mesh dimension, and says whether the peak fits the device.\n"
+    "  --world-size N          ranks of the run (resolves data_parallel_shard_degree -1); default: the\n"
+    "                          product of the configured degrees, -1 counting as 1\n"
+    "  --device cuda|cpu       what the ranks compute on (default cuda: mixed_precision_param applies;\n"
+    "                          cpu: fp32, and the peak is the log line's memory figure)\n"
+    "  --device-memory-gib G   device capacity for the verdict (default 80)\n\n";
+
+// Takes the value of option `name` (--name V or --name=V) out of args; false when absent.
+bool take_option(std::vector<std::string>& args, const std::string& name, std::string& value) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == name) {
+      TITAN_USER_CHECK(i + 1 < args.size(), name, " needs a value");
+      value = args[i + 1];
+      args.erase(args.begin() + static_cast<std::ptrdiff_t>(i), args.begin() + static_cast<std::ptrdiff_t>(i) + 2);
+      return true;
+    }
+    if (args[i].rfind(name + "=", 0) == 0) {
+      value = args[i].substr(name.size() + 1);
+      args.erase(args.begin() + static_cast<std::ptrdiff_t>(i));
+      return true;
+    }
+  }
+  return false;
+}
+
+int run_estimate(std::vector<std::string> args) {
+  titan::EstimateOptions opts;
+  std::string v;
+  try {
+    if (take_option(args, "--world-size", v)) {
+      opts.world_size = std::stoll(v);
+      TITAN_USER_CHECK(opts.world_size >= 1, "--world-size must be a positive integer, got ", v);
+    }
+    if (take_option(args, "--device-memory-gib", v)) opts.device_memory_gib = std::stod(v);
+  } catch (const std::logic_error&) {
+    throw titan::UserError("--world-size takes an integer and --device-memory-gib a number, got '" + v + "'");
+  }
+  if (take_option(args, "--device", v)) opts.device = v;
+  const titan::JobConfig cfg = titan::parse_config(args);
+  std::cout << titan::format_estimate(titan::estimate(cfg, opts));
   return 0;
 }
 
@@ -91,13 +133,16 @@ int main(int argc, char** argv) {
       return 2;
     }
     if (titan::help_requested(args)) {
-      std::cout << "titan " << command << (command == "tokenize" ? " --output DIR" : "") << " [options]\n\n"
-                << titan::config_help();
+      if (command == "estimate")
+        std::cout << kEstimateUsage;
+      else
+        std::cout << "titan " << command << (command == "tokenize" ? " --output DIR" : "") << " [options]\n\n";
+      std::cout << titan::config_help();
       return 0;
     }
     if (command == "tokenize") return run_tokenize(args);
+    if (command == "estimate") return run_estimate(args);
     const titan::JobConfig cfg = titan::parse_config(args);
-    if (command == "estimate") return run_estimate(cfg);
     return titan::run_training(cfg);
   } catch (const titan::UserError& e) {
     std::fprintf(stderr, "titan %s: error: %s\n", command.c_str(), e.what());

@@ -13,10 +13,9 @@ namespace {
 std::atomic<int64_t> g_current{0}, g_peak{0}, g_count{0};
 std::atomic<bool> g_installed{false};
 
-struct Block {
-  void* data;
-  int64_t bytes;
-};
+// Each allocation carries its size in a header of one alignment unit before the data, so that the
+// data pointer is also the deleter's context (Allocator::raw_allocate, used by oneDNN, needs that).
+constexpr size_t kHeader = 64;  // c10's CPU alignment: the data stays aligned like the default allocator's
 
 void raise_peak(int64_t now) {
   int64_t peak = g_peak.load(std::memory_order_relaxed);
@@ -24,22 +23,27 @@ void raise_peak(int64_t now) {
   }
 }
 
-void free_block(void* ctx) {
-  auto* b = static_cast<Block*>(ctx);
-  g_current.fetch_sub(b->bytes, std::memory_order_relaxed);
-  c10::free_cpu(b->data);
-  delete b;
+void free_counted(void* data) {
+  if (!data) return;
+  char* base = static_cast<char*>(data) - kHeader;
+  int64_t bytes = 0;
+  std::memcpy(&bytes, base, sizeof bytes);
+  g_current.fetch_sub(bytes, std::memory_order_relaxed);
+  c10::free_cpu(base);
 }
 
 class CountingAllocator final : public c10::Allocator {
  public:
   c10::DataPtr allocate(size_t n) override {
-    void* data = c10::alloc_cpu(n);  // throws (with the size) when the system is out of memory
-    auto* b = new Block{data, static_cast<int64_t>(n)};
+    char* base = static_cast<char*>(c10::alloc_cpu(n + kHeader));  // throws (with the size) when out of memory
+    const int64_t bytes = static_cast<int64_t>(n);
+    std::memcpy(base, &bytes, sizeof bytes);
+    void* data = base + kHeader;
     g_count.fetch_add(1, std::memory_order_relaxed);
-    raise_peak(g_current.fetch_add(b->bytes, std::memory_order_relaxed) + b->bytes);
-    return {data, b, &free_block, c10::Device(c10::DeviceType::CPU)};
+    raise_peak(g_current.fetch_add(bytes, std::memory_order_relaxed) + bytes);
+    return {data, data, &free_counted, c10::Device(c10::DeviceType::CPU)};
   }
+  c10::DeleterFnPtr raw_deleter() const override { return &free_counted; }
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     if (count) std::memcpy(dest, src, count);
   }

@@ -19,6 +19,15 @@ at::Tensor storage_alias(const at::Tensor& t) {
   return at::empty({0}, t.options()).set_(t.storage(), t.storage_offset(), t.sizes(), t.strides());
 }
 
+// Points `t`'s storage (contiguous, offset 0) at `count` elements of `buffer` starting at `offset`,
+// without owning them: the buffer must outlive the use (free_storage undoes it).
+void borrow_storage(const at::Tensor& t, const at::Tensor& buffer, int64_t offset) {
+  c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();
+  char* data = static_cast<char*>(buffer.data_ptr()) + offset * buffer.element_size();
+  s->set_data_ptr_noswap(at::DataPtr(data, buffer.device()));
+  s->set_nbytes(static_cast<size_t>(t.numel()) * t.element_size());
+}
+
 int64_t row_elems(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (size_t d = 1; d < shape.size(); ++d) n *= shape[d];
@@ -31,37 +40,66 @@ struct FSDP::Unit {
   struct Param {
     std::string name;
     at::Tensor full;   // the module's parameter, param_dtype; storage only while unsharded
-    at::Tensor shard;  // (shard_rows, ...) fp32 leaf
+    at::Tensor shard;  // (shard_rows, ...) fp32 leaf over flat_shard
     std::vector<int64_t> shape;
-    int64_t rows = 0, shard_rows = 0;
-    at::Tensor gather_buf;
-    Work gather;
-    struct Pending {
-      Work work;
-      at::Tensor input, output;
-    };
-    std::vector<Pending> reductions;
+    int64_t rows = 0, shard_rows = 0, row = 0;  // row: elements per row
+    int64_t offset = 0;       // of the shard in flat_shard (and of each rank's piece in a gathered buffer)
+    int64_t full_offset = 0;  // of the full parameter in full_buf
   };
 
   FSDP* fsdp;
   std::string prefix;
-  bool reshard_after_forward;
+  bool reshard_after_forward = true;
   std::vector<Param> params;
+  int64_t shard_numel = 0, full_numel = 0;
+  at::Device device{at::kCPU};  // where the unit computes (the modules' device)
+  at::Tensor flat_shard;        // fp32, shard_numel, on the device or (offload) the CPU
+  at::Tensor flat_grad;         // fp32, same layout; allocated at the first reduction
+
   enum class State { Sharded, Gathering, Unsharded } state = State::Sharded;
+  at::Tensor gather_in, gather_out, full_buf;  // pooled (gather_in is flat_shard itself when no cast/copy is needed)
+  bool gather_in_pooled = false;
+  Work gather;
+
+  at::Tensor rs_in, rs_out;  // pooled
+  Work reduce_scatter, all_reduce;
+  bool reducing = false, all_reducing = false;
   int grads_ready = 0;
+
   Unit* next_forward = nullptr;   // unit whose parameters the forward needs next
   Unit* next_backward = nullptr;  // unit whose parameters the backward needs next
 
   Group& group() { return fsdp->shard_; }
+  const FSDPOptions& options() const { return fsdp->options_; }
+  int64_t padded_numel() { return group().size() * shard_numel; }
+
+  // Each rank's piece of a gathered (or to-be-scattered) buffer of this unit: (N, shard_rows, row).
+  at::Tensor pieces(const at::Tensor& buffer, const Param& p) {
+    const int64_t n = group().size();
+    return buffer.view({n, shard_numel}).slice(1, p.offset, p.offset + p.shard_rows * p.row).view({n, p.shard_rows, p.row});
+  }
+
+  // rows (R, row) <-> pieces (N, s, row): the first R of the N·s padded rows.
+  static void for_each_rank_rows(const Param& p, int64_t n, const std::function<void(int64_t r, int64_t begin, int64_t end)>& f) {
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t begin = std::min(p.rows, r * p.shard_rows), end = std::min(p.rows, (r + 1) * p.shard_rows);
+      if (end > begin) f(r, begin, end);
+    }
+  }
 
   void start_unshard() {
     if (state != State::Sharded) return;
-    const int n = group().size();
-    for (auto& p : params) {
-      p.gather_buf = at::empty({n * p.shard.numel()}, p.shard.options().dtype(fsdp->options_.param_dtype));
-      at::Tensor local = p.shard.detach().to(fsdp->options_.param_dtype);
-      p.gather = group().all_gather(p.gather_buf, local);
+    at::NoGradGuard no_grad;
+    const at::ScalarType dtype = options().param_dtype;
+    gather_in_pooled = !(flat_shard.device() == device && dtype == at::kFloat);
+    if (gather_in_pooled) {
+      gather_in = fsdp->acquire(shard_numel, dtype, device);
+      gather_in.copy_(flat_shard, /*non_blocking=*/true);
+    } else {
+      gather_in = flat_shard;
     }
+    gather_out = fsdp->acquire(padded_numel(), dtype, device);
+    gather = group().all_gather(gather_out, gather_in);
     state = State::Gathering;
   }
 
@@ -69,18 +107,31 @@ struct FSDP::Unit {
     if (state == State::Unsharded) return;
     start_unshard();
     at::NoGradGuard no_grad;
+    gather.wait();
+    full_buf = fsdp->acquire(full_numel, options().param_dtype, device);
+    const int64_t n = group().size();
     for (auto& p : params) {
-      p.gather.wait();
-      allocate_storage(p.full);
-      storage_alias(p.full).copy_(p.gather_buf.view({-1}).slice(0, 0, p.full.numel()).view(p.full.sizes()));
-      p.gather_buf.reset();
+      borrow_storage(p.full, full_buf, p.full_offset);
+      at::Tensor dst = storage_alias(p.full).view({p.rows, p.row});
+      at::Tensor src = pieces(gather_out, p);
+      if (p.rows == n * p.shard_rows) {
+        dst.view({n, p.shard_rows, p.row}).copy_(src);
+      } else {
+        for_each_rank_rows(p, n, [&](int64_t r, int64_t b, int64_t e) { dst.slice(0, b, e).copy_(src[r].slice(0, 0, e - b)); });
+      }
     }
+    if (gather_in_pooled) fsdp->release(gather_in);
+    gather_in.reset();
+    fsdp->release(gather_out);
     state = State::Unsharded;
   }
 
   void reshard() {
     if (state == State::Gathering) finish_unshard();  // never leave a collective in flight
-    for (auto& p : params) free_storage(p.full);
+    if (state == State::Unsharded) {
+      for (auto& p : params) free_storage(p.full);
+      fsdp->release(full_buf);
+    }
     state = State::Sharded;
   }
 
@@ -110,53 +161,91 @@ struct FSDP::Unit {
     if (++grads_ready == static_cast<int>(params.size())) reduce_grads();
   }
 
-  // Casts each full gradient to reduce_dtype, pads it to N * shard_rows rows and reduce-scatters it;
-  // the full gradients and parameters are freed. The reductions of the unit before are completed
-  // first, so at most one unit's padded full-size gradients are alive at a time while this unit's
-  // reduce-scatter overlaps the next unit's backward.
+  // Lays every gradient out like the flat shards of all ranks (padding and missing gradients zero),
+  // in reduce_dtype, and reduce-scatters it: one collective. The reductions of the unit before are
+  // completed first (and, with HSDP, their all-reduce issued), so at most one unit's padded
+  // full-size gradients are alive at a time while this unit's reduce-scatter overlaps the next
+  // unit's backward. The full parameters and gradients are freed.
   void reduce_grads() {
     for (auto& other : fsdp->units_)
-      if (other.get() != this) other->complete_reductions();
-    const int n = group().size();
+      if (other.get() != this) other->complete_reduce_scatter();
+    at::NoGradGuard no_grad;
+    const int64_t n = group().size();
+    rs_in = fsdp->acquire(padded_numel(), options().reduce_dtype, device);
+    bool dense = true;
+    for (const auto& p : params) dense = dense && p.full.grad().defined() && p.rows == n * p.shard_rows;
+    if (!dense) rs_in.zero_();
     for (auto& p : params) {
       at::Tensor g = p.full.grad();
-      if (!g.defined()) continue;
-      at::Tensor input = at::zeros({n * p.shard_rows * row_elems(p.shape)}, g.options().dtype(fsdp->options_.reduce_dtype));
-      input.slice(0, 0, g.numel()).copy_(g.reshape({-1}));
-      at::Tensor output = at::empty({p.shard.numel()}, input.options());
-      Work w = group().reduce_scatter(output, input);
-      p.reductions.push_back({std::move(w), input, output});
+      if (!g.defined()) continue;  // took no part in this backward: its gradient is zero
+      at::Tensor rows = g.reshape({p.rows, p.row}), dst = pieces(rs_in, p);
+      if (p.rows == n * p.shard_rows) {
+        dst.copy_(rows.view({n, p.shard_rows, p.row}));
+      } else {
+        for_each_rank_rows(p, n, [&](int64_t r, int64_t b, int64_t e) { dst[r].slice(0, 0, e - b).copy_(rows.slice(0, b, e)); });
+      }
       p.full.mutable_grad() = at::Tensor();
     }
+    rs_out = fsdp->acquire(shard_numel, options().reduce_dtype, device);
+    reduce_scatter = group().reduce_scatter(rs_out, rs_in);
+    reducing = true;
     int64_t pending = 0;
     for (auto& u : fsdp->units_)
-      for (auto& p : u->params)
-        for (auto& r : p.reductions) pending += r.input.numel() * r.input.element_size();
+      if (u->reducing) pending += u->rs_in.numel() * u->rs_in.element_size();
     fsdp->peak_reduction_bytes_ = std::max(fsdp->peak_reduction_bytes_, pending);
     grads_ready = 0;
     reshard();
   }
 
-  void finish_reductions() {
-    if (grads_ready > 0) reduce_grads();  // some parameters took no part in this backward
-    complete_reductions();
+  // Waits for this unit's reduce-scatter; with HSDP issues the all-reduce of the reduced shard over
+  // replicas (waited for in finish_backward), else adds it to the gradients.
+  void complete_reduce_scatter() {
+    if (!reducing) return;
+    reduce_scatter.wait();
+    fsdp->release(rs_in);
+    reducing = false;
+    if (fsdp->replicate_) {
+      all_reduce = fsdp->replicate_->all_reduce(rs_out);
+      all_reducing = true;
+    } else {
+      accumulate();
+    }
   }
 
-  // Waits for this unit's reduce-scatters (and, with HSDP, all-reduces the shards over replicas),
-  // adds them to the shards' gradients and drops the full-size buffers.
-  void complete_reductions() {
-    for (auto& p : params) {
-      for (auto& r : p.reductions) {
-        r.work.wait();
-        if (fsdp->replicate_) fsdp->replicate_->all_reduce(r.output).wait();
-        at::Tensor g = r.output.view(p.shard.sizes()).to(at::kFloat);
-        if (p.shard.grad().defined())
-          p.shard.mutable_grad().add_(g);
-        else
-          p.shard.mutable_grad() = g.clone();
-      }
-      p.reductions.clear();
+  void complete_all_reduce() {
+    if (!all_reducing) return;
+    all_reduce.wait();
+    all_reducing = false;
+    accumulate();
+  }
+
+  // Adds the reduced shard to the shards' gradients, which are views of flat_grad.
+  void accumulate() {
+    at::NoGradGuard no_grad;
+    bool fresh = true, ours = true;
+    for (const auto& p : params) {
+      const at::Tensor& g = p.shard.grad();
+      fresh = fresh && !g.defined();
+      ours = ours && g.defined() && flat_grad.defined() &&
+             g.data_ptr() == static_cast<char*>(flat_grad.data_ptr()) + p.offset * 4;
     }
+    if (!flat_grad.defined()) flat_grad = at::empty_like(flat_shard);
+    if (fresh) {
+      flat_grad.copy_(rs_out);
+      for (auto& p : params)
+        p.shard.mutable_grad() = flat_grad.slice(0, p.offset, p.offset + p.shard.numel()).view(p.shard.sizes());
+    } else if (ours) {
+      flat_grad.add_(rs_out.to(flat_grad.device(), at::kFloat));
+    } else {  // someone replaced the gradients: add per parameter
+      for (auto& p : params) {
+        at::Tensor part = rs_out.slice(0, p.offset, p.offset + p.shard.numel()).view(p.shard.sizes()).to(p.shard.device(), at::kFloat);
+        if (p.shard.grad().defined())
+          p.shard.mutable_grad().add_(part);
+        else
+          p.shard.mutable_grad() = part.clone();
+      }
+    }
+    fsdp->release(rs_out);
   }
 };
 
@@ -182,63 +271,95 @@ FSDP::~FSDP() {
     for (auto& p : u->params) torch::autograd::impl::set_post_acc_grad_hooks(p.full, nullptr);
 }
 
-void FSDP::fully_shard(nn::HookedModule& module, const std::string& prefix, const std::function<void()>& init) {
+at::Tensor FSDP::acquire(int64_t numel, at::ScalarType dtype, const at::Device& device) {
+  auto& free = pool_[{numel, dtype, device.str()}];
+  if (!free.empty()) {
+    at::Tensor t = std::move(free.back());
+    free.pop_back();
+    return t;
+  }
+  ++pool_allocations_;
+  return at::empty({numel}, at::TensorOptions().dtype(dtype).device(device));
+}
+
+void FSDP::release(at::Tensor& buffer) {
+  if (!buffer.defined()) return;
+  pool_[{buffer.numel(), buffer.scalar_type(), buffer.device().str()}].push_back(std::move(buffer));
+  buffer.reset();
+}
+
+void FSDP::fully_shard(const std::vector<UnitPart>& parts, const InitRows& init, bool keep_after_forward) {
+  TITAN_ASSERT(!parts.empty(), "fully_shard of no modules");
   std::set<const void*> owned;
   for (const auto& u : units_)
     for (const auto& p : u->params) owned.insert(p.full.unsafeGetTensorImpl());
-  // Parameters built without storage (DeferAllocation) get it now, this unit only, and their values.
-  bool materialized = false;
-  for (const auto& item : module.named_parameters()) {
-    if (owned.count(item.value().unsafeGetTensorImpl()) || has_storage(item.value())) continue;
-    allocate_storage(item.value());
-    materialized = true;
-  }
-  if (materialized) {
-    TITAN_ASSERT(init, "fully_shard of '", prefix, "': parameters without values and no init function");
-    init();
-  }
   auto unit = std::make_unique<Unit>();
   unit->fsdp = this;
-  unit->prefix = prefix;
-  const bool is_root = prefix.empty();
-  unit->reshard_after_forward =
-      options_.reshard_after_forward == "always" || (options_.reshard_after_forward == "default" && !is_root);
-  const int n = shard_.size(), k = shard_.rank();
+  unit->prefix = parts.front().prefix;
+  const bool is_root = parts.size() == 1 && parts.front().prefix.empty();
+  unit->reshard_after_forward = options_.reshard_after_forward == "always" ||
+                                (options_.reshard_after_forward == "default" && !is_root && !keep_after_forward);
+  const int64_t n = shard_.size(), k = shard_.rank();
+
+  // The unit's parameters and their places in the flat shard and the full buffer.
+  for (const auto& part : parts) {
+    for (const auto& item : part.module->named_parameters()) {
+      at::Tensor full = item.value();
+      if (!owned.insert(full.unsafeGetTensorImpl()).second) continue;
+      TITAN_ASSERT(full.scalar_type() == at::kFloat && full.dim() >= 1, "fully_shard needs fp32 parameters of 1+ dims: ",
+                   part.prefix + item.key());
+      Unit::Param p;
+      p.name = part.prefix + item.key();
+      p.shape = full.sizes().vec();
+      p.rows = p.shape[0];
+      p.row = row_elems(p.shape);
+      p.shard_rows = (p.rows + n - 1) / n;  // torch.chunk's rows per rank; the last ranks may hold padding
+      p.offset = unit->shard_numel;
+      p.full_offset = unit->full_numel;
+      unit->shard_numel += p.shard_rows * p.row;
+      unit->full_numel += p.rows * p.row;
+      p.full = full;
+      unit->device = full.device();
+      unit->params.push_back(std::move(p));
+    }
+  }
+  TITAN_ASSERT(!unit->params.empty(), "fully_shard of '", unit->prefix, "': no parameters left to shard");
+
   at::NoGradGuard no_grad;
-  for (const auto& item : module.named_parameters()) {
-    at::Tensor full = item.value();
-    if (owned.count(full.unsafeGetTensorImpl())) continue;
-    TITAN_ASSERT(has_storage(full) && full.scalar_type() == at::kFloat, "fully_shard needs fp32 parameters with values");
-    Unit::Param p;
-    p.name = prefix + item.key();
-    p.shape = full.sizes().vec();
-    p.rows = p.shape.empty() ? 1 : p.shape[0];
-    p.shard_rows = (p.rows + n - 1) / n;  // torch.chunk's rows per rank; the last ranks may hold padding
-    std::vector<int64_t> shard_shape = p.shape.empty() ? std::vector<int64_t>{1} : p.shape;
+  at::TensorOptions shard_opts = at::TensorOptions().dtype(at::kFloat).device(unit->device);
+  if (options_.offload_to_cpu) shard_opts = shard_opts.device(at::kCPU).pinned_memory(unit->device.is_cuda());
+  unit->flat_shard = at::zeros({unit->shard_numel}, shard_opts);
+  for (auto& p : unit->params) {
+    std::vector<int64_t> shard_shape = p.shape;
     shard_shape[0] = p.shard_rows;
-    p.shard = at::zeros(shard_shape, full.options());
+    p.shard = at::empty({0}, unit->flat_shard.options()).set_(unit->flat_shard.storage(), p.offset, shard_shape);
     const int64_t begin = std::min(p.rows, k * p.shard_rows), end = std::min(p.rows, (k + 1) * p.shard_rows);
-    if (end > begin) p.shard.slice(0, 0, end - begin).copy_(full.reshape({p.rows, -1}).slice(0, begin, end).view(
-                         [&] { auto s = shard_shape; s[0] = end - begin; return s; }()));
+    if (end > begin) {
+      at::Tensor mine = p.shard.slice(0, 0, end - begin);
+      if (has_storage(p.full)) {
+        mine.copy_(p.full.slice(0, begin, end));
+      } else {  // built without memory: only this rank's rows are ever computed
+        TITAN_ASSERT(init, "fully_shard of '", p.name, "': a parameter without values and no init function");
+        init(p.name, mine, begin);
+      }
+    }
     p.shard.requires_grad_(true);
     // The module's parameter becomes the param_dtype holder of the full tensor, without storage.
-    full.set_data(at::empty(p.shape, full.options().dtype(options_.param_dtype)));
-    free_storage(full);
-    p.full = full;
-    torch::autograd::impl::set_post_acc_grad_hooks(full, std::make_unique<GradReadyHook>(unit.get()));
-    unit->params.push_back(std::move(p));
+    p.full.set_data(at::empty(p.shape, p.full.options().dtype(options_.param_dtype)));
+    free_storage(p.full);
+    torch::autograd::impl::set_post_acc_grad_hooks(p.full, std::make_unique<GradReadyHook>(unit.get()));
   }
   Unit* u = unit.get();
-  module.add_forward_pre_hook([u] { u->pre_forward(); });
-  module.add_forward_hook([u](const at::Tensor& out) { return u->post_forward(out); });
+  parts.front().module->add_forward_pre_hook([u] { u->pre_forward(); });
+  parts.back().module->add_forward_hook([u](const at::Tensor& out) { return u->post_forward(out); });
   units_.push_back(std::move(unit));
   if (!is_root) return;
-  // Execution order: the root's forward starts first and its backward (the output layer) first;
-  // the inner units run in the order they were sharded.
+  // Execution order: the root's forward starts first, then the inner units in the order they were
+  // sharded; backward runs them in reverse and the root (the embedding) last.
   const size_t inner = units_.size() - 1;
   for (size_t i = 0; i < inner; ++i) {
     units_[i]->next_forward = i + 1 < inner ? units_[i + 1].get() : nullptr;
-    units_[i]->next_backward = i > 0 ? units_[i - 1].get() : nullptr;
+    units_[i]->next_backward = i > 0 ? units_[i - 1].get() : u;
   }
   u->next_forward = inner > 0 ? units_[0].get() : nullptr;
   u->next_backward = inner > 0 ? units_[inner - 1].get() : nullptr;
@@ -252,14 +373,18 @@ std::vector<std::pair<std::string, at::Tensor>> FSDP::sharded_parameters() const
 }
 
 void FSDP::finish_backward() {
-  for (auto& u : units_) u->finish_reductions();
+  // Units whose parameters did not all get a gradient reduce now (every rank issues every unit's
+  // collectives); then every reduction is completed.
+  for (auto& u : units_)
+    if (u->grads_ready > 0) u->reduce_grads();
+  for (auto& u : units_) u->complete_reduce_scatter();
+  for (auto& u : units_) u->complete_all_reduce();
 }
 
 std::vector<PlacedTensor> FSDP::placed_parameters() const {
   std::vector<PlacedTensor> out;
   for (const auto& u : units_) {
     for (const auto& p : u->params) {
-      TITAN_ASSERT(!p.shape.empty(), "FSDP placement of 0-dim parameter ", p.name);
       Placement pl;
       pl.global_shape = p.shape;
       pl.shards.push_back(chunk(shard_.name(), 0, p.rows, shard_.rank(), shard_.size()));

@@ -1,18 +1,30 @@
 // FSDP (like PyTorch's FSDP2 fully_shard, ZeRO-3): parameters, gradients and optimizer state sharded
 // on dim 0 across the data-parallel shard group, for a model written for one device.
 //
-// Each unit (a transformer block, and the root: everything else) keeps, per parameter:
-//   shard  (ceil(R / N), ...) fp32 leaf: this rank's rows of the (padded) parameter; the optimizer
-//          steps these. Rows past R are padding: zero values, zero gradients.
-//   full   the module's own parameter (R, ...) in param_dtype; its storage is allocated only while
-//          the unit is unsharded (its forward and its backward) and freed otherwise.
-// Before a unit's forward its shards are all-gathered into `full` (param_dtype); after the forward
-// it reshards (blocks by default; the root keeps its parameters, its backward comes first). A hook
-// on the unit's output all-gathers again before its backward. When every parameter of the unit has
-// its gradient, the gradients are cast to reduce_dtype and reduce-scattered (summed) into the
-// shards' gradients, and the full parameters and gradients are freed. The next unit's all-gather is
-// issued before the current unit computes (prefetch), so communication overlaps compute.
-// With a replicate group (HSDP) the reduce-scattered gradients are then all-reduced across replicas.
+// A unit is a group of modules (a transformer block; [norm, output]; the root with the embedding)
+// whose parameters are gathered and reduced together. Each parameter of R rows is split by
+// torch.chunk's rule: rank k holds rows [k·s, (k+1)·s) of the parameter padded to N·s rows, s =
+// ceil(R / N). A unit keeps, per rank:
+//   flat shard  one fp32 buffer with every parameter's (s, ...) rows one after the other; each
+//               parameter's shard is a leaf tensor over its part (the optimizer steps these).
+//               Padding rows hold zeros and get zero gradients.
+//   flat grad   the same layout for the shards' gradients (the shards' .grad are views of it).
+//   full        the modules' own parameters (R, ...) in param_dtype; their storage points into a
+//               gathered buffer only while the unit is unsharded (its forward and its backward).
+// Before a unit's forward its flat shard is all-gathered (one collective, in param_dtype) and copied
+// out into the full parameters; after the forward it reshards (blocks by default; the root and the
+// last unit keep their parameters, their backward comes first). A hook on the unit's output
+// all-gathers again before its backward. When every parameter of the unit has its gradient, the
+// gradients are cast to reduce_dtype, laid out like the flat shard of every rank and reduce-scattered
+// (one collective, summed) into the flat grad, and the full parameters and gradients are freed. With
+// a replicate group (HSDP) the reduced shard is then all-reduced over replicas: issued when the next
+// unit reduces and waited for at the end of backward, off the critical path. The next unit's
+// all-gather is issued before the current unit computes (prefetch).
+//
+// Communication buffers come from a pool keyed by size and dtype: after the first step no buffer is
+// allocated again (units of one size share them). With offload_to_cpu the flat shards and grads
+// live in CPU memory (pinned when the compute device is a GPU): the optimizer steps on the CPU, each
+// all-gather first copies the shard to the device and each reduced gradient is copied back.
 //
 // Gradients are summed, not averaged: the trainer's loss is already divided by the tokens of the
 // whole global batch, so the sum over ranks is the single-process gradient.
@@ -28,6 +40,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace titan::dist {
@@ -35,7 +48,18 @@ namespace titan::dist {
 struct FSDPOptions {
   at::ScalarType param_dtype = at::kFloat;   // all-gather and compute dtype (mixed_precision_param)
   at::ScalarType reduce_dtype = at::kFloat;  // gradient reduction dtype (mixed_precision_reduce)
-  std::string reshard_after_forward = "default";  // default (all but the root) | always | never
+  std::string reshard_after_forward = "default";  // default (blocks only) | always | never
+  bool offload_to_cpu = false;  // training.enable_cpu_offload
+};
+
+// Writes rows [first_row, first_row + rows.size(0)) of parameter `name`'s initial values into `rows`:
+// FSDP initializes only the rows of this rank's shard of parameters built without memory.
+using InitRows = std::function<void(const std::string& name, at::Tensor rows, int64_t first_row)>;
+
+// One module of a unit: its name in the model ("layers.3.", "norm.", "" for the root) and the module.
+struct UnitPart {
+  std::string prefix;
+  nn::HookedModule* module;
 };
 
 class FSDP {
@@ -44,12 +68,17 @@ class FSDP {
   FSDP(Group& shard, Group* replicate, FSDPOptions options);
   ~FSDP();
 
-  // Makes `module` (called `prefix` in the model: "layers.3." or "" for the root) a unit owning its
-  // parameters not yet owned by a unit: their fp32 values are sharded and their full storage freed.
-  // Parameters created under DeferAllocation (no storage yet) are first given storage and `init` is
-  // called to fill them (layout-independent init fills only tensors with storage), so at most one
-  // unit is ever held whole. Inner units first in forward order, the root last.
-  void fully_shard(nn::HookedModule& module, const std::string& prefix, const std::function<void()>& init = {});
+  // Makes the modules of `parts` one unit owning their parameters not yet owned by a unit: their
+  // fp32 values are sharded and their full storage freed. The unit is gathered before the first
+  // part's forward and its forward ends with the last part's. Parameters created under
+  // DeferAllocation (no storage yet) get only their shard's memory, filled by `init`, so no rank
+  // holds more of the model than its shards. Units are sharded in forward order, the root (the
+  // whole model, prefix "") last. keep_after_forward: under reshard_after_forward "default", do not
+  // reshard this unit after its forward (the root always keeps).
+  void fully_shard(const std::vector<UnitPart>& parts, const InitRows& init = {}, bool keep_after_forward = false);
+  void fully_shard(nn::HookedModule& module, const std::string& prefix, const InitRows& init = {}) {
+    fully_shard({{prefix, &module}}, init);
+  }
 
   // (global name, shard) of every parameter, for the optimizer.
   std::vector<std::pair<std::string, at::Tensor>> sharded_parameters() const;
@@ -61,14 +90,23 @@ class FSDP {
   // Most bytes of padded full-size gradients held for reduce-scatters at once so far: one unit's,
   // since a unit's reductions complete before the next unit issues its own.
   int64_t peak_reduction_bytes() const { return peak_reduction_bytes_; }
+  // Communication buffers allocated so far (the pool reuses them: constant after the first step).
+  int64_t buffer_allocations() const { return pool_allocations_; }
+  size_t num_units() const { return units_.size(); }
 
   struct Unit;
 
  private:
+  friend struct Unit;
+  at::Tensor acquire(int64_t numel, at::ScalarType dtype, const at::Device& device);
+  void release(at::Tensor& buffer);
+
   Group& shard_;
   Group* replicate_;
   FSDPOptions options_;
   std::vector<std::unique_ptr<Unit>> units_;  // in forward order; the root last
+  std::map<std::tuple<int64_t, at::ScalarType, std::string>, std::vector<at::Tensor>> pool_;
+  int64_t pool_allocations_ = 0;
   int64_t peak_reduction_bytes_ = 0;
 };
 

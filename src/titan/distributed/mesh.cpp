@@ -3,6 +3,7 @@
 #include "titan/common/error.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 namespace titan::dist {
@@ -13,11 +14,14 @@ void Work::wait() {
 }
 
 Group::Group(std::string name, std::vector<int> ranks, int rank, c10::intrusive_ptr<c10d::Backend> backend,
-             CommBytes* bytes)
-    : name_(std::move(name)), ranks_(std::move(ranks)), rank_(rank), backend_(std::move(backend)), bytes_(bytes) {}
+             CommBytes* bytes, CommBytes* calls)
+    : name_(std::move(name)), ranks_(std::move(ranks)), rank_(rank), backend_(std::move(backend)), bytes_(bytes),
+      calls_(calls) {}
 
 void Group::count(const char* op, const at::Tensor& t) {
-  if (size() > 1) (*bytes_)[name_][op] += static_cast<int64_t>(t.numel() * t.element_size());
+  if (size() <= 1) return;
+  (*bytes_)[name_][op] += static_cast<int64_t>(t.numel() * t.element_size());
+  (*calls_)[name_][op] += 1;
 }
 
 Work Group::all_gather(at::Tensor& out, const at::Tensor& in) {
@@ -69,7 +73,7 @@ void Group::barrier() {
 
 Mesh::Mesh(const ParallelDims& dims, int rank, const c10::intrusive_ptr<c10d::Store>& store, BackendKind backend,
            std::chrono::milliseconds timeout, const std::string& gloo_host)
-    : dims_(dims), rank_(rank) {
+    : dims_(dims), rank_(rank), backend_(backend) {
   const std::vector<std::string> names = {"pp", "dp_replicate", "dp_shard", "cp", "tp", "dp", "dp_shard_cp",
                                           "dp_cp", "world"};
   // Dimensions with the same members (e.g. dp_shard, dp and world under plain FSDP) share one
@@ -83,8 +87,13 @@ Mesh::Mesh(const ParallelDims& dims, int rank, const c10::intrusive_ptr<c10d::St
       auto prefixed = c10::make_intrusive<c10d::PrefixStore>(name + "/" + std::to_string(ranks[0]), store);
       b = make_backend(backend, prefixed, dims_.rank_in(name, rank), static_cast<int>(ranks.size()), timeout, gloo_host);
     }
-    groups_[name] = std::make_unique<Group>(name, ranks, dims_.rank_in(name, rank), b, &bytes_);
+    groups_[name] = std::make_unique<Group>(name, ranks, dims_.rank_in(name, rank), b, &bytes_, &calls_);
   }
+}
+
+at::Device Mesh::device() const {
+  if (backend_ != BackendKind::NCCL) return at::Device(at::kCPU);
+  return at::Device(at::kCUDA, c10::impl::getDeviceGuardImpl(at::kCUDA)->getDevice().index());
 }
 
 Group& Mesh::operator[](const std::string& name) {

@@ -3,7 +3,8 @@
 //
 // Bytes are counted per group name and operation, by the size of the full buffer an operation works
 // on: all_gather counts its output (the gathered tensor), reduce_scatter its input, all_reduce and
-// broadcast the tensor, send/recv the message. A group of size 1 communicates nothing and counts 0.
+// broadcast the tensor, send/recv the message. Calls are counted per group name and operation too.
+// A group of size 1 communicates nothing and counts nothing.
 #pragma once
 
 #include "titan/distributed/parallel_dims.h"
@@ -20,7 +21,7 @@
 
 namespace titan::dist {
 
-// bytes[group][op]
+// bytes[group][op] (or calls[group][op])
 using CommBytes = std::map<std::string, std::map<std::string, int64_t>>;
 
 // A handle on an asynchronous collective. wait() blocks until it is done (and, on CUDA, makes the
@@ -38,7 +39,7 @@ class Work {
 class Group {
  public:
   Group(std::string name, std::vector<int> ranks, int rank, c10::intrusive_ptr<c10d::Backend> backend,
-        CommBytes* bytes);
+        CommBytes* bytes, CommBytes* calls);
   const std::string& name() const { return name_; }
   int size() const { return static_cast<int>(ranks_.size()); }
   int rank() const { return rank_; }                        // index of this process in the group
@@ -59,6 +60,7 @@ class Group {
   int rank_;
   c10::intrusive_ptr<c10d::Backend> backend_;  // null for a group of one
   CommBytes* bytes_;
+  CommBytes* calls_;
 };
 
 class Mesh {
@@ -75,12 +77,20 @@ class Mesh {
   Group& operator[](const std::string& name);
 
   const CommBytes& bytes() const { return bytes_; }
-  void reset_bytes() { bytes_.clear(); }
+  const CommBytes& calls() const { return calls_; }
+  // Clears the byte and call counts.
+  void reset_bytes() {
+    bytes_.clear();
+    calls_.clear();
+  }
+  // Where collective inputs must live: the current CUDA device under NCCL, the CPU under Gloo.
+  at::Device device() const;
 
  private:
   ParallelDims dims_;
   int rank_;
-  CommBytes bytes_;
+  BackendKind backend_;
+  CommBytes bytes_, calls_;
   std::map<std::string, std::unique_ptr<Group>> groups_;
 };
 

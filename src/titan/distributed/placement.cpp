@@ -76,7 +76,7 @@ at::Tensor total_norm(const std::vector<PlacedTensor>& params, Mesh& mesh, std::
   }
   at::Tensor sum_sq;
   for (auto& [groups, gs] : by_groups) {
-    at::Tensor s = grad_sum_of_squares(gs);
+    at::Tensor s = grad_sum_of_squares(gs).to(mesh.device());  // CPU-offloaded gradients, NCCL groups
     for (const auto& name : groups) mesh[name].all_reduce(s).wait();
     sum_sq = sum_sq.defined() ? sum_sq + s : s;
   }

@@ -7,6 +7,7 @@
 #include <torch/nn/module.h>
 
 #include <cstdint>
+#include <string>
 
 namespace titan {
 
@@ -14,8 +15,12 @@ class LanguageModelImpl : public nn::HookedModule {
  public:
   // tokens (B, S) int64 -> logits (B, S, V).
   virtual at::Tensor forward(const at::Tensor& tokens_BS) = 0;
-  // Fills every parameter as a function of (seed, parameter name) only.
-  virtual void init_weights(uint64_t seed) = 0;
+  // Writes rows [first_row, first_row + rows.size(0)) (dim 0 of the global parameter `name`) of that
+  // parameter's initial values into `rows` (any dtype and device): values are a function of (seed,
+  // name, element) only, so FSDP computes just the rows of a rank's shard.
+  virtual void init_rows(uint64_t seed, const std::string& name, at::Tensor rows, int64_t first_row) const = 0;
+  // Fills every parameter that has storage (see tensor_storage.h) with init_rows.
+  void init_weights(uint64_t seed);
   // Training FLOPs per token at sequence length seq_len (torchtitan's formula for this model).
   virtual double flops_per_token(int64_t seq_len) const = 0;
   // Number of token ids the model embeds and predicts.

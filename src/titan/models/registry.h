@@ -24,9 +24,12 @@ class FSDP;
 // What the trainer hands a model's parallelize function: the parallelisms to apply (null: off).
 struct ParallelizeContext {
   dist::FSDP* fsdp = nullptr;  // shard the model's units with fsdp->fully_shard, inner units first
-  std::function<void()> init_weights;  // fills parameters as they get memory (DeferAllocation)
-  // Activation checkpointing of the repeated blocks: "none", "full" (every block) or "selective"
-  // (every ac_every-th block, counting from 1, as torchtitan's selective_ac_option k does).
+  // Initial values of rows of a parameter (LanguageModelImpl::init_rows with the run's seed): FSDP
+  // fills the shards of parameters built without memory (DeferAllocation) with it.
+  std::function<void(const std::string& name, at::Tensor rows, int64_t first_row)> init_rows;
+  // Activation checkpointing of the repeated blocks: "none", "full" (every block), "selective"
+  // (every ac_every-th block, counting from 1, as torchtitan's selective_ac_option k does) or "op"
+  // (every block, keeping the outputs of matmuls and attention: selective_ac_option "op").
   std::string ac_mode = "none";
   int64_t ac_every = 1;
 };

@@ -8,6 +8,7 @@
 #include "titan/components/metrics/format.h"
 #include "titan/config/field.h"
 #include "titan/distributed/process_group.h"
+#include "titan/models/common/loss.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -19,10 +20,32 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <iterator>
+#include <sstream>
+
+#include <time.h>    // clock_gettime(CLOCK_BOOTTIME)
+#include <unistd.h>  // sysconf(_SC_CLK_TCK)
 
 namespace titan {
 namespace {
 using Clock = std::chrono::steady_clock;
+
+// Seconds since this process started: its start time in /proc/self/stat (field 22, clock ticks
+// since boot) against CLOCK_BOOTTIME. 0 where that is unavailable.
+double seconds_since_process_start() {
+  std::ifstream f("/proc/self/stat");
+  const std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const size_t paren = stat.rfind(')');
+  if (paren == std::string::npos) return 0;
+  std::istringstream fields(stat.substr(paren + 1));  // field 3 (state) onwards
+  std::string field;
+  for (int i = 3; i <= 22 && fields >> field; ++i) {
+  }
+  timespec now{};
+  if (field.empty() || clock_gettime(CLOCK_BOOTTIME, &now) != 0) return 0;
+  return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec) -
+         std::stod(field) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
 }  // namespace
 
 void Trainer::log_info(const std::string& msg) const {
@@ -91,17 +114,22 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   // bf16 parameters; without FSDP the forward runs under bf16 autocast (as torchtitan does).
   const at::ScalarType param_dtype = tr.dtype == "bfloat16" ? at::kBFloat16 : at::kFloat;
   const bool bf16_compute = device_.is_cuda() && tr.mixed_precision_param == "bfloat16" && param_dtype == at::kFloat;
-  TITAN_USER_CHECK(!dims_->fsdp_enabled() || param_dtype == at::kFloat,
-                   "training.dtype bfloat16 with FSDP is not supported; FSDP keeps fp32 shards (use float32)");
-  bf16_autocast_ = bf16_compute && !dims_->fsdp_enabled();
+  // CPU offload keeps FSDP's shards in CPU memory: it shards over dp_shard_cp even when that is one
+  // rank (one GPU, or replicas only), as torchtitan's fully_shard with an offload policy does.
+  const bool use_fsdp = dims_->fsdp_enabled() || tr.enable_cpu_offload;
+  TITAN_USER_CHECK(!use_fsdp || param_dtype == at::kFloat, "training.dtype bfloat16 with FSDP",
+                   tr.enable_cpu_offload ? " (CPU offload shards with FSDP)" : "",
+                   " is not supported; FSDP keeps fp32 shards (use float32)");
+  bf16_autocast_ = bf16_compute && !use_fsdp;
 
   // ---- tokenizer and model
   tokenizer_ = load_tokenizer(cfg_.model.hf_assets_path);
   const ModelSpec& spec = model_spec(cfg_.model.name);
+  const auto model_start = Clock::now();  // build, initialization and sharding: for the start-up line
   {
     // Under FSDP the parameters get memory and values one unit at a time, while being sharded.
     std::optional<DeferAllocation> defer;
-    if (dims_->fsdp_enabled()) defer.emplace();
+    if (use_fsdp) defer.emplace();
     model_ = spec.build(cfg_.model.flavor, at::TensorOptions().device(device_).dtype(param_dtype), tr.seq_len);
   }
   model_->init_weights(seed);  // every rank draws the same global model: values depend on (seed, name)
@@ -111,8 +139,9 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
                    " has a vocabulary of ", vocab, ": choose the flavor's tokenizer with --model.hf_assets_path");
 
   // ---- data parallelism: FSDP/HSDP shard the model; DDP keeps it whole and all-reduces gradients
-  if (dims_->fsdp_enabled()) {
+  if (use_fsdp) {
     dist::FSDPOptions fo;
+    fo.offload_to_cpu = tr.enable_cpu_offload;
     fo.param_dtype = bf16_compute ? at::kBFloat16 : at::kFloat;
     fo.reduce_dtype = at::kFloat;
     fo.reshard_after_forward = cfg_.parallelism.fsdp_reshard_after_forward;
@@ -120,10 +149,20 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   }
   // The model's parallelize function applies what the config asks (activation checkpointing, FSDP).
   TITAN_ASSERT(spec.parallelize, "model ", spec.name, " has no parallelize function");
-  ParallelizeContext pctx{fsdp_.get(), [this, seed] { model_->init_weights(seed); }};
+  ParallelizeContext pctx;
+  pctx.fsdp = fsdp_.get();
+  pctx.init_rows = [this, seed](const std::string& name, at::Tensor rows, int64_t first_row) {
+    model_->init_rows(seed, name, std::move(rows), first_row);
+  };
   pctx.ac_mode = cfg_.activation_checkpoint.mode;
-  if (pctx.ac_mode == "selective") pctx.ac_every = std::stoll(cfg_.activation_checkpoint.selective_ac_option);
+  if (pctx.ac_mode == "selective") {
+    if (cfg_.activation_checkpoint.selective_ac_option == "op")
+      pctx.ac_mode = "op";
+    else
+      pctx.ac_every = std::stoll(cfg_.activation_checkpoint.selective_ac_option);
+  }
   spec.parallelize(*model_, pctx);
+  const double model_seconds = std::chrono::duration<double>(Clock::now() - model_start).count();
   if (fsdp_) {
     params_ = fsdp_->placed_parameters();
   } else {
@@ -136,7 +175,7 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   }
   std::vector<std::pair<std::string, at::Tensor>> named;
   for (const auto& p : params_) named.emplace_back(p.name, p.local);
-  if (dims_->ddp_enabled()) ddp_ = std::make_unique<dist::DDP>(named, (*mesh_)["dp_replicate"]);
+  if (dims_->ddp_enabled() && !fsdp_) ddp_ = std::make_unique<dist::DDP>(named, (*mesh_)["dp_replicate"]);
 
   // ---- optimizer and learning-rate schedule
   const auto& o = cfg_.optimizer;
@@ -185,7 +224,8 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   if (env_.rank == 0) std::ofstream(saved) << to_toml(cfg_);
   log_info("Starting job: " + cfg_.job.description);
   log_info("Processes: " + dist::describe(env_) + "; parallelism " + dims_->describe() +
-           (fsdp_ ? (dims_->dp_replicate_enabled() ? " (HSDP)" : " (FSDP)") : ddp_ ? " (DDP)" : ""));
+           (fsdp_ ? (dims_->dp_replicate_enabled() ? " (HSDP)" : " (FSDP)") : ddp_ ? " (DDP)" : "") +
+           (tr.enable_cpu_offload ? "; parameters, gradients and optimizer state offloaded to CPU memory" : ""));
   if (cfg_.job.print_config && env_.rank == 0) {
     std::cout << to_toml(cfg_);
   } else {
@@ -200,9 +240,11 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
                 device_.str().c_str(), bf16_autocast_ ? ", bf16 autocast" : "");
   log_info(buf);
   const auto& ac = cfg_.activation_checkpoint;
-  log_info("Activation checkpointing: " + (ac.mode == "none"   ? std::string("off")
-                                           : ac.mode == "full" ? std::string("every block")
-                                                               : "1 block in " + ac.selective_ac_option));
+  log_info("Activation checkpointing: " +
+           (ac.mode == "none"                   ? std::string("off")
+            : ac.mode == "full"                 ? std::string("every block")
+            : ac.selective_ac_option == "op" ? std::string("per operator (matmul and attention outputs kept)")
+                                                : "1 block in " + ac.selective_ac_option));
   log_info("Data: " + dataloader_->description() + "; tokenizer vocabulary " +
            std::to_string(tokenizer_->vocab_size()));
   log_info("Training " + std::to_string(tr.steps) + " steps: local batch " + std::to_string(tr.local_batch_size) +
@@ -211,6 +253,9 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
 
   // ---- checkpoints: resume from the latest one in the folder (or the initial load)
   set_up_checkpointing();
+  std::snprintf(buf, sizeof buf, "Start-up: %.2f s (model built and initialized in %.2f s)",
+                seconds_since_process_start(), model_seconds);
+  log_info(buf);
 }
 
 StepResult Trainer::train_step() {
@@ -235,9 +280,8 @@ StepResult Trainer::train_step() {
     {
       CudaBf16Autocast autocast(bf16_autocast_);
       at::Tensor logits_BSV = model_->forward(inputs_BS);
-      loss = at::cross_entropy_loss(logits_BSV.flatten(0, 1).to(at::kFloat), labels_BS.flatten(0, 1), {},
-                                    at::Reduction::Sum) /
-             global_tokens;
+      // Chunked: no fp32 copy of the whole batch's logits, no fp32 log-softmax saved (docs/memory.md).
+      loss = nn::cross_entropy_sum(logits_BSV.flatten(0, 1), labels_BS.flatten(0, 1)) / global_tokens;
     }
     if (ddp_) ddp_->set_sync(micro == grad_accum_steps_ - 1);  // all-reduce once, after the last
     loss.backward();

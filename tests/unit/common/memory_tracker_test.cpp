@@ -2,6 +2,7 @@
 #include "titan/common/memory_tracker.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>
 
 #include <thread>
@@ -51,6 +52,20 @@ TEST(MemoryTracker, ThreadsAndViewsCountStorageOnce) {
   at::Tensor a = at::empty({256});
   at::Tensor v = a.slice(0, 0, 8);
   EXPECT_EQ(cpu_allocation_count(), count + 1);
+}
+
+// oneDNN takes scratch memory through Allocator::raw_allocate, which needs the data pointer to be
+// the deleter's context: those bytes are counted too.
+TEST(MemoryTracker, RawAllocationsAreCounted) {
+  install_cpu_tracking();
+  const int64_t before = cpu_allocated_bytes();
+  c10::Allocator* a = c10::GetCPUAllocator();
+  void* p = a->raw_allocate(1000);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(p) % 64, 0u);
+  EXPECT_EQ(cpu_allocated_bytes() - before, 1000);
+  a->raw_deallocate(p);
+  EXPECT_EQ(cpu_allocated_bytes(), before);
 }
 
 }  // namespace

@@ -23,8 +23,6 @@ TEST(ConfigSupported, EachGatedFeatureIsAnErrorNamingItsKey) {
       {{"--parallelism.enable_async_tensor_parallel"}, "parallelism.enable_async_tensor_parallel = true"},
       {{"--profiling.enable_profiling"}, "--profiling.enable_profiling false"},
       {{"--profiling.enable_memory_snapshot"}, "profiling.enable_memory_snapshot"},
-      {{"--activation_checkpoint.mode", "selective", "--activation_checkpoint.selective_ac_option", "op"},
-       "activation_checkpoint.selective_ac_option = \"op\""},
       {{"--activation_checkpoint.mode", "memory_budget"}, "activation_checkpoint.mode = \"memory_budget\""},
       {{"--model.converters", "float8"}, "model.converters = [\"quantize.linear.float8\"]"},
       {{"--float8.enable_float8_linear"}, "--model.converters="},
@@ -34,7 +32,6 @@ TEST(ConfigSupported, EachGatedFeatureIsAnErrorNamingItsKey) {
       {{"--metrics.enable_wandb"}, "--metrics.enable_wandb false"},
       {{"--fault_tolerance.enable"}, "fault_tolerance.enable"},
       {{"--experimental.custom_import", "my.models"}, "experimental.custom_import = \"my.models\""},
-      {{"--training.enable_cpu_offload"}, "training.enable_cpu_offload"},
   };
   for (const auto& [args, expected] : cases) {
     std::vector<std::string> all = {"--activation_checkpoint.mode", "none"};

@@ -18,6 +18,8 @@
 #include "titan/distributed/placement.h"
 #include "titan/models/common/activation_checkpoint.h"
 #include "titan/models/llama3/model.h"
+#include "titan/models/llama3/parallelize.h"
+#include "titan/models/registry.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -26,6 +28,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <set>
 
 namespace titan {
 namespace {
@@ -43,7 +46,7 @@ TITAN_TEST_WORKER_FN(data_parallel) {
   const int rank = env_int("TITAN_TEST_RANK"), world = env_int("TITAN_TEST_WORLD");
   const int replicate = env_int("TITAN_TEST_REPLICATE"), shard = env_int("TITAN_TEST_SHARD");
   const std::string reshard = std::getenv("TITAN_TEST_RESHARD");
-  const bool ac = std::getenv("TITAN_TEST_AC") && std::string(std::getenv("TITAN_TEST_AC")) == "1";
+  const std::string ac = std::getenv("TITAN_TEST_AC") ? std::getenv("TITAN_TEST_AC") : "none";
   const auto port = static_cast<uint16_t>(env_int("TITAN_TEST_PORT"));
   at::set_num_threads(1);
   auto store = dist::make_tcp_store("127.0.0.1", port, false, 60s);
@@ -74,26 +77,37 @@ TITAN_TEST_WORKER_FN(data_parallel) {
   for (const auto& p : ref->named_parameters()) ref_named.emplace_back(p.key(), p.value());
   const int64_t full_bytes = ref->num_params() * 4;
 
-  // Activation checkpointing inside FSDP's (or DDP's) hooks: the recomputation must communicate
-  // nothing more (the byte counts below are the same as without it).
-  if (ac)
-    for (size_t i = 0; i < par->layers->size(); ++i)
-      nn::apply_activation_checkpointing(*par->layers[i]->as<llama3::TransformerBlock>());
+  // The model's own plan (llama3::parallelize): activation checkpointing inside FSDP's (or DDP's)
+  // hooks, whose recomputation must communicate nothing more (the counts below are the same as
+  // without it); FSDP units: each block, [norm, output], the root.
+  ParallelizeContext ctx;
+  ctx.ac_mode = ac;
   std::unique_ptr<dist::FSDP> fsdp;
   std::unique_ptr<dist::DDP> ddp;
   std::vector<std::pair<std::string, at::Tensor>> par_named;
   if (dims.fsdp_enabled()) {
     fsdp = std::make_unique<dist::FSDP>(mesh["dp_shard_cp"], &mesh["dp_replicate"], dist::FSDPOptions{at::kFloat, at::kFloat, reshard});
-    auto init = [&] { par->init_weights(11); };
-    for (size_t i = 0; i < par->layers->size(); ++i)
-      fsdp->fully_shard(*par->layers[i]->as<llama3::TransformerBlock>(), "layers." + std::to_string(i) + ".", init);
-    fsdp->fully_shard(*par, "", init);
+    ctx.fsdp = fsdp.get();
+    ctx.init_rows = [&](const std::string& name, at::Tensor rows, int64_t first) { par->init_rows(11, name, rows, first); };
+  }
+  llama3::parallelize(*par, ctx);
+  if (fsdp) {
     par_named = fsdp->sharded_parameters();
   } else {
     for (const auto& p : par->named_parameters()) par_named.emplace_back(p.key(), p.value());
     ddp = std::make_unique<dist::DDP>(par_named, mesh["dp_replicate"], /*bucket_bytes=*/64 << 10);
     TITAN_WORKER_CHECK(ddp->num_buckets() > 2, "expected several buckets, got %zu", ddp->num_buckets());
   }
+  // FSDP's units: blocks reshard after forward (unless "never"); [norm, output] and the root only
+  // with "always".
+  auto unit_of = [](const std::string& name) {
+    if (name.rfind("layers.", 0) == 0) return name.substr(0, name.find('.', 7));
+    return std::string(name.rfind("norm.", 0) == 0 || name.rfind("output.", 0) == 0 ? "head" : "root");
+  };
+  auto reshards = [&](const std::string& unit) {
+    return reshard == "always" || (reshard == "default" && unit.rfind("layers.", 0) == 0);
+  };
+  int64_t buffers_after_first_step = -1;
   OptimizerOptions oo;
   oo.lr = 1e-3;
   Optimizer ref_opt(ref_named, oo), par_opt(par_named, oo);
@@ -148,24 +162,45 @@ TITAN_TEST_WORKER_FN(data_parallel) {
     TITAN_WORKER_CHECK(std::abs(norm - ref_norm) <= 1e-5 * ref_norm, "step %lld gradient norm %.8f vs single process %.8f",
                        (long long)step, norm, ref_norm);
 
-    // Communication volume of this step (bytes of the full buffers, see mesh.h).
+    // Communication of this step: volume (bytes of the full buffers, see mesh.h) and calls. FSDP
+    // issues one all-gather per unit for forward, one more for backward if it resharded, one
+    // reduce-scatter per unit and, under HSDP, one all-reduce per unit over the replicas.
     if (fsdp) {
-      int64_t gathered = 0, reduced = 0;
+      int64_t gathered = 0, reduced = 0, gathers = 0;
+      std::set<std::string> units;
       for (auto& [name, p] : par_named) {
         const int64_t padded_bytes = p.numel() * mesh["dp_shard_cp"].size() * 4;
-        const bool root = name.rfind("layers.", 0) != 0;
-        const bool reshards = reshard == "always" || (reshard == "default" && !root);
-        gathered += padded_bytes * (reshards ? 2 : 1);  // forward, and again for backward if freed
+        const std::string unit = unit_of(name);
+        gathered += padded_bytes * (reshards(unit) ? 2 : 1);  // forward, and again for backward if freed
         reduced += padded_bytes;
+        if (units.insert(unit).second) gathers += reshards(unit) ? 2 : 1;
       }
+      const int64_t n_units = static_cast<int64_t>(units.size());
+      TITAN_WORKER_CHECK(n_units == static_cast<int64_t>(par->layers->size()) + 2 &&
+                         static_cast<int64_t>(fsdp->num_units()) == n_units, "%lld units", (long long)n_units);
       const auto& bytes = mesh.bytes().at("dp_shard_cp");
+      const auto& calls = mesh.calls().at("dp_shard_cp");
       TITAN_WORKER_CHECK(bytes.at("all_gather") == gathered, "all-gather moved %lld bytes, expected %lld",
                     (long long)bytes.at("all_gather"), (long long)gathered);
       TITAN_WORKER_CHECK(bytes.at("reduce_scatter") == reduced, "reduce-scatter moved %lld bytes, expected %lld",
                     (long long)bytes.at("reduce_scatter"), (long long)reduced);
-      if (dims.dp_replicate_enabled())
+      TITAN_WORKER_CHECK(calls.at("all_gather") == gathers, "%lld all-gathers, expected %lld",
+                         (long long)calls.at("all_gather"), (long long)gathers);
+      TITAN_WORKER_CHECK(calls.at("reduce_scatter") == n_units, "%lld reduce-scatters, expected one per unit (%lld)",
+                         (long long)calls.at("reduce_scatter"), (long long)n_units);
+      TITAN_WORKER_CHECK(calls.size() == 3 && calls.at("all_reduce") == 1,
+                         "the shard group saw more than the unit collectives and the gradient norm's all-reduce");
+      if (dims.dp_replicate_enabled()) {
         TITAN_WORKER_CHECK(mesh.bytes().at("dp_replicate").at("all_reduce") == reduced / mesh["dp_shard_cp"].size(),
                       "HSDP all-reduce volume");
+        TITAN_WORKER_CHECK(mesh.calls().at("dp_replicate").at("all_reduce") == n_units, "%lld HSDP all-reduces, expected %lld",
+                           (long long)mesh.calls().at("dp_replicate").at("all_reduce"), (long long)n_units);
+      }
+      // Communication buffers are allocated in the first step only, then reused.
+      if (step == 0) buffers_after_first_step = fsdp->buffer_allocations();
+      TITAN_WORKER_CHECK(fsdp->buffer_allocations() == buffers_after_first_step,
+                         "step %lld allocated communication buffers (%lld, after step 1: %lld)", (long long)step,
+                         (long long)fsdp->buffer_allocations(), (long long)buffers_after_first_step);
     } else {
       TITAN_WORKER_CHECK(mesh.bytes().at("dp_replicate").at("all_reduce") == full_bytes, "DDP all-reduce moved %lld bytes",
                     (long long)mesh.bytes().at("dp_replicate").at("all_reduce"));
@@ -177,10 +212,7 @@ TITAN_TEST_WORKER_FN(data_parallel) {
   // Gradient reductions in flight never hold more than one unit's padded full-size gradients.
   if (fsdp) {
     std::map<std::string, int64_t> unit_bytes;
-    for (auto& [name, p] : par_named) {
-      const std::string unit = name.rfind("layers.", 0) == 0 ? name.substr(0, name.find('.', 7)) : "root";
-      unit_bytes[unit] += p.numel() * mesh["dp_shard_cp"].size() * 4;
-    }
+    for (auto& [name, p] : par_named) unit_bytes[unit_of(name)] += p.numel() * mesh["dp_shard_cp"].size() * 4;
     int64_t largest = 0;
     for (auto& [u, b] : unit_bytes) largest = std::max(largest, b);
     TITAN_WORKER_CHECK(fsdp->peak_reduction_bytes() > 0 && fsdp->peak_reduction_bytes() <= largest,
@@ -217,14 +249,14 @@ TITAN_TEST_WORKER_FN(data_parallel) {
   return 0;
 }
 
-void run_layout(int world, int replicate, int shard, const std::string& reshard = "default", bool ac = false) {
+void run_layout(int world, int replicate, int shard, const std::string& reshard = "default", const std::string& ac = "none") {
   auto server = dist::make_tcp_store("127.0.0.1", 0, true, 60s);
   auto results = test::run_workers("data_parallel", world,
                                    {{"TITAN_TEST_PORT", std::to_string(dist::store_port(server))},
                                     {"TITAN_TEST_WORLD", std::to_string(world)},
                                     {"TITAN_TEST_REPLICATE", std::to_string(replicate)},
                                     {"TITAN_TEST_SHARD", std::to_string(shard)},
-                                    {"TITAN_TEST_RESHARD", reshard}, {"TITAN_TEST_AC", ac ? "1" : "0"},
+                                    {"TITAN_TEST_RESHARD", reshard}, {"TITAN_TEST_AC", ac},
                                     {"OMP_NUM_THREADS", "1"}},
                                    300s);
   for (size_t r = 0; r < results.size(); ++r) {
@@ -281,8 +313,9 @@ TEST(DataParallel, FsdpWorldOneEqualsThePlainModelOnCuda) {
 }
 
 TEST(DataParallel, Fsdp2) { run_layout(2, 1, 2); }
-TEST(DataParallel, Fsdp2WithActivationCheckpointing) { run_layout(2, 1, 2, "default", /*ac=*/true); }
-TEST(DataParallel, Ddp2WithActivationCheckpointing) { run_layout(2, 2, 1, "default", /*ac=*/true); }
+TEST(DataParallel, Fsdp2WithActivationCheckpointing) { run_layout(2, 1, 2, "default", "full"); }
+TEST(DataParallel, Fsdp2WithPerOperatorActivationCheckpointing) { run_layout(2, 1, 2, "default", "op"); }
+TEST(DataParallel, Ddp2WithActivationCheckpointing) { run_layout(2, 2, 1, "default", "full"); }
 TEST(DataParallel, Fsdp4ReshardAlways) { run_layout(4, 1, 4, "always"); }
 TEST(DataParallel, Fsdp2ReshardNever) { run_layout(2, 1, 2, "never"); }
 TEST(DataParallel, Hsdp2x2) { run_layout(4, 2, 2); }

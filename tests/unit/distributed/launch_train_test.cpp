@@ -100,6 +100,32 @@ TEST(LaunchTrain, Fsdp2WithGradientAccumulation) {
   expect_same_training(run(launch(2), train_args(dir.path(), 2), dir));
 }
 
+// CPU offload: FSDP's shards, gradients and optimizer state in CPU memory (on a CPU run the compute
+// device is the CPU too, so this checks the offload path's bookkeeping: the copies, the one-rank
+// FSDP it uses without data parallelism, and the replica-only layout), with unchanged training.
+TEST(LaunchTrain, CpuOffloadOneProcess) {
+  test::TempDir dir;
+  auto args = train_args(dir.path(), 8);
+  args.push_back("--training.enable_cpu_offload");
+  std::vector<std::string> titan = {kTitan};
+  expect_same_training(run(titan, args, dir));
+}
+
+TEST(LaunchTrain, CpuOffloadFsdp2) {
+  test::TempDir dir;
+  auto args = train_args(dir.path(), 4);
+  args.push_back("--training.enable_cpu_offload");
+  expect_same_training(run(launch(2), args, dir));
+}
+
+TEST(LaunchTrain, CpuOffloadWithReplicasOnly) {
+  test::TempDir dir;
+  auto args = train_args(dir.path(), 4);
+  args.insert(args.end(), {"--parallelism.data_parallel_replicate_degree", "2", "--parallelism.data_parallel_shard_degree",
+                           "1", "--training.enable_cpu_offload"});
+  expect_same_training(run(launch(2), args, dir));
+}
+
 TEST(LaunchTrain, TorchrunNoPython) {
   const std::string torchrun = kSource + "/.venv/bin/torchrun";
   ASSERT_TRUE(std::filesystem::exists(torchrun)) << "run scripts/setup.sh";

@@ -70,5 +70,50 @@ TEST(ActivationCheckpoint, TheBodyRunsAgainInBackwardAndKeepsOnlyItsInputs) {
   EXPECT_FALSE(nn::checkpoint(body, {x}).requires_grad());
 }
 
+// Per-operator policy: the matmuls and attention keep their outputs; the recomputation runs only the
+// cheap operations. Losses and gradients equal the plain model's to fp32 rounding (a kept matmul's
+// backward is written out, so its rounding may differ from ATen's by an ulp).
+TEST(ActivationCheckpoint, PerOperatorPolicyGivesTheSameGradients) {
+  at::Tensor seq = at::randint(101, {3, 17}, at::kLong);
+  llama3::Transformer plain(tiny(), at::TensorOptions());
+  plain->init_weights(4);
+  auto [ref_loss, ref_grads] = loss_and_grads(plain, seq);
+  llama3::Transformer m(tiny(), at::TensorOptions());
+  m->init_weights(4);
+  ParallelizeContext ctx;
+  ctx.ac_mode = "op";
+  model_spec("llama3").parallelize(*m, ctx);
+  auto [loss, grads] = loss_and_grads(m, seq);
+  EXPECT_NEAR(loss, ref_loss, 1e-6 * ref_loss);
+  for (const auto& [name, g] : ref_grads) EXPECT_LT(test::relative_error(grads.at(name), g), 1e-5) << name;
+}
+
+TEST(ActivationCheckpoint, PerOperatorPolicyRecomputesOnlyTheCheapOperations) {
+  int expensive = 0, cheap = 0;
+  at::Tensor w1 = at::randn({8, 8}).requires_grad_(true), w2 = at::randn({8, 8}).requires_grad_(true);
+  nn::HookedModule::Body body = [&](const std::vector<at::Tensor>& in) {
+    ++cheap;
+    at::Tensor h = at::tanh(nn::saveable_linear(in[0], w1));
+    h = nn::saveable_op({h}, [&](const std::vector<at::Tensor>& a) {
+      ++expensive;
+      return at::softmax(a[0], -1);
+    });
+    return nn::saveable_linear(at::sin(h), w2).sum(1);
+  };
+  at::Tensor x = at::randn({4, 8}).requires_grad_(true);
+  at::Tensor out = nn::checkpoint(body, {x}, /*save_ops=*/true);
+  EXPECT_EQ(cheap, 1);
+  EXPECT_EQ(expensive, 1);
+  out.sum().backward();
+  EXPECT_EQ(cheap, 2);      // the body ran again...
+  EXPECT_EQ(expensive, 2);  // ...without the kept op: it ran once more only for its own backward
+  at::Tensor xr = x.detach().requires_grad_(true), w1r = w1.detach().clone().requires_grad_(true),
+             w2r = w2.detach().clone().requires_grad_(true);
+  at::linear(at::sin(at::softmax(at::tanh(at::linear(xr, w1r)), -1)), w2r).sum(1).sum().backward();
+  EXPECT_LT(test::relative_error(x.grad(), xr.grad()), 1e-6);
+  EXPECT_LT(test::relative_error(w1.grad(), w1r.grad()), 1e-6);
+  EXPECT_LT(test::relative_error(w2.grad(), w2r.grad()), 1e-6);
+}
+
 }  // namespace
 }  // namespace titan

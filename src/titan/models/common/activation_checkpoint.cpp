@@ -9,16 +9,62 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <deque>
 
 namespace titan::nn {
 namespace {
 
 using torch::autograd::variable_list;
 
+// The outputs the per-operator policy keeps for one checkpointed call, in the order the body
+// produces them: recorded by the forward (without grad), handed out again in the same order by the
+// recomputation.
+struct OpTape {
+  enum class Mode { Record, Replay } mode = Mode::Record;
+  std::deque<at::Tensor> outputs;
+};
+thread_local OpTape* current_tape = nullptr;
+
+struct TapeScope {
+  OpTape* previous;
+  explicit TapeScope(OpTape* tape) : previous(current_tape) { current_tape = tape; }
+  ~TapeScope() { current_tape = previous; }
+};
+
+at::Tensor next_kept_output() {
+  TORCH_CHECK(!current_tape->outputs.empty(), "activation checkpointing: the recomputation ran more kept operations "
+              "than the forward (the checkpointed body must do the same operations every time)");
+  at::Tensor out = current_tape->outputs.front();
+  current_tape->outputs.pop_front();
+  return out;
+}
+
+// A matmul whose output was kept: forward hands out the kept output, backward is the linear's own.
+struct KeptLinear : public torch::autograd::Function<KeptLinear> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& kept) {
+    ctx->save_for_backward({x, weight});
+    return kept.detach();
+  }
+  static variable_list backward(torch::autograd::AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &w = saved[1];
+    const at::Tensor g = grads[0];  // (..., out), the kept output's dtype (autocast's, under autocast)
+    at::Tensor gx, gw;
+    if (ctx->needs_input_grad(0)) gx = at::matmul(g, w.to(g.scalar_type())).to(x.scalar_type());
+    if (ctx->needs_input_grad(1))
+      gw = at::mm(g.reshape({-1, g.size(-1)}).t(), x.to(g.scalar_type()).reshape({-1, x.size(-1)})).to(w.scalar_type());
+    return {gx, gw, at::Tensor()};
+  }
+};
+
 // The backward of a checkpointed body: recompute it with a graph, then back-propagate the output's
 // gradient through it (parameter gradients accumulate as usual; input gradients are returned).
 struct CheckpointBackward : torch::autograd::Node {
   HookedModule::Body body;
+  std::unique_ptr<OpTape> tape;  // per-operator policy: the kept outputs (null: recompute everything)
   std::vector<at::Tensor> inputs;  // detached
   std::vector<bool> needs_grad;
   bool cuda_autocast = false;
@@ -33,8 +79,11 @@ struct CheckpointBackward : torch::autograd::Node {
     {
       at::AutoGradMode grad_mode(true);
       CudaBf16Autocast autocast(cuda_autocast);
+      if (tape) tape->mode = OpTape::Mode::Replay;
+      TapeScope scope(tape.get());
       out = body(in);
     }
+    tape.reset();
     torch::autograd::backward({out}, {grads[0]});
     variable_list result;
     for (size_t i = 0; i < in.size(); ++i) result.push_back(needs_grad[i] ? in[i].grad() : at::Tensor());
@@ -45,14 +94,11 @@ struct CheckpointBackward : torch::autograd::Node {
 
 }  // namespace
 
-at::Tensor checkpoint(const HookedModule::Body& body, const std::vector<at::Tensor>& inputs) {
-  if (!at::GradMode::is_enabled()) return body(inputs);
-  at::Tensor out;
-  {
-    at::NoGradGuard no_grad;
-    out = body(inputs);
-  }
-  auto node = std::shared_ptr<CheckpointBackward>(new CheckpointBackward(), torch::autograd::deleteNode);
+namespace {
+
+// Attaches `node` (recomputing `body` from `inputs` in backward) as the producer of `out`.
+at::Tensor attach(at::Tensor out, std::shared_ptr<CheckpointBackward> node, const HookedModule::Body& body,
+                  const std::vector<at::Tensor>& inputs) {
   node->body = body;
   for (const auto& t : inputs) {
     node->inputs.push_back(t.defined() ? t.detach() : t);
@@ -64,9 +110,52 @@ at::Tensor checkpoint(const HookedModule::Body& body, const std::vector<at::Tens
   return out;
 }
 
-void apply_activation_checkpointing(HookedModule& module) {
-  module.set_forward_wrapper([](const HookedModule::Body& body, const std::vector<at::Tensor>& inputs) {
-    return checkpoint(body, inputs);
+std::shared_ptr<CheckpointBackward> new_node() {
+  return std::shared_ptr<CheckpointBackward>(new CheckpointBackward(), torch::autograd::deleteNode);
+}
+
+}  // namespace
+
+at::Tensor checkpoint(const HookedModule::Body& body, const std::vector<at::Tensor>& inputs, bool save_ops) {
+  if (!at::GradMode::is_enabled()) return body(inputs);
+  auto node = new_node();
+  if (save_ops) node->tape = std::make_unique<OpTape>();
+  at::Tensor out;
+  {
+    at::NoGradGuard no_grad;
+    TapeScope scope(node->tape.get());
+    out = body(inputs);
+  }
+  return attach(out, node, body, inputs);
+}
+
+at::Tensor saveable_linear(const at::Tensor& x, const at::Tensor& weight) {
+  if (!current_tape) return at::linear(x, weight);
+  if (current_tape->mode == OpTape::Mode::Record) {
+    at::Tensor out = at::linear(x, weight);
+    current_tape->outputs.push_back(out);
+    return out;
+  }
+  return KeptLinear::apply(x, weight, next_kept_output());
+}
+
+at::Tensor saveable_op(const std::vector<at::Tensor>& inputs, const HookedModule::Body& op) {
+  if (!current_tape) return op(inputs);
+  if (current_tape->mode == OpTape::Mode::Record) {
+    at::Tensor out = op(inputs);
+    current_tape->outputs.push_back(out);
+    return out;
+  }
+  // The kept output, back-propagated by running op again with a graph (a checkpoint of op alone).
+  at::Tensor kept = next_kept_output().detach();
+  if (!at::GradMode::is_enabled()) return kept;
+  TapeScope none(nullptr);
+  return attach(kept, new_node(), op, inputs);
+}
+
+void apply_activation_checkpointing(HookedModule& module, bool save_ops) {
+  module.set_forward_wrapper([save_ops](const HookedModule::Body& body, const std::vector<at::Tensor>& inputs) {
+    return checkpoint(body, inputs, save_ops);
   });
 }
 

@@ -1,29 +1,57 @@
 // Layout-independent parameter initialization.
 //
-// A parameter's initial values are a function of (seed, its global name) only: each parameter
-// draws from its own CPU generator seeded by mixing the run seed with a hash of the name. Every
-// parallel layout (and every rank) therefore trains the same global model, and no seed checkpoint
-// is needed. Values are drawn in fp32 on the CPU and then copied to the parameter's device/dtype.
+// A parameter's initial values are a function of (seed, its global name) only, and any slice of
+// them can be generated alone: element i of parameter `name` depends on (seed, name, i) and nothing
+// else (not on the slice asked for, the chunking, the thread count, the CPU's vector width or the
+// tensor's device). Every parallel layout therefore trains the same global model, no seed
+// checkpoint is needed, and each rank computes only its own shard: O(shard), not O(model).
+//
+// The generator is counter-based: Philox-4x32-10 keyed by a 64-bit mix of the seed and a 64-bit
+// hash of the name. Elements come in groups of 64 (group g = elements [64g, 64g + 64)); element
+// 64g + 16l + j takes 32-bit word l of the Philox block with counter (16g + j, attempt, 0), where
+// the 64-bit block index fills counter words 0-1 and `attempt` (0 unless a truncated draw is
+// rejected) word 2. Normals: Box-Muller on the word pairs (0, 1) and (2, 3) of each block (cosine
+// and sine), with vectorized log, sqrt and sine/cosine accurate to ~1e-7. Values are computed on
+// the CPU in fp32 with the same operations on every code path (AVX-512, AVX2, generic), so the bits
+// are identical everywhere, then copied to the tensor's dtype and device.
 #pragma once
 
-#include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 
+#include <array>
 #include <cstdint>
+#include <string>
 #include <string_view>
+#include <vector>
 
 namespace titan::init {
 
-// The generator for parameter `name` under run seed `seed`.
-at::Generator param_generator(uint64_t seed, std::string_view name);
+// Each function fills `out` (any dtype, any device, any shape) with the elements
+// [first_element, first_element + out.numel()) of parameter `name`'s flattened (row-major) initial
+// values: the rows [r, r + n) of a parameter with k elements per row are first_element = r * k.
+// No autograd. Elements past the parameter's end are defined too (FSDP's padding may ask for them).
 
-// Fill `param` in place (no autograd), drawing from param_generator(seed, name).
-// Tensors without values (meta, or storage not allocated: see tensor_storage.h) are left alone,
-// so a model can be initialized piece by piece as its parameters get their memory.
-void normal(at::Tensor& param, uint64_t seed, std::string_view name, double mean, double std);
-// Truncated normal with absolute cut-offs [a, b] like torch.nn.init.trunc_normal_ (inverse-CDF method).
-void trunc_normal(at::Tensor& param, uint64_t seed, std::string_view name, double mean, double std,
-                  double a, double b);
-void ones(at::Tensor& param);
+// Normal(mean, std).
+void normal(at::Tensor out, uint64_t seed, std::string_view name, int64_t first_element, double mean, double std);
+// Normal(mean, std) truncated to the absolute cut-offs [a, b], like torch.nn.init.trunc_normal_: an
+// element whose draw falls outside draws again with the next attempt counter (exact distribution).
+// Cut-offs keeping less than 10% of the mass use the inverse CDF (in double) instead.
+void trunc_normal(at::Tensor out, uint64_t seed, std::string_view name, int64_t first_element, double mean,
+                  double std, double a, double b);
+void ones(at::Tensor out);
+
+namespace detail {
+// For tests. Philox-4x32-10 of one counter (Salmon et al., SC'11): the reference of the vectorized one.
+std::array<uint32_t, 4> philox4x32_10(std::array<uint32_t, 4> counter, std::array<uint32_t, 2> key);
+// The Philox key of parameter (seed, name).
+std::array<uint32_t, 2> philox_key(uint64_t seed, std::string_view name);
+// The 32-bit word each element of [first_element, first_element + n) draws at `attempt`.
+std::vector<uint32_t> random_words(uint64_t seed, std::string_view name, int64_t first_element, int64_t n,
+                                   uint32_t attempt);
+// The vectorized code paths this CPU runs ("avx512", "avx2", "generic"), fastest first, and a switch
+// between them (all give identical bits). The fastest is used unless a test switches.
+std::vector<std::string> kernel_variants();
+void set_kernel_variant(const std::string& name);
+}  // namespace detail
 
 }  // namespace titan::init

@@ -1,18 +1,106 @@
 #include "titan/models/common/layers.h"
 
 #include "titan/common/tensor_storage.h"
+#include "titan/models/common/activation_checkpoint.h"
 
 #include <ATen/ATen.h>
+#include <ATen/SDPBackend.h>
+#include <ATen/autocast_mode.h>
+#include <torch/autograd.h>
 
 #include <cmath>
 
 namespace titan::nn {
 
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// ---------------------------------------------------------------------------------------------
+// Autograd functions that save less than their ATen formulations (see the header and docs/memory.md).
+// Their forward passes compute what the ATen formulation computes, in the same order, so outputs
+// are unchanged; backward passes are the same formulas, written out.
+namespace {
+
+// y = x * rstd * weight, rstd = 1/sqrt(mean(x^2) + eps), all in fp32, rounded once to out_dtype.
+// ATen's CPU rms_norm (a composite) would save an fp32 copy of x and the fp32 x * rstd.
+struct RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, double eps,
+                            at::ScalarType out_dtype) {
+    const at::Tensor x_f = x.to(at::kFloat);  // x itself when x is fp32
+    at::Tensor rstd = at::rsqrt(at::pow(x_f, 2).mean(-1, /*keepdim=*/true).add_(eps));  // (..., 1)
+    ctx->save_for_backward({x, weight});
+    ctx->saved_data["rstd"] = rstd;
+    return (x_f * rstd).mul_(weight).to(out_dtype);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &weight = saved[1];
+    const at::Tensor rstd = ctx->saved_data["rstd"].toTensor();
+    const at::Tensor x_hat = x.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true).mul_(rstd);
+    const at::Tensor g = grads[0].to(at::kFloat);
+    at::Tensor grad_weight;
+    if (ctx->needs_input_grad(1))
+      grad_weight = (g * x_hat).reshape({-1, x.size(-1)}).sum(0).to(weight.scalar_type());
+    at::Tensor grad_x;
+    if (ctx->needs_input_grad(0)) {
+      // d/dx of x_hat * w: rstd * (g w - x_hat * mean(g w x_hat)).
+      at::Tensor gw = g * weight;
+      at::Tensor dot = (gw * x_hat).mean(-1, /*keepdim=*/true);
+      grad_x = gw.sub_(x_hat * dot).mul_(rstd).to(x.scalar_type());
+    }
+    return {grad_x, grad_weight, at::Tensor(), at::Tensor()};
+  }
+};
+
+// x * cis on one fp32 copy of x (rotated in place), returned in x's dtype.
+at::Tensor rotate(const at::Tensor& x_BSnE, const at::Tensor& cis_SE2) {
+  const auto B = x_BSnE.size(0), S = x_BSnE.size(1), n = x_BSnE.size(2), E = x_BSnE.size(3);
+  at::Tensor x_f = x_BSnE.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true, at::MemoryFormat::Contiguous);
+  at::view_as_complex(x_f.view({B, S, n, E / 2, 2})).mul_(cis_SE2.view({1, S, 1, E / 2}));
+  return x_f.to(x_BSnE.scalar_type());
+}
+
+// RoPE is a rotation: its backward is the inverse rotation (by the conjugate), which needs only the
+// table. (A complex multiply by a constant saves no input in ATen either; this one also keeps a single
+// fp32 temporary instead of three.)
+struct RopeFunction : public torch::autograd::Function<RopeFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x_BSnE, const at::Tensor& cis_SE2) {
+    ctx->saved_data["cis"] = cis_SE2;
+    return rotate(x_BSnE, cis_SE2);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {rotate(grads[0], ctx->saved_data["cis"].toTensor().conj()), at::Tensor()};
+  }
+};
+
+// silu(h1) * h3. ATen's autograd would also save silu(h1), a fourth (B, S, F) tensor per block.
+struct SwiGluFunction : public torch::autograd::Function<SwiGluFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h1, const at::Tensor& h3) {
+    ctx->save_for_backward({h1, h3});
+    return at::silu(h1) * h3;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &h1 = saved[0], &h3 = saved[1], &g = grads[0];
+    // The products and the order of ATen's mul and silu backward passes, so gradients are unchanged.
+    at::Tensor grad_h1 = ctx->needs_input_grad(0) ? at::silu_backward(g * h3, h1) : at::Tensor();
+    at::Tensor grad_h3 = ctx->needs_input_grad(1) ? g * at::silu(h1) : at::Tensor();
+    return {grad_h1, grad_h3};
+  }
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Modules and layer functions.
+
 LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, const at::TensorOptions& opts) {
   weight = register_parameter("weight", new_parameter({out_features, in_features}, opts));
 }
 
-at::Tensor LinearImpl::forward(const at::Tensor& x) { return at::linear(x, weight); }
+at::Tensor LinearImpl::forward(const at::Tensor& x) {
+  return with_hooks([&] { return saveable_linear(x, weight); });
+}
 
 EmbeddingImpl::EmbeddingImpl(int64_t num_embeddings, int64_t dim, const at::TensorOptions& opts) {
   weight = register_parameter("weight", new_parameter({num_embeddings, dim}, opts));
@@ -24,8 +112,14 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps_, const at::TensorOptions& opts
   weight = register_parameter("weight", new_parameter({dim}, opts));
 }
 
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const at::DeviceType dev = x.device().type();
+  const bool autocast = at::autocast::is_autocast_available(dev) && at::autocast::is_autocast_enabled(dev);
+  return RmsNormFunction::apply(x, weight, eps, autocast ? at::autocast::get_autocast_dtype(dev) : x.scalar_type());
+}
+
 at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
-  return at::rms_norm(x, {weight.size(0)}, weight, eps);
+  return with_hooks([&] { return rms_norm(x, weight, eps); });
 }
 
 void RMSNormImpl::reset_parameters() {
@@ -52,11 +146,27 @@ at::Tensor rope_frequencies(int64_t head_dim, double theta, const std::optional<
 }
 
 at::Tensor apply_rope(const at::Tensor& x_BSnE, const at::Tensor& cis_SE2) {
-  const auto B = x_BSnE.size(0), S = x_BSnE.size(1), n = x_BSnE.size(2), E = x_BSnE.size(3);
-  // Each head vector is E/2 complex numbers (re, im) rotated by cos + i sin: one complex multiply
-  // in fp32 (fewer kernels and temporaries than the real-valued formulation).
-  at::Tensor x_c = at::view_as_complex(x_BSnE.to(at::kFloat).reshape({B, S, n, E / 2, 2}));
-  return at::view_as_real(x_c * cis_SE2.view({1, S, 1, E / 2})).flatten(3).to(x_BSnE.scalar_type());
+  return RopeFunction::apply(x_BSnE, cis_SE2);
+}
+
+at::Tensor causal_attention(const at::Tensor& q_BHSE, const at::Tensor& k_BKSE, const at::Tensor& v_BKSE) {
+  const auto H = q_BHSE.size(1), K = k_BKSE.size(1);
+  if (H == K) return at::scaled_dot_product_attention(q_BHSE, k_BKSE, v_BKSE, {}, 0.0, /*is_causal=*/true);
+  // Ask SDPA's own dispatcher which kernel it would run with grouped heads. Every fused kernel it
+  // may choose (CPU flash; CUDA flash, cuDNN, and the memory-efficient one where it supports groups)
+  // reads the K heads in place, saves them unrepeated and sums their gradients over the group. Only
+  // its math backend would repeat them, and it also materializes the (S, S) scores; repeating them
+  // here instead lets a fused kernel without group support run (e.g. memory-efficient in fp32 on CUDA).
+  const auto backend = static_cast<at::SDPBackend>(
+      at::_fused_sdp_choice(q_BHSE, k_BKSE, v_BKSE, {}, 0.0, /*is_causal=*/true, std::nullopt, /*enable_gqa=*/true));
+  if (backend != at::SDPBackend::math)
+    return at::scaled_dot_product_attention(q_BHSE, k_BKSE, v_BKSE, {}, 0.0, /*is_causal=*/true, std::nullopt,
+                                            /*enable_gqa=*/true);
+  const auto B = k_BKSE.size(0), S = k_BKSE.size(2), E = k_BKSE.size(3);
+  auto repeat = [&](const at::Tensor& t_BKSE) {
+    return t_BKSE.unsqueeze(2).expand({B, K, H / K, S, E}).reshape({B, H, S, E});
+  };
+  return at::scaled_dot_product_attention(q_BHSE, repeat(k_BKSE), repeat(v_BKSE), {}, 0.0, /*is_causal=*/true);
 }
 
 AttentionImpl::AttentionImpl(int64_t dim, int64_t n_heads_, int64_t n_kv_heads_, const at::TensorOptions& opts)
@@ -73,14 +183,9 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x_BSD, const at::Tensor& cis
   at::Tensor q_BSHE = apply_rope(wq(x_BSD).view({B, S, -1, head_dim}), cis_SE2);
   at::Tensor k_BSKE = apply_rope(wk(x_BSD).view({B, S, -1, head_dim}), cis_SE2);
   at::Tensor v_BSKE = wv(x_BSD).view({B, S, -1, head_dim});
-  const auto H = q_BSHE.size(2), K = k_BSKE.size(2);
-  if (H != K) {  // grouped-query attention: each key/value head serves H/K query heads
-    k_BSKE = k_BSKE.unsqueeze(3).expand({B, S, K, H / K, head_dim}).reshape({B, S, H, head_dim});
-    v_BSKE = v_BSKE.unsqueeze(3).expand({B, S, K, H / K, head_dim}).reshape({B, S, H, head_dim});
-  }
-  at::Tensor out_BHSE = at::scaled_dot_product_attention(q_BSHE.transpose(1, 2), k_BSKE.transpose(1, 2),
-                                                         v_BSKE.transpose(1, 2), /*attn_mask=*/{},
-                                                         /*dropout_p=*/0.0, /*is_causal=*/true);
+  // A kept operation under per-operator activation checkpointing (see activation_checkpoint.h).
+  at::Tensor out_BHSE = saveable_op({q_BSHE.transpose(1, 2), k_BSKE.transpose(1, 2), v_BSKE.transpose(1, 2)},
+                                    [](const std::vector<at::Tensor>& in) { return causal_attention(in[0], in[1], in[2]); });
   return wo(out_BHSE.transpose(1, 2).contiguous().view({B, S, -1}));
 }
 
@@ -90,8 +195,8 @@ FeedForwardImpl::FeedForwardImpl(int64_t dim, int64_t hidden_dim, const at::Tens
   w3 = register_module("w3", Linear(dim, hidden_dim, opts));
 }
 
-at::Tensor FeedForwardImpl::forward(const at::Tensor& x_BSD) {
-  return w2(at::silu(w1(x_BSD)) * w3(x_BSD));
-}
+at::Tensor swiglu(const at::Tensor& h1, const at::Tensor& h3) { return SwiGluFunction::apply(h1, h3); }
+
+at::Tensor FeedForwardImpl::forward(const at::Tensor& x_BSD) { return w2(swiglu(w1(x_BSD), w3(x_BSD))); }
 
 }  // namespace titan::nn

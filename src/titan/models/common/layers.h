@@ -1,12 +1,19 @@
 // Building blocks of decoder-only transformers, written for one device.
 //
 // Shape legend used in names: B batch, S sequence, D model dim, H query heads, K key/value heads,
-// E head dim, F feed-forward hidden dim, V vocabulary.
+// E head dim, F feed-forward hidden dim, V vocabulary, n any head count.
+//
+// Memory: RMSNorm, RoPE and SwiGLU are autograd functions with written-out backward passes that save
+// only what their backward needs, in the activations' own dtype (fp32 only transiently, inside one
+// call); grouped-query attention lets the attention kernel read the shared key/value heads in place.
+// docs/memory.md lists what each layer saves for backward, with measured figures.
 //
 // Each module creates its parameters with the TensorOptions it is given (device meta for shape-only
 // models, cpu or cuda for real ones; without storage under DeferAllocation) and initializes them only
 // when init_weights is called.
 #pragma once
+
+#include "titan/models/common/hooks.h"
 
 #include <torch/nn/module.h>
 
@@ -17,7 +24,7 @@
 namespace titan::nn {
 
 // y = x W^T, W (out, in). No bias (Llama uses none).
-class LinearImpl : public torch::nn::Module {
+class LinearImpl : public HookedModule {
  public:
   LinearImpl(int64_t in_features, int64_t out_features, const at::TensorOptions& opts);
   at::Tensor forward(const at::Tensor& x);
@@ -34,8 +41,14 @@ class EmbeddingImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Embedding);
 
-// RMSNorm over the last dim: x / sqrt(mean(x^2) + eps) * weight.
-class RMSNormImpl : public torch::nn::Module {
+// RMSNorm over the last dim: x / sqrt(mean(x^2) + eps) * weight, computed in fp32 whatever x's dtype.
+// Saves x (its own dtype), the weight and the fp32 reciprocal RMS per row. The result has x's dtype,
+// or the autocast dtype when autocast is on for x's device: the layers after a norm are matmuls that
+// would each cast it to that dtype and save their own copy; casting once lets them share one.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+// RMSNorm module (weight (D)) over nn::rms_norm.
+class RMSNormImpl : public HookedModule {
  public:
   RMSNormImpl(int64_t dim, double eps, const at::TensorOptions& opts);
   at::Tensor forward(const at::Tensor& x);
@@ -54,8 +67,14 @@ struct RopeScaling {
 // Rotation frequencies (E/2,) in fp32, with optional Llama 3.1 scaling.
 at::Tensor rope_frequencies(int64_t head_dim, double theta, const std::optional<RopeScaling>& scaling);
 // Rotates x (B, S, n, E) by the angles positions (S,) x freqs (E/2,), given as
-// cis = cos + i sin (S, E/2) complex64.
+// cis = cos + i sin (S, E/2) complex64. The rotation runs in fp32 on one transient copy and returns
+// x's dtype; backward is the inverse rotation, so nothing but the table is saved.
 at::Tensor apply_rope(const at::Tensor& x_BSnE, const at::Tensor& cis_SE2);
+
+// Causal attention of H query heads over K key/value heads (K divides H; query head h reads key/value
+// head h / (H/K)). When K < H the shared heads are read in place by every SDPA kernel that takes
+// grouped heads; they are repeated (copied) only where SDPA would otherwise run its math backend.
+at::Tensor causal_attention(const at::Tensor& q_BHSE, const at::Tensor& k_BKSE, const at::Tensor& v_BKSE);
 
 // Grouped-query causal self-attention through ATen's scaled_dot_product_attention.
 class AttentionImpl : public torch::nn::Module {
@@ -66,6 +85,9 @@ class AttentionImpl : public torch::nn::Module {
   Linear wq{nullptr}, wk{nullptr}, wv{nullptr}, wo{nullptr};
 };
 TORCH_MODULE(Attention);
+
+// silu(h1) * h3, saving h1 and h3 only (silu is recomputed in backward).
+at::Tensor swiglu(const at::Tensor& h1, const at::Tensor& h3);
 
 // SwiGLU: w2(silu(w1 x) * w3 x).
 class FeedForwardImpl : public torch::nn::Module {

@@ -1,6 +1,7 @@
 #include "titan/models/llama3/model.h"
 
 #include "titan/common/error.h"
+#include "titan/common/tensor_storage.h"
 #include "titan/models/common/init.h"
 
 #include <ATen/ATen.h>
@@ -8,6 +9,11 @@
 #include <cmath>
 
 namespace titan {
+
+void LanguageModelImpl::init_weights(uint64_t seed) {
+  for (const auto& p : named_parameters())
+    if (has_storage(p.value())) init_rows(seed, p.key(), p.value(), 0);
+}
 
 int64_t LanguageModelImpl::num_params() const {
   int64_t n = 0;
@@ -24,8 +30,6 @@ TransformerBlockImpl::TransformerBlockImpl(int64_t layer_id, const ModelArgs& ar
   feed_forward = register_module("feed_forward", nn::FeedForward(args.dim, args.ffn_hidden_dim(), opts));
   attention_norm = register_module("attention_norm", nn::RMSNorm(args.dim, args.norm_eps, opts));
   ffn_norm = register_module("ffn_norm", nn::RMSNorm(args.dim, args.norm_eps, opts));
-  weight_init_std = args.depth_init ? 0.02 / std::sqrt(2.0 * static_cast<double>(layer_id + 1))
-                                    : 0.02 / std::sqrt(2.0 * static_cast<double>(args.n_layers));
 }
 
 at::Tensor TransformerBlockImpl::forward(const at::Tensor& x_BSD, const at::Tensor& cis_SE2) {
@@ -35,23 +39,6 @@ at::Tensor TransformerBlockImpl::forward(const at::Tensor& x_BSD, const at::Tens
     at::Tensor h_BSD = x + attention->forward(attention_norm(x), cis);
     return h_BSD + feed_forward(ffn_norm(h_BSD));
   });
-}
-
-void TransformerBlockImpl::init_weights(uint64_t seed, const std::string& prefix) {
-  // torchtitan: inputs projections std 0.02, output projections depth-scaled; nn.init.trunc_normal_'s
-  // default cut-offs are absolute (-2, 2).
-  auto tn = [&](nn::Linear& lin, const std::string& name, double std) {
-    init::trunc_normal(lin->weight, seed, prefix + name + ".weight", 0.0, std, -2.0, 2.0);
-  };
-  tn(attention->wq, "attention.wq", 0.02);
-  tn(attention->wk, "attention.wk", 0.02);
-  tn(attention->wv, "attention.wv", 0.02);
-  tn(attention->wo, "attention.wo", weight_init_std);
-  tn(feed_forward->w1, "feed_forward.w1", 0.02);
-  tn(feed_forward->w2, "feed_forward.w2", weight_init_std);
-  tn(feed_forward->w3, "feed_forward.w3", weight_init_std);
-  attention_norm->reset_parameters();
-  ffn_norm->reset_parameters();
 }
 
 TransformerImpl::TransformerImpl(ModelArgs args, const at::TensorOptions& opts) : args_(std::move(args)) {
@@ -91,19 +78,43 @@ at::Tensor TransformerImpl::forward(const at::Tensor& tokens_BS) {
   });
 }
 
-void TransformerImpl::init_weights(uint64_t seed) {
-  // Output layer: truncated normal, std dim^-0.5, cut off at 3 std. With tied embeddings the one
-  // shared matrix (named tok_embeddings.weight) takes the output layer's initialization.
+void TransformerImpl::init_rows(uint64_t seed, const std::string& name, at::Tensor rows, int64_t first_row) const {
+  // torchtitan's initialization. Output layer: truncated normal, std dim^-0.5, cut off at 3 std; with
+  // tied embeddings the one shared matrix (tok_embeddings.weight) takes the output layer's. Block
+  // input projections: std 0.02; output projections (wo, w2, w3): depth-scaled std. nn.init.trunc_normal_'s
+  // default cut-offs are absolute (-2, 2). Norm weights: ones.
+  const at::Tensor* param = named_parameters().find(name);
+  TITAN_ASSERT(param, "init_rows: the model has no parameter '", name, "'");
+  TITAN_ASSERT(rows.dim() == param->dim() && rows.sizes().slice(1) == param->sizes().slice(1) && first_row >= 0 &&
+                   first_row + rows.size(0) <= param->size(0),
+               "init_rows of '", name, "' ", param->sizes(), ": rows ", rows.sizes(), " from row ", first_row);
+  // Only the rows asked for are computed: row r starts at flat index r * (elements per row).
+  int64_t row = 1;
+  for (int64_t d : param->sizes().slice(1)) row *= d;
+  const int64_t first = first_row * row;
   const double out_std = 1.0 / std::sqrt(static_cast<double>(args_.dim));
-  if (args_.tie_embeddings) {
-    init::trunc_normal(tok_embeddings->weight, seed, "tok_embeddings.weight", 0.0, out_std, -3 * out_std, 3 * out_std);
+  auto ends_with = [&](const std::string& suffix) {
+    return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  if (ends_with("norm.weight")) {
+    init::ones(rows);
+  } else if (name == "tok_embeddings.weight" && !args_.tie_embeddings) {
+    init::normal(rows, seed, name, first, 0.0, 1.0);
+  } else if (name == "tok_embeddings.weight" || name == "output.weight") {
+    init::trunc_normal(rows, seed, name, first, 0.0, out_std, -3 * out_std, 3 * out_std);
   } else {
-    init::normal(tok_embeddings->weight, seed, "tok_embeddings.weight", 0.0, 1.0);
-    init::trunc_normal(output->weight, seed, "output.weight", 0.0, out_std, -3 * out_std, 3 * out_std);
+    TITAN_ASSERT(name.rfind("layers.", 0) == 0, "init_rows: no initialization for parameter '", name, "'");
+    const int64_t layer = std::stoll(name.substr(7, name.find('.', 7) - 7));
+    const bool output_projection = ends_with("attention.wo.weight") || ends_with("feed_forward.w2.weight") ||
+                                   ends_with("feed_forward.w3.weight");
+    const bool input_projection = ends_with("attention.wq.weight") || ends_with("attention.wk.weight") ||
+                                  ends_with("attention.wv.weight") || ends_with("feed_forward.w1.weight");
+    TITAN_ASSERT(input_projection || output_projection, "init_rows: no initialization for parameter '", name, "'");
+    const double std = !output_projection ? 0.02
+                       : args_.depth_init ? 0.02 / std::sqrt(2.0 * static_cast<double>(layer + 1))
+                                          : 0.02 / std::sqrt(2.0 * static_cast<double>(args_.n_layers));
+    init::trunc_normal(rows, seed, name, first, 0.0, std, -2.0, 2.0);
   }
-  for (size_t i = 0; i < layers->size(); ++i)
-    layers[i]->as<TransformerBlock>()->init_weights(seed, "layers." + std::to_string(i) + ".");
-  norm->reset_parameters();
 }
 
 double TransformerImpl::flops_per_token(int64_t seq_len) const {

@@ -21,13 +21,10 @@ class TransformerBlockImpl : public nn::HookedModule {
  public:
   TransformerBlockImpl(int64_t layer_id, const ModelArgs& args, const at::TensorOptions& opts);
   at::Tensor forward(const at::Tensor& x_BSD, const at::Tensor& cis_SE2);
-  // prefix: this block's name in the model, e.g. "layers.3."
-  void init_weights(uint64_t seed, const std::string& prefix);
 
   nn::Attention attention{nullptr};
   nn::FeedForward feed_forward{nullptr};
   nn::RMSNorm attention_norm{nullptr}, ffn_norm{nullptr};
-  double weight_init_std;  // std of the output projections wo, w2, w3
 };
 TORCH_MODULE(TransformerBlock);
 
@@ -36,7 +33,7 @@ class TransformerImpl : public LanguageModelImpl {
   // opts: device and dtype of the parameters (use device meta for a shape-only model).
   TransformerImpl(ModelArgs args, const at::TensorOptions& opts);
   at::Tensor forward(const at::Tensor& tokens_BS) override;
-  void init_weights(uint64_t seed) override;
+  void init_rows(uint64_t seed, const std::string& name, at::Tensor rows, int64_t first_row) const override;
   double flops_per_token(int64_t seq_len) const override;
   int64_t vocab_size() const override { return args_.vocab_size; }
 

@@ -1,6 +1,6 @@
 // Applies parallelisms to a Llama 3 model from outside, in torchtitan's order (TP, CP, activation
-// checkpointing, FSDP). Today: FSDP/HSDP with each transformer block a unit and the root (token
-// embeddings, final norm, output) the last.
+// checkpointing, FSDP). FSDP/HSDP units: each transformer block, [norm, output], and the root
+// (token embeddings) last.
 #pragma once
 
 #include "titan/models/registry.h"

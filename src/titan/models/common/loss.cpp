@@ -1,0 +1,88 @@
+#include "titan/models/common/loss.h"
+
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+
+#include <algorithm>
+#include <cmath>
+
+namespace titan::nn {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// An fp32 copy of a chunk, always a new tensor (rewritten in place by the callers). Subtracting from
+// the chunk directly would also promote it, but the CPU does that through a temporary fp32 copy.
+at::Tensor fp32_copy(const at::Tensor& x_CV) {
+  return x_CV.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+}
+
+// log(sum(exp(x))) over rows in fp32, as at::logsumexp computes it (max subtracted; an infinite max
+// counts as 0), with one fp32 (C, V) temporary.
+at::Tensor log_sum_exp(const at::Tensor& x_CV) {
+  at::Tensor max_C1 = x_CV.amax(1, /*keepdim=*/true).to(at::kFloat);
+  max_C1.masked_fill_(max_C1.abs() == INFINITY, 0.0);
+  return fp32_copy(x_CV).sub_(max_C1).exp_().sum(1).log_().add_(max_C1.squeeze(1));
+}
+
+struct CrossEntropySumFunction : public torch::autograd::Function<CrossEntropySumFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits_NV, const at::Tensor& labels_N,
+                            int64_t chunk) {
+    const int64_t N = logits_NV.size(0);
+    const auto f32 = logits_NV.options().dtype(at::kFloat);
+    at::Tensor lse_N = at::empty({N}, f32);
+    at::Tensor loss = at::zeros({}, f32);
+    for (int64_t a = 0; a < N; a += chunk) {
+      const int64_t b = std::min(N, a + chunk);
+      const at::Tensor x_CV = logits_NV.slice(0, a, b);
+      const at::Tensor y_C = labels_N.slice(0, a, b);
+      const at::Tensor valid_C = y_C.ne(kIgnoreIndex);
+      at::Tensor lse_C = log_sum_exp(x_CV);
+      // -log softmax(x)[y] = lse - x[y]; ignored rows gather column 0 and are dropped by the where.
+      at::Tensor picked_C =
+          x_CV.gather(1, y_C.masked_fill(valid_C.logical_not(), 0).unsqueeze(1)).squeeze(1).to(at::kFloat);
+      loss.add_(at::where(valid_C, lse_C - picked_C, 0.0).sum());
+      lse_N.slice(0, a, b).copy_(lse_C);
+    }
+    ctx->save_for_backward({logits_NV});
+    ctx->saved_data["labels"] = labels_N;
+    ctx->saved_data["lse"] = lse_N;
+    ctx->saved_data["chunk"] = chunk;
+    return loss;
+  }
+
+  // d loss / d x = g * (softmax(x) - onehot(y)) on rows with a label, 0 on ignored rows.
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor logits_NV = ctx->get_saved_variables()[0];
+    const at::Tensor labels_N = ctx->saved_data["labels"].toTensor();
+    const at::Tensor lse_N = ctx->saved_data["lse"].toTensor();
+    const int64_t chunk = ctx->saved_data["chunk"].toInt();
+    const at::Tensor g = grads[0].to(at::kFloat);  // scalar, on the device (no host synchronization)
+    const int64_t N = logits_NV.size(0);
+    at::Tensor grad_NV = at::empty_like(logits_NV, at::MemoryFormat::Contiguous);
+    for (int64_t a = 0; a < N; a += chunk) {
+      const int64_t b = std::min(N, a + chunk);
+      const at::Tensor y_C = labels_N.slice(0, a, b);
+      const at::Tensor valid_C = y_C.ne(kIgnoreIndex);
+      at::Tensor p_CV = fp32_copy(logits_NV.slice(0, a, b)).sub_(lse_N.slice(0, a, b).unsqueeze(1)).exp_();
+      p_CV.scatter_add_(1, y_C.masked_fill(valid_C.logical_not(), 0).unsqueeze(1),
+                        valid_C.to(at::kFloat).neg_().unsqueeze(1));
+      p_CV.mul_(at::where(valid_C, g, 0.0).unsqueeze(1));
+      grad_NV.slice(0, a, b).copy_(p_CV);
+    }
+    return {grad_NV, at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor cross_entropy_sum(const at::Tensor& logits_NV, const at::Tensor& labels_N, int64_t chunk_tokens) {
+  TORCH_CHECK(logits_NV.dim() == 2 && labels_N.dim() == 1 && labels_N.size(0) == logits_NV.size(0),
+              "cross_entropy_sum takes logits (N, V) and labels (N,), got ", logits_NV.sizes(), " and ",
+              labels_N.sizes());
+  TORCH_CHECK(chunk_tokens > 0, "cross_entropy_sum: chunk_tokens must be positive, got ", chunk_tokens);
+  return CrossEntropySumFunction::apply(logits_NV, labels_N, chunk_tokens);
+}
+
+}  // namespace titan::nn
