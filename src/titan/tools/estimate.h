@@ -1,12 +1,25 @@
-// `titan estimate`: size and cost of a model flavor, computed on a shape-only (meta) model so that
-// even 405B needs no memory for weights.
+// `titan estimate`: what one rank of a training run holds in memory, computes and communicates per
+// step, for a config and a layout, without running it.
+//
+// The figures come from a dry run (dry_run.h): the run's own model, parallelize function, FSDP/DDP,
+// optimizer and train step executed on the meta device, which has shapes and dtypes but no memory,
+// with every allocation counted. So they follow the model's real shapes and the code's real buffers
+// (no rule of thumb), and even 405B needs no memory for weights. On the CPU the prediction is the
+// figure the log line's `memory:` reports (peak bytes of CPU tensors, memory_tracker.h); on CUDA it
+// is the caching allocator's allocated bytes, which its reserved bytes (the log line) exceed by the
+// allocator's fragmentation, and the CUDA context and NCCL's buffers come on top.
 #pragma once
 
+#include "titan/config/job_config.h"
+#include "titan/distributed/mesh.h"
+
 #include <cstdint>
+#include <map>
 #include <string>
 
 namespace titan {
 
+// ---- Whole-model figures (no layout).
 struct ModelEstimate {
   std::string model, flavor;
   int64_t seq_len = 0;
@@ -18,7 +31,54 @@ struct ModelEstimate {
 };
 
 ModelEstimate estimate_model(const std::string& model, const std::string& flavor, int64_t seq_len);
-// Human-readable report, one quantity per line.
-std::string format_estimate(const ModelEstimate& e);
+
+// ---- Per-rank estimate of a config and layout.
+struct EstimateOptions {
+  // Ranks of the run. 0: the product of the configured degrees, a data_parallel_shard_degree of -1
+  // counting as 1 (one rank unless other degrees say more).
+  int64_t world_size = 0;
+  // What the ranks compute on: "cuda" (mixed_precision_param applies: FSDP gathers bf16 parameters,
+  // otherwise bf16 autocast) or "cpu" (fp32 compute, as titan trains on CPUs).
+  std::string device = "cuda";
+  double device_memory_gib = 80;  // capacity the verdict compares the peak with
+};
+
+struct Estimate {
+  ModelEstimate model;
+  std::string layout;        // "FSDP", "HSDP", "DDP" or "single process"
+  std::string degrees;       // ParallelDims::describe()
+  int64_t world_size = 1, shard_degree = 1;  // shard_degree: the ranks parameters are sharded over
+  std::string device;        // "cuda" or "cpu"
+  std::string compute_dtype, param_dtype;  // e.g. "bfloat16", "float32"
+  bool offload = false;      // training.enable_cpu_offload
+  std::string activation_checkpointing;   // as configured, in words
+  int64_t local_batch_size = 0, grad_accum_steps = 1;
+
+  // Bytes per rank. params, grads and optimizer are where they are held: the host when offloaded
+  // to a GPU's CPU, else the device.
+  int64_t params = 0, grads = 0, optimizer = 0;
+  bool grads_kept = false;   // FSDP keeps its gradient shards between steps; else they are freed at each step's start
+  int64_t buffers = 0;       // kept across steps: FSDP's communication buffer pool, model caches (RoPE table)
+  int64_t ddp_buckets = 0;   // DDP's flattened gradient buckets, alive together at the end of backward
+  int64_t activations = 0;   // alive at the end of forward (with the loss's saved logits and the batch)
+  int64_t backward = 0;      // the peak over the end of forward (gradients produced, recomputation, temporaries)
+  int64_t peak_device = 0;   // predicted peak of the compute device (the CPU's when device is cpu)
+  int64_t host = 0;          // CPU memory of the offloaded state (0 without offload to a GPU's host)
+  // The device peak under the other activation checkpointing modes: "none", "full", "selective k".
+  std::map<std::string, int64_t> peak_by_ac;
+
+  double flops_per_step = 0;  // this rank's training FLOPs per optimizer step
+  int64_t tokens_per_step = 0;
+  dist::CommBytes comm_bytes, comm_calls;  // per step, per mesh dimension and operation (mesh.h's counting)
+
+  int64_t capacity = 0;  // bytes
+  bool fits = false;
+};
+
+// Throws UserError for configs titan cannot train (the same checks as titan train) and for
+// unknown options.
+Estimate estimate(const JobConfig& cfg, const EstimateOptions& options);
+// Human-readable report, one quantity per line, ending with the verdict.
+std::string format_estimate(const Estimate& e);
 
 }  // namespace titan

@@ -1,0 +1,421 @@
+#include "titan/tools/dry_run.h"
+
+#include "titan/common/autocast.h"
+#include "titan/common/error.h"
+#include "titan/common/grad_norm.h"
+#include "titan/components/optimizer/optimizer.h"
+#include "titan/distributed/ddp.h"
+#include "titan/distributed/fsdp.h"
+#include "titan/distributed/placement.h"
+#include "titan/models/common/loss.h"
+#include "titan/models/registry.h"
+
+#include <ATen/ATen.h>
+#include <ATen/SDPBackend.h>
+#include <ATen/autocast_mode.h>
+#include <ATen/core/stack.h>
+#include <c10/core/Allocator.h>
+#include <c10/util/intrusive_ptr.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <numeric>
+#include <set>
+
+namespace titan {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// The counting meta allocator.
+//
+// Meta tensors have storage without bytes. While a dry run is active, this allocator gives each
+// allocation a distinct, aligned, non-null address and counts its size (current and peak), as the
+// counting CPU allocator does for CPU tensors. The addresses start at 2^62, which no process maps
+// (user space ends at 2^47 on x86-64, 2^52 on AArch64), so a stray dereference faults; FSDP needs
+// real-looking addresses because it offsets and compares data pointers (parameters pointed into a
+// gathered buffer, gradients recognized as views of its flat buffer). Outside a dry run it
+// behaves like libtorch's own meta allocator (null data, nothing counted).
+
+std::atomic<bool> g_counting{false};
+std::atomic<int64_t> g_current{0}, g_peak{0};
+constexpr uintptr_t kFirstAddress = uintptr_t{1} << 62;
+std::atomic<uintptr_t> g_next_address{kFirstAddress};
+
+void release_counted(void* size) { g_current.fetch_sub(reinterpret_cast<int64_t>(size), std::memory_order_relaxed); }
+void release_nothing(void*) {}
+
+class CountingMetaAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t n) override {
+    const c10::Device meta(c10::kMeta);
+    if (!g_counting.load(std::memory_order_relaxed)) return {nullptr, nullptr, &release_nothing, meta};
+    const uintptr_t stride = ((n + 511) & ~uintptr_t{511}) + 512;  // aligned, with a gap: no two touch
+    void* data = reinterpret_cast<void*>(g_next_address.fetch_add(stride, std::memory_order_relaxed));
+    const auto bytes = static_cast<int64_t>(n);
+    const int64_t now = g_current.fetch_add(bytes, std::memory_order_relaxed) + bytes;
+    int64_t peak = g_peak.load(std::memory_order_relaxed);
+    while (now > peak && !g_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+    }
+    // The context is the size (null for 0 bytes: nothing to release).
+    return {data, reinterpret_cast<void*>(static_cast<uintptr_t>(n)), &release_counted, meta};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  void copy_data(void*, const void*, std::size_t) const override {}  // meta tensors hold no data
+};
+
+// Counts meta allocations for its lifetime (one at a time).
+class MetaCounting {
+ public:
+  MetaCounting() {
+    static std::once_flag once;
+    std::call_once(once, [] {
+      static CountingMetaAllocator allocator;
+      c10::SetAllocator(c10::kMeta, &allocator, /*priority=*/200);
+    });
+    TITAN_ASSERT(!g_counting.exchange(true), "one dry run at a time");
+    g_current = 0;
+    g_peak = 0;
+    g_next_address = kFirstAddress;
+  }
+  ~MetaCounting() { g_counting = false; }
+  int64_t current() const { return g_current.load(); }
+  int64_t peak() const { return g_peak.load(); }
+  void reset_peak() { g_peak = g_current.load(); }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Meta kernels libtorch (2.11, C++) lacks for operators the models and the loss use; PyTorch has
+// them only as Python meta registrations. Each allocates its results as the CPU kernel does.
+
+at::Tensor index_select_meta(const at::Tensor& self, int64_t dim, const at::Tensor& index) {
+  std::vector<int64_t> sizes = self.sizes().vec();
+  if (!sizes.empty()) sizes[c10::maybe_wrap_dim(dim, self.dim())] = index.numel();
+  return at::empty(sizes, self.options());
+}
+
+at::Tensor embedding_dense_backward_meta(const at::Tensor& grad, const at::Tensor& indices, int64_t num_weights,
+                                         int64_t padding_idx, bool scale_grad_by_freq) {
+  return at::zeros({num_weights, grad.size(-1)}, grad.options());
+}
+
+at::Tensor where_meta(const at::Tensor& condition, const at::Tensor& self, const at::Tensor& other) {
+  const auto sizes = at::infer_size(at::infer_size(condition.sizes(), self.sizes()), other.sizes());
+  return at::empty(sizes, self.options().dtype(at::result_type(self, other)));
+}
+
+at::Tensor dot_meta(const at::Tensor& self, const at::Tensor& other) { return at::empty({}, self.options()); }
+
+// Unary out= kernels. Resizing a meta tensor only sets its byte count (it would go uncounted), so
+// an output of the wrong size gets new storage from the allocator, as the CPU's resize allocates.
+at::Tensor& unary_out_meta(const at::Tensor& self, at::Tensor& out) {
+  if (out.sizes() != self.sizes()) out.set_(at::empty(self.sizes(), out.options()));
+  return out;
+}
+
+// The CPU flash attention: output (B, H, S, E) laid out as (B, S, H, E), log-sum-exp (B, H, S) in
+// fp32; CUDA's flash and cuDNN kernels keep the same. Backward: gradients shaped like q, k, v.
+std::tuple<at::Tensor, at::Tensor> flash_attention_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                       double dropout_p, bool is_causal,
+                                                       const std::optional<at::Tensor>& attn_mask,
+                                                       std::optional<double> scale) {
+  const int64_t B = q.size(0), H = q.size(1), S = q.size(2), E = v.size(3);
+  const at::ScalarType acc = at::isReducedFloatingType(q.scalar_type()) ? at::kFloat : q.scalar_type();
+  return {at::empty({B, S, H, E}, q.options()).transpose(1, 2),
+          at::empty({B, S, H}, q.options().dtype(acc)).transpose(1, 2)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_backward_meta(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+    const at::Tensor& logsumexp, double dropout_p, bool is_causal, const std::optional<at::Tensor>& attn_mask,
+    std::optional<double> scale) {
+  return {at::empty_like(q), at::empty_like(k), at::empty_like(v)};
+}
+
+// .item() on a meta tensor: a placeholder value (the for-loop optimizer reads its step count).
+at::Scalar local_scalar_dense_meta(const at::Tensor& self) {
+  if (at::isFloatingType(self.scalar_type())) return at::Scalar(1.0);
+  return at::Scalar(int64_t{1});
+}
+
+// In-place operators that allocate nothing (the fused optimizers): pop the arguments.
+void in_place_no_op(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  torch::jit::drop(*stack, op.schema().arguments().size());
+}
+
+// scaled_dot_product_attention on meta tensors runs the fused kernel (flash), as the CPU and CUDA
+// choose for the models' causal attention: the meta device's own choice is the math fallback, which
+// would save S x S scores no real run keeps. The fused kernel reads grouped key/value heads in place.
+int64_t fused_sdp_choice_meta(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                              const std::optional<at::Tensor>&, double, bool, std::optional<double>, bool) {
+  return static_cast<int64_t>(at::SDPBackend::flash_attention);
+}
+
+at::Tensor sdpa_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const std::optional<at::Tensor>& attn_mask, double dropout_p, bool is_causal,
+                     std::optional<double> scale, bool enable_gqa) {
+  return std::get<0>(at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, is_causal, attn_mask, scale));
+}
+
+// ---- CUDA bf16 autocast, emulated on meta tensors (models trained without FSDP in mixed
+// precision). Autocast has no meta dispatch key, so linear layers cast here as CUDA's autocast
+// does: fp32 inputs and weights to the autocast dtype, the matmul in it. Autocast caches the cast of
+// a weight for the rest of the forward pass; where no graph saves it (checkpointed forward passes)
+// the cache is what keeps it alive, so those casts are held until the forward ends
+// (clear_autocast_casts). An fp32 activation read by several layers (the norm's output, which real
+// autocast casts once inside the norm) is cast once while it is alive.
+using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
+struct AutocastCasts {
+  std::vector<at::Tensor> weights_held;
+  std::map<const void*, std::pair<WeakImpl, WeakImpl>> activations;  // source -> its cast
+};
+AutocastCasts g_casts;
+
+at::Tensor autocast_cast(const at::Tensor& t, at::ScalarType dtype) {
+  if (t.scalar_type() != at::kFloat) return t;
+  if (t.is_leaf() && t.requires_grad()) {
+    at::Tensor cast = t.to(dtype);
+    if (!at::GradMode::is_enabled()) g_casts.weights_held.push_back(cast);
+    return cast;
+  }
+  auto it = g_casts.activations.find(t.unsafeGetTensorImpl());
+  if (it != g_casts.activations.end()) {
+    auto source = it->second.first.lock(), cast = it->second.second.lock();
+    if (source && source.get() == t.unsafeGetTensorImpl() && cast) return at::Tensor(std::move(cast));
+  }
+  at::Tensor cast = t.to(dtype);
+  g_casts.activations.insert_or_assign(t.unsafeGetTensorImpl(),
+                                      std::make_pair(WeakImpl(t.getIntrusivePtr()), WeakImpl(cast.getIntrusivePtr())));
+  return cast;
+}
+
+void clear_autocast_casts() {
+  g_casts.weights_held.clear();
+  g_casts.activations.clear();
+}
+
+at::Tensor linear_autocast_meta(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias) {
+  TITAN_ASSERT(!bias || !bias->defined(), "the dry run's linear takes no bias");
+  if (!at::autocast::is_autocast_enabled(at::kCUDA)) return at::matmul(input, weight.t());  // at::linear's own path
+  const at::ScalarType dtype = at::autocast::get_autocast_dtype(at::kCUDA);
+  return at::matmul(autocast_cast(input, dtype), autocast_cast(weight, dtype).t());
+}
+
+// The registrations above, for a dry run's lifetime.
+class MetaKernels {
+ public:
+  explicit MetaKernels(bool emulate_autocast)
+      : meta_(torch::Library::IMPL, "aten", c10::DispatchKey::Meta, __FILE__, __LINE__),
+        autograd_(torch::Library::IMPL, "aten", c10::DispatchKey::AutogradMeta, __FILE__, __LINE__) {
+    meta_.impl("index_select", TORCH_FN(index_select_meta));
+    meta_.impl("embedding_dense_backward", TORCH_FN(embedding_dense_backward_meta));
+    meta_.impl("where.self", TORCH_FN(where_meta));
+    meta_.impl("dot", TORCH_FN(dot_meta));
+    meta_.impl("abs.out", TORCH_FN(unary_out_meta));
+    meta_.impl("logical_not.out", TORCH_FN(unary_out_meta));
+    meta_.impl("_scaled_dot_product_flash_attention_for_cpu", TORCH_FN(flash_attention_meta));
+    meta_.impl("_scaled_dot_product_flash_attention_for_cpu_backward", TORCH_FN(flash_attention_backward_meta));
+    meta_.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense_meta));
+    meta_.impl("_fused_adamw_", torch::CppFunction::makeFromBoxedFunction<&in_place_no_op>());
+    meta_.impl("_fused_adam_", torch::CppFunction::makeFromBoxedFunction<&in_place_no_op>());
+    autograd_.impl("_fused_sdp_choice", TORCH_FN(fused_sdp_choice_meta));
+    autograd_.impl("scaled_dot_product_attention", TORCH_FN(sdpa_meta));
+    if (emulate_autocast) autograd_.impl("linear", TORCH_FN(linear_autocast_meta));
+  }
+  ~MetaKernels() { clear_autocast_casts(); }
+
+ private:
+  torch::Library meta_, autograd_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// A collective backend whose operations complete at once and move nothing (meta tensors hold no
+// data); dist::Group still counts every operation's bytes.
+struct DoneWork : c10d::Work {
+  bool wait(std::chrono::milliseconds) override { return true; }
+  bool isCompleted() override { return true; }
+};
+
+struct NoDataBackend : c10d::Backend {
+  NoDataBackend(int rank, int size) : Backend(rank, size) {}
+  const std::string getBackendName() const override { return "dry-run"; }
+  static c10::intrusive_ptr<c10d::Work> done() { return c10::make_intrusive<DoneWork>(); }
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor&, at::Tensor&, const c10d::AllgatherOptions&) override {
+    return done();
+  }
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor&, at::Tensor&,
+                                                      const c10d::ReduceScatterOptions&) override {
+    return done();
+  }
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>&, const c10d::AllreduceOptions&) override {
+    return done();
+  }
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>&, const c10d::BroadcastOptions&) override {
+    return done();
+  }
+};
+
+// The groups this rank uses, as the trainer's mesh names them; this rank is member 0 of each.
+class DryMesh {
+ public:
+  DryMesh(const DryRunPlan& p) {
+    add("dp_shard_cp", p.dp_shard * p.cp);
+    add("dp_replicate", p.dp_replicate);
+    add("dp", p.dp_replicate * p.dp_shard);
+  }
+  dist::Group& operator[](const std::string& name) {
+    auto it = groups_.find(name);
+    TITAN_ASSERT(it != groups_.end(), "the dry run has no group '", name, "'");
+    return *it->second;
+  }
+  dist::CommBytes bytes, calls;
+
+ private:
+  void add(const std::string& name, int64_t size) {
+    std::vector<int> ranks(static_cast<size_t>(size));
+    std::iota(ranks.begin(), ranks.end(), 0);
+    c10::intrusive_ptr<c10d::Backend> backend;
+    if (size > 1) backend = c10::make_intrusive<NoDataBackend>(0, static_cast<int>(size));
+    groups_[name] = std::make_unique<dist::Group>(name, ranks, 0, backend, &bytes, &calls);
+  }
+  std::map<std::string, std::unique_ptr<dist::Group>> groups_;
+};
+
+int64_t nbytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
+
+// dist::clip_grad_norm over the dry run's groups: the sum of squares of the gradients sharded over
+// the same groups is all-reduced over those groups (placement.cpp), then every gradient is scaled.
+void clip_grad_norm(const std::vector<dist::PlacedTensor>& params, double max_norm, DryMesh& mesh) {
+  std::map<std::vector<std::string>, std::vector<at::Tensor>> by_groups;
+  std::vector<at::Tensor> grads;
+  for (const auto& p : params) {
+    const at::Tensor g = p.local.grad();
+    if (!g.defined()) continue;
+    grads.push_back(g);
+    std::set<std::string> names;
+    for (const auto& s : p.placement.shards) names.insert(s.mesh_dim);
+    by_groups[{names.begin(), names.end()}].push_back(g);
+  }
+  at::Tensor sum_sq;
+  for (auto& [names, gs] : by_groups) {
+    at::Tensor s = grad_sum_of_squares(gs);
+    for (const auto& name : names) mesh[name].all_reduce(s).wait();
+    sum_sq = sum_sq.defined() ? sum_sq + s : s;
+  }
+  if (sum_sq.defined()) scale_grads_to_norm(grads, sum_sq.sqrt(), max_norm);
+}
+
+DryRunResult run(const DryRunPlan& plan) {
+  const bool autocast = !plan.fsdp && plan.param_dtype == at::kFloat && plan.mixed_dtype != at::kFloat;
+  MetaCounting memory;
+  MetaKernels kernels(autocast);
+  DryMesh mesh(plan);
+  const auto meta = at::TensorOptions().device(at::kMeta);
+  DryRunResult r;
+
+  // ---- the model, parallelized by its own function; DDP; the optimizer (as Trainer::Trainer)
+  const ModelSpec& spec = model_spec(plan.model);
+  LanguageModel model = spec.build(plan.flavor, meta.dtype(plan.param_dtype), plan.seq_len);
+  std::unique_ptr<dist::FSDP> fsdp;
+  if (plan.fsdp) {
+    dist::FSDPOptions fo;
+    fo.param_dtype = plan.mixed_dtype;
+    fo.reduce_dtype = at::kFloat;
+    fo.reshard_after_forward = plan.reshard_after_forward;
+    fsdp = std::make_unique<dist::FSDP>(mesh["dp_shard_cp"], &mesh["dp_replicate"], fo);
+  }
+  TITAN_ASSERT(spec.parallelize, "model ", spec.name, " has no parallelize function");
+  ParallelizeContext pctx;
+  pctx.fsdp = fsdp.get();
+  pctx.init_rows = [](const std::string&, at::Tensor, int64_t) {};  // meta tensors take no values
+  pctx.ac_mode = plan.ac_mode;
+  pctx.ac_every = plan.ac_every;
+  spec.parallelize(*model, pctx);
+  std::vector<dist::PlacedTensor> params;
+  if (fsdp) {
+    params = fsdp->placed_parameters();
+  } else {
+    std::vector<std::string> over;
+    if (plan.dp_replicate > 1) over.push_back("dp_replicate");
+    for (const auto& p : model->named_parameters()) params.push_back({p.key(), p.value(), dist::whole(p.value(), over, true)});
+  }
+  std::vector<std::pair<std::string, at::Tensor>> named;
+  for (const auto& p : params) named.emplace_back(p.name, p.local);
+  std::unique_ptr<dist::DDP> ddp;
+  if (!fsdp && plan.dp_replicate > 1) ddp = std::make_unique<dist::DDP>(named, mesh["dp_replicate"], plan.ddp_bucket_bytes);
+  OptimizerOptions oo;
+  oo.name = plan.optimizer;
+  oo.implementation = plan.optimizer_implementation;
+  Optimizer optimizer(named, oo);
+
+  // What this rank holds, from the tensors themselves.
+  std::map<const void*, size_t> unit_of_storage;
+  for (const auto& [name, t] : named) {
+    r.params += nbytes(t);
+    r.optimizer += 2 * nbytes(t) + 4;  // exp_avg, exp_avg_sq like the parameter; step: an fp32 scalar
+    r.grads += t.numel() * (fsdp ? 4 : static_cast<int64_t>(t.element_size()));  // FSDP: fp32 flat gradient
+    if (!fsdp) continue;
+    auto [it, fresh] = unit_of_storage.emplace(t.storage().unsafeGetStorageImpl(), r.unit_shard_numel.size());
+    if (fresh) r.unit_shard_numel.push_back(0);
+    r.unit_shard_numel[it->second] += t.numel();
+  }
+  if (ddp) r.ddp_buckets = r.grads;  // every bucket's flat copy is alive until finish_backward
+  const int64_t held = memory.current();
+
+  // ---- two steps of Trainer::train_step; the second is measured
+  const int64_t B = plan.local_batch_size, S = plan.seq_len;
+  const double local_tokens = static_cast<double>(plan.grad_accum_steps * B * S);
+  const double global_tokens = local_tokens * static_cast<double>(plan.dp_replicate * plan.dp_shard);
+  for (int step = 0; step < 2; ++step) {
+    mesh.bytes.clear();
+    mesh.calls.clear();
+    memory.reset_peak();
+    optimizer.zero_grad();
+    at::Tensor loss_sum = at::zeros({}, meta.dtype(at::kFloat));
+    for (int64_t micro = 0; micro < plan.grad_accum_steps; ++micro) {
+      at::Tensor inputs_BS = at::empty({B, S}, meta.dtype(at::kLong)), labels_BS = at::empty({B, S}, meta.dtype(at::kLong));
+      at::Tensor loss;
+      {
+        CudaBf16Autocast scope(autocast);
+        at::Tensor logits_BSV = model->forward(inputs_BS);
+        loss = nn::cross_entropy_sum(logits_BSV.flatten(0, 1), labels_BS.flatten(0, 1)) / global_tokens;
+      }
+      clear_autocast_casts();  // autocast's cache ends with its scope
+      if (step == 1 && micro == 0) r.end_of_forward = memory.current();
+      if (ddp) ddp->set_sync(micro == plan.grad_accum_steps - 1);
+      loss.backward();
+      if (fsdp) fsdp->finish_backward();
+      if (ddp && micro == plan.grad_accum_steps - 1) ddp->finish_backward();
+      loss_sum += loss.detach();
+    }
+    clip_grad_norm(params, plan.max_norm, mesh);
+    optimizer.step();
+    at::Tensor local_avg = loss_sum * (global_tokens / local_tokens);
+    mesh["dp"].all_reduce(loss_sum).wait();
+    mesh["dp"].all_reduce(local_avg, c10d::ReduceOp::MAX).wait();
+    (step == 0 ? r.first_step_peak : r.peak) = memory.peak();
+  }
+  // Alive after a step beyond the parameters and optimizer state: the gradients, and what is kept
+  // across steps (FSDP's buffer pool; model caches such as the RoPE table).
+  r.buffers = std::max<int64_t>(0, memory.current() - held - r.grads);
+  r.bytes = mesh.bytes;
+  r.calls = mesh.calls;
+  return r;
+}
+
+}  // namespace
+
+DryRunResult dry_run(const DryRunPlan& plan) {
+  try {
+    return run(plan);
+  } catch (const c10::NotImplementedError& e) {
+    // A model uses an operator this file has no meta kernel for: say so, not just what libtorch says.
+    throw std::runtime_error(std::string("the dry run on the meta device met an operator without a meta kernel; add "
+                                         "one to MetaKernels in src/titan/tools/dry_run.cpp. LibTorch: ") +
+                             e.what_without_backtrace());
+  }
+}
+
+}  // namespace titan

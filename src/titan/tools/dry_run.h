@@ -1,0 +1,71 @@
+// A dry run: one rank's training steps executed on the meta device, for `titan estimate`.
+//
+// The model is built by its ModelSpec on the meta device (shapes and dtypes, no values, no memory)
+// and parallelized by its own parallelize function (activation checkpointing, FSDP/HSDP) exactly as
+// the trainer does; DDP, the optimizer, the loss, gradient clipping and the step mirror
+// Trainer::train_step. Nothing is approximated by a formula: every tensor the real code would
+// allocate is allocated on the meta device, where a counting allocator records the bytes alive and
+// their peak (as titan's counting CPU allocator does for CPU runs, memory_tracker.h). Collectives go
+// through the real dist::Group wrapper over a backend that completes at once and moves nothing, so
+// the bytes counted per mesh dimension are the ones a real run counts (mesh.h).
+//
+// What the meta device cannot show by itself is filled in by the dry run, each documented in
+// dry_run.cpp: meta kernels for the few operators libtorch has none for (the CPU flash attention,
+// index_select, ...), scaled_dot_product_attention routed to the fused kernel the CPU and CUDA choose
+// (the meta device would run the math fallback, which materializes S x S scores), and CUDA's bf16
+// autocast emulated for models trained without FSDP in mixed precision.
+#pragma once
+
+#include "titan/distributed/mesh.h"
+
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace titan {
+
+// What one rank trains: the model, the batch, the layout and the features that change memory.
+struct DryRunPlan {
+  std::string model = "llama3", flavor = "debugmodel";
+  int64_t seq_len = 2048;
+  int64_t local_batch_size = 8;
+  int64_t grad_accum_steps = 1;
+  at::ScalarType param_dtype = at::kFloat;  // training.dtype: the parameters (and optimizer state)
+  // The compute dtype under mixed precision: FSDP gathers parameters in it; without FSDP the forward
+  // runs under bf16 autocast when it is bf16 and the parameters are fp32 (CUDA training).
+  at::ScalarType mixed_dtype = at::kFloat;
+  int64_t dp_replicate = 1, dp_shard = 1, cp = 1;  // resolved degrees; this rank is rank 0 of each group
+  bool fsdp = false;  // FSDP (HSDP with dp_replicate > 1); else DDP when dp_replicate > 1
+  std::string reshard_after_forward = "default";
+  std::string ac_mode = "none";  // none | full | selective (every ac_every-th block) | op
+  int64_t ac_every = 1;
+  std::string optimizer = "AdamW", optimizer_implementation = "fused";
+  double max_norm = 1.0;
+  int64_t ddp_bucket_bytes = 25 << 20;  // dist::DDP's default
+};
+
+// Bytes of this rank's tensors (all on its compute device: the meta run does not separate a host).
+struct DryRunResult {
+  int64_t params = 0;     // parameters as held: FSDP's flat fp32 shards, else the whole model
+  int64_t grads = 0;      // gradients at the end of a step: FSDP's flat fp32 gradient shards, else per parameter
+  int64_t optimizer = 0;  // AdamW/Adam exp_avg and exp_avg_sq (parameter dtype) and one fp32 step per parameter
+  // Kept across steps beyond the above: FSDP's communication buffer pool (gathered units,
+  // reduce-scatter inputs and outputs) and model caches such as the RoPE table.
+  int64_t buffers = 0;
+  // DDP's flattened buckets, all alive at the end of backward (their all-reduces are waited for
+  // together); 0 without DDP.
+  int64_t ddp_buckets = 0;
+  int64_t end_of_forward = 0;  // bytes alive right after the first micro-batch's loss (forward) in the measured step
+  int64_t peak = 0;            // most bytes alive at once in the measured (second) step
+  int64_t first_step_peak = 0; // the same for the first step (communication buffers and flat gradients appear)
+  std::vector<int64_t> unit_shard_numel;  // FSDP: elements of each unit's flat shard (forward order, root last)
+  dist::CommBytes bytes, calls;  // of the measured step, per mesh dimension and operation (mesh.h)
+};
+
+// Runs two training steps of rank 0 on the meta device and measures the second (the first allocates
+// what later steps reuse). Throws UserError for an unknown model or flavor.
+DryRunResult dry_run(const DryRunPlan& plan);
+
+}  // namespace titan

@@ -1,0 +1,457 @@
+// `titan estimate` against what runs measure.
+//
+// Memory: each named run trains 3 steps on the CPU (log_freq 1) and its largest `memory:` figure of
+// the log line (peak bytes of CPU tensors, memory_tracker.h) is compared with the estimate's
+// predicted peak for the same config with --device cpu. Tolerance 10% (the dry run reproduces the
+// allocations of the run's own code; what it cannot see, such as a CPU kernel's scratch buffers and
+// the data loader's, measured well under 2% in these runs). The debug model trains through the real
+// binaries (titan train, titan launch); a wider and a deeper Llama, registered in this test binary
+// as model "llama3_shapes", train through the trainer in worker processes of this binary.
+//
+// Communication: workers run the trainer's step over Gloo and print what the mesh counted; the
+// estimate's bytes and calls per mesh dimension and operation must be equal.
+#include "models/tiny_llama.h"
+#include "test_util.h"
+
+#include "titan/common/error.h"
+#include "titan/common/memory_tracker.h"
+#include "titan/common/tensor_storage.h"
+#include "titan/components/optimizer/optimizer.h"
+#include "titan/distributed/ddp.h"
+#include "titan/distributed/fsdp.h"
+#include "titan/distributed/mesh.h"
+#include "titan/distributed/placement.h"
+#include "titan/models/common/loss.h"
+#include "titan/models/llama3/model.h"
+#include "titan/models/llama3/parallelize.h"
+#include "titan/models/registry.h"
+#include "titan/tools/estimate.h"
+#include "titan/trainer/trainer.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <mutex>
+#include <regex>
+#include <sstream>
+
+#include <unistd.h>
+
+namespace titan {
+namespace {
+
+using namespace std::chrono_literals;
+
+const std::string kSource = TITAN_SOURCE_DIR;
+const std::string kTitan = std::string(TITAN_BINARY_DIR) + "/titan";
+const std::string kDebugConfig = kSource + "/configs/llama3_debugmodel.toml";
+
+// ---------------------------------------------------------------------------------------------
+// Model "llama3_shapes": Llama 3 blocks of other shapes than the shipped flavors.
+//   wide: dim 512, 4 layers, 8 heads over 2 KV heads (grouped-query attention), hidden 1536
+//   deep: dim 128, 16 layers, 4 heads (multi-head attention), hidden 512
+//   tiny: the unit tests' shape (tiny_llama.h), 2 layers, vocabulary 130 (not divisible by 4 ranks)
+llama3::ModelArgs shapes_flavor(const std::string& name) {
+  llama3::ModelArgs a;
+  a.vocab_size = 2048;
+  a.multiple_of = 256;
+  a.ffn_dim_multiplier.reset();
+  if (name == "wide") {
+    a.dim = 512, a.n_layers = 4, a.n_heads = 8, a.n_kv_heads = 2;
+  } else if (name == "deep") {
+    a.dim = 128, a.n_layers = 16, a.n_heads = 4, a.n_kv_heads = 4;
+  } else if (name == "tiny") {
+    a = test::tiny_llama(2, 130, 0);
+  } else {
+    throw UserError("llama3_shapes has no flavor '" + name + "'");
+  }
+  return a;
+}
+
+void register_shapes_model() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    ModelSpec spec = model_spec("llama3");
+    spec.name = "llama3_shapes";
+    spec.flavors = {"wide", "deep", "tiny"};
+    spec.build = [](const std::string& flavor, const at::TensorOptions& opts, int64_t max_seq_len) -> LanguageModel {
+      llama3::ModelArgs a = shapes_flavor(flavor);
+      a.max_seq_len = max_seq_len;
+      return std::make_shared<llama3::TransformerImpl>(a, opts);
+    };
+    spec.hf_adapter = nullptr;
+    register_model(std::move(spec));
+  });
+}
+
+std::vector<std::string> split_lines(const std::string& s) {
+  std::vector<std::string> out;
+  std::istringstream in(s);
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) out.push_back(line);
+  return out;
+}
+
+std::string join_lines(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += x + "\n";
+  return s;
+}
+
+// Worker: the trainer, as `titan train` runs it, with the rank's launch environment set from the
+// test's variables (the test process hosts the rendezvous store). TITAN_TEST_ARGS: one argument per line.
+TITAN_TEST_WORKER_FN(estimate_train) {
+  register_shapes_model();
+  const std::string rank = std::getenv("TITAN_TEST_RANK"), world = std::getenv("TITAN_TEST_WORLD");
+  if (world != "1") {
+    for (const char* name : {"RANK", "LOCAL_RANK"}) setenv(name, rank.c_str(), 1);
+    for (const char* name : {"WORLD_SIZE", "LOCAL_WORLD_SIZE"}) setenv(name, world.c_str(), 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", std::getenv("TITAN_TEST_PORT"), 1);
+    setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);
+  }
+  return run_training(parse_config(split_lines(std::getenv("TITAN_TEST_ARGS"))));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Measured peaks.
+
+// The largest `memory:` figure of the log lines, in bytes. The percentage (of the machine's physical
+// memory, 2 decimals) resolves finer than the GiB figure (2 decimals of a GiB); both must agree.
+int64_t measured_peak(const std::string& log) {
+  const double physical = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGE_SIZE));
+  const std::regex field(R"(step:\s*\d+\s.*memory:\s*([\d.]+)GiB\(([\d.]+)%\))");
+  double peak = -1;
+  int steps = 0;
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), field); it != std::sregex_iterator(); ++it) {
+    const double gib = std::stod((*it)[1]), bytes = std::stod((*it)[2]) / 100 * physical;
+    EXPECT_NEAR(bytes / (1 << 30), gib, 0.006 + 0.0001 * physical / (1 << 30)) << (*it)[0];
+    peak = std::max(peak, bytes);
+    ++steps;
+  }
+  EXPECT_EQ(steps, 3) << log;
+  return static_cast<int64_t>(peak);
+}
+
+struct MemoryRun {
+  std::string name;
+  std::string model, flavor;  // llama3 debugmodel: the real binaries; llama3_shapes: workers of this binary
+  int nproc;
+  int64_t seq_len, local_batch;
+  std::string ac;  // none | full | selective k | selective op
+  int replicate = 1;  // data_parallel_replicate_degree: DDP (replicas only) or HSDP
+};
+
+void PrintTo(const MemoryRun& r, std::ostream* os) { *os << r.name; }
+
+std::vector<std::string> config_args(const MemoryRun& r) {
+  std::vector<std::string> a = {"--job.config_file", kDebugConfig, "--model.name", r.model, "--model.flavor", r.flavor,
+                                "--training.seq_len", std::to_string(r.seq_len), "--training.local_batch_size",
+                                std::to_string(r.local_batch), "--training.global_batch_size",
+                                std::to_string(r.local_batch * r.nproc), "--training.steps", "3", "--metrics.log_freq",
+                                "1", "--metrics.disable_color_printing", "--parallelism.data_parallel_replicate_degree",
+                                std::to_string(r.replicate)};
+  std::istringstream ac(r.ac);
+  std::string mode, every;
+  ac >> mode >> every;
+  a.insert(a.end(), {"--activation_checkpoint.mode", mode});
+  if (!every.empty()) a.insert(a.end(), {"--activation_checkpoint.selective_ac_option", every});
+  return a;
+}
+
+// Trains the run and returns rank 0's output.
+std::string train(const MemoryRun& r, const test::TempDir& dir) {
+  std::vector<std::string> args = config_args(r);
+  args.insert(args.end(), {"--job.dump_folder", dir.path()});
+  if (r.model == "llama3") {
+    std::vector<std::string> argv = {kTitan};
+    if (r.nproc > 1) argv = {kTitan, "launch", "--nproc-per-node", std::to_string(r.nproc), "--master-port", "0", "--"};
+    argv.push_back("train");
+    argv.insert(argv.end(), args.begin(), args.end());
+    auto p = test::run_process(argv, {{"OMP_NUM_THREADS", "1"}}, 600s);
+    EXPECT_EQ(p.exit_code, 0) << p.output;
+    return p.output;
+  }
+  auto store = dist::make_tcp_store("127.0.0.1", 0, true, 60s);
+  auto results = test::run_workers("estimate_train", r.nproc,
+                                   {{"TITAN_TEST_ARGS", join_lines(args)}, {"TITAN_TEST_WORLD", std::to_string(r.nproc)},
+                                    {"TITAN_TEST_PORT", std::to_string(dist::store_port(store))},
+                                    {"OMP_NUM_THREADS", "1"}},
+                                   600s);
+  for (const auto& w : results) EXPECT_EQ(w.exit_code, 0) << w.output;
+  return results[0].output;
+}
+
+class EstimateMatchesMeasuredPeak : public ::testing::TestWithParam<MemoryRun> {};
+
+TEST_P(EstimateMatchesMeasuredPeak, WithinTenPercent) {
+  register_shapes_model();
+  const MemoryRun& r = GetParam();
+  test::TempDir dir;
+  const int64_t measured = measured_peak(train(r, dir));
+  EstimateOptions opts;
+  opts.world_size = r.nproc;
+  opts.device = "cpu";
+  const Estimate e = estimate(parse_config(config_args(r)), opts);
+  const double ratio = static_cast<double>(e.peak_device) / static_cast<double>(measured);
+  std::printf("%s: measured %.1f MiB, estimated %.1f MiB (%+.1f%%)\n", r.name.c_str(), measured / 1048576.0,
+              e.peak_device / 1048576.0, 100 * (ratio - 1));
+  EXPECT_NEAR(ratio, 1.0, 0.10) << "measured " << measured << " bytes, estimated " << e.peak_device << "\n"
+                                << format_estimate(e);
+}
+
+// clang-format off
+INSTANTIATE_TEST_SUITE_P(Runs, EstimateMatchesMeasuredPeak, ::testing::Values(
+    //        name                           model            flavor        nproc seq  batch  AC
+    MemoryRun{"Debug1Seq256NoAC",            "llama3",        "debugmodel", 1,    256, 4,     "none"},
+    MemoryRun{"Debug1Seq256Full",            "llama3",        "debugmodel", 1,    256, 4,     "full"},
+    MemoryRun{"Debug1Seq1024NoAC",           "llama3",        "debugmodel", 1,   1024, 4,     "none"},
+    MemoryRun{"Debug1Seq1024Selective2",     "llama3",        "debugmodel", 1,   1024, 4,     "selective 2"},
+    MemoryRun{"DebugFsdp2Seq512NoAC",        "llama3",        "debugmodel", 2,    512, 4,     "none"},
+    MemoryRun{"DebugFsdp2Seq512Full",        "llama3",        "debugmodel", 2,    512, 4,     "full"},
+    MemoryRun{"DebugFsdp2Seq1024Selective2", "llama3",        "debugmodel", 2,   1024, 2,     "selective 2"},
+    MemoryRun{"Wide1Seq512NoAC",             "llama3_shapes", "wide",       1,    512, 2,     "none"},
+    MemoryRun{"WideFsdp2Seq512Selective2",   "llama3_shapes", "wide",       2,    512, 2,     "selective 2"},
+    MemoryRun{"Deep1Seq1024Full",            "llama3_shapes", "deep",       1,   1024, 4,     "full"},
+    MemoryRun{"DeepFsdp2Seq256NoAC",         "llama3_shapes", "deep",       2,    256, 8,     "none"},
+    MemoryRun{"Debug1Seq512PerOperator",     "llama3",        "debugmodel", 1,    512, 4,     "selective op"},
+    MemoryRun{"DebugDdp2Seq512NoAC",         "llama3",        "debugmodel", 2,    512, 4,     "none",        2},
+    MemoryRun{"DebugHsdp2x2Seq512Full",      "llama3",        "debugmodel", 4,    512, 4,     "full",        2}),
+    [](const ::testing::TestParamInfo<MemoryRun>& info) { return info.param.name; });
+// clang-format on
+
+// ---------------------------------------------------------------------------------------------
+// Communication: the trainer's step (Trainer::train_step: forward, loss, backward, FSDP/DDP
+// reductions, gradient clipping, the loss all-reduces) over Gloo, counted by the real mesh.
+
+constexpr int64_t kCommSeq = 16, kCommBatch = 2;
+
+TITAN_TEST_WORKER_FN(estimate_comm) {
+  register_shapes_model();
+  const int rank = std::atoi(std::getenv("TITAN_TEST_RANK")), world = std::atoi(std::getenv("TITAN_TEST_WORLD"));
+  const int replicate = std::atoi(std::getenv("TITAN_TEST_REPLICATE")), accum = std::atoi(std::getenv("TITAN_TEST_ACCUM"));
+  at::set_num_threads(1);
+  auto store = dist::make_tcp_store("127.0.0.1", static_cast<uint16_t>(std::atoi(std::getenv("TITAN_TEST_PORT"))), false, 60s);
+  dist::ParallelDims dims(replicate, -1, 1, 1, 1, world);
+  dist::Mesh mesh(dims, rank, store, dist::BackendKind::Gloo, 60s);
+  const ModelSpec& spec = model_spec("llama3_shapes");
+  LanguageModel model;
+  {
+    std::optional<DeferAllocation> defer;
+    if (dims.fsdp_enabled()) defer.emplace();
+    model = spec.build("tiny", at::TensorOptions(), kCommSeq);
+  }
+  model->init_weights(1);
+  std::unique_ptr<dist::FSDP> fsdp;
+  if (dims.fsdp_enabled()) fsdp = std::make_unique<dist::FSDP>(mesh["dp_shard_cp"], &mesh["dp_replicate"], dist::FSDPOptions{});
+  ParallelizeContext ctx;
+  ctx.fsdp = fsdp.get();
+  ctx.init_rows = [&](const std::string& name, at::Tensor rows, int64_t first) { model->init_rows(1, name, rows, first); };
+  ctx.ac_mode = "full";  // recomputation communicates nothing more
+  spec.parallelize(*model, ctx);
+  std::vector<dist::PlacedTensor> params;
+  if (fsdp) {
+    params = fsdp->placed_parameters();
+  } else {
+    for (const auto& p : model->named_parameters())
+      params.push_back({p.key(), p.value(), dist::whole(p.value(), {"dp_replicate"}, mesh["dp_replicate"].rank() == 0)});
+  }
+  std::vector<std::pair<std::string, at::Tensor>> named;
+  for (const auto& p : params) named.emplace_back(p.name, p.local);
+  std::unique_ptr<dist::DDP> ddp;
+  if (dims.ddp_enabled()) ddp = std::make_unique<dist::DDP>(named, mesh["dp_replicate"]);
+  Optimizer optimizer(named, {});
+  const double global_tokens = static_cast<double>(accum * kCommBatch * kCommSeq * dims.dp_size());
+  for (int step = 0; step < 2; ++step) {  // the second step is counted, as the estimate counts it
+    mesh.reset_bytes();
+    optimizer.zero_grad();
+    at::Tensor loss_sum = at::zeros({});
+    for (int micro = 0; micro < accum; ++micro) {
+      at::Tensor tokens = at::randint(130, {kCommBatch, kCommSeq + 1}, at::kLong);
+      at::Tensor logits = model->forward(tokens.slice(1, 0, kCommSeq));
+      at::Tensor loss = nn::cross_entropy_sum(logits.flatten(0, 1), tokens.slice(1, 1).flatten(0, 1)) / global_tokens;
+      logits.reset();
+      if (ddp) ddp->set_sync(micro == accum - 1);
+      loss.backward();
+      if (fsdp) fsdp->finish_backward();
+      if (ddp && micro == accum - 1) ddp->finish_backward();
+      loss_sum += loss.detach();
+    }
+    dist::clip_grad_norm(params, 1.0, mesh);
+    optimizer.step();
+    at::Tensor local_max = loss_sum.clone();
+    mesh["dp"].all_reduce(loss_sum).wait();
+    mesh["dp"].all_reduce(local_max, c10d::ReduceOp::MAX).wait();
+  }
+  for (const auto& [group, ops] : mesh.bytes())
+    for (const auto& [op, bytes] : ops)
+      std::printf("COMM %s %s %lld %lld\n", group.c_str(), op.c_str(), static_cast<long long>(bytes),
+                  static_cast<long long>(mesh.calls().at(group).at(op)));
+  return 0;
+}
+
+void expect_communication_as_counted(int world, int replicate, int accum) {
+  register_shapes_model();
+  auto store = dist::make_tcp_store("127.0.0.1", 0, true, 60s);
+  auto results = test::run_workers("estimate_comm", world,
+                                   {{"TITAN_TEST_PORT", std::to_string(dist::store_port(store))},
+                                    {"TITAN_TEST_WORLD", std::to_string(world)},
+                                    {"TITAN_TEST_REPLICATE", std::to_string(replicate)},
+                                    {"TITAN_TEST_ACCUM", std::to_string(accum)}, {"OMP_NUM_THREADS", "1"}},
+                                   300s);
+  for (const auto& r : results) ASSERT_EQ(r.exit_code, 0) << r.output;
+  dist::CommBytes bytes, calls;
+  std::istringstream out(results[0].output);
+  for (std::string line; std::getline(out, line);) {
+    std::istringstream f(line);
+    std::string tag, group, op;
+    long long b = 0, c = 0;
+    if (f >> tag >> group >> op >> b >> c && tag == "COMM") bytes[group][op] = b, calls[group][op] = c;
+  }
+  ASSERT_FALSE(bytes.empty()) << results[0].output;
+
+  const JobConfig cfg = parse_config(
+      {"--model.name", "llama3_shapes", "--model.flavor", "tiny", "--training.seq_len", std::to_string(kCommSeq),
+       "--training.local_batch_size", std::to_string(kCommBatch), "--training.global_batch_size",
+       std::to_string(kCommBatch * accum * world), "--parallelism.data_parallel_replicate_degree",
+       std::to_string(replicate), "--activation_checkpoint.mode", "full"});
+  EstimateOptions opts;
+  opts.world_size = world;
+  opts.device = "cpu";
+  const Estimate e = estimate(cfg, opts);
+  EXPECT_EQ(e.comm_bytes, bytes) << format_estimate(e) << results[0].output;
+  EXPECT_EQ(e.comm_calls, calls) << format_estimate(e) << results[0].output;
+}
+
+TEST(EstimateCommunication, Fsdp2IsWhatTheMeshCounts) { expect_communication_as_counted(2, 1, 1); }
+TEST(EstimateCommunication, Fsdp4WithGradientAccumulationIsWhatTheMeshCounts) { expect_communication_as_counted(4, 1, 2); }
+TEST(EstimateCommunication, Hsdp2x2IsWhatTheMeshCounts) { expect_communication_as_counted(4, 2, 1); }
+TEST(EstimateCommunication, Ddp2WithGradientAccumulationIsWhatTheMeshCounts) { expect_communication_as_counted(2, 2, 2); }
+
+// ---------------------------------------------------------------------------------------------
+// The held state, FLOPs, the verdict and the CLI.
+
+JobConfig config(const std::vector<std::string>& args) { return parse_config(args); }
+
+Estimate estimate_of(const std::vector<std::string>& args, int64_t world, const std::string& device = "cuda",
+                     double gib = 80) {
+  EstimateOptions o;
+  o.world_size = world;
+  o.device = device;
+  o.device_memory_gib = gib;
+  return estimate(config(args), o);
+}
+
+// Per rank: each parameter's torch.chunk shard of ceil(R / N) rows, fp32; AdamW's two moments like
+// the shards and one fp32 step each; FSDP's gradient shards fp32.
+TEST(Estimate, ParametersGradientsAndOptimizerStateAreThisLayoutsShards) {
+  register_shapes_model();
+  for (const auto& [model, flavor, world] : std::vector<std::tuple<std::string, std::string, int>>{
+           {"llama3_shapes", "tiny", 3}, {"llama3", "8B", 8}, {"llama3", "debugmodel", 1}}) {
+    LanguageModel m = model_spec(model).build(flavor, at::TensorOptions().device(at::kMeta), 64);
+    int64_t shard_bytes = 0, count = 0;
+    for (const auto& p : m->named_parameters()) {
+      const int64_t rows = p.value().size(0), row = p.value().numel() / rows;
+      shard_bytes += (rows + world - 1) / world * row * 4;
+      ++count;
+    }
+    const Estimate e = estimate_of({"--model.name", model, "--model.flavor", flavor, "--training.seq_len", "64",
+                                    "--training.local_batch_size", "1"},
+                                   world);
+    EXPECT_EQ(e.params, shard_bytes) << flavor;
+    EXPECT_EQ(e.grads, shard_bytes) << flavor;
+    EXPECT_EQ(e.optimizer, 2 * shard_bytes + 4 * count) << flavor;
+    EXPECT_EQ(e.layout, world > 1 ? "FSDP" : "single process");
+  }
+}
+
+TEST(Estimate, FlopsPerStepAreFlopsPerTokenTimesTheRanksTokens) {
+  // 4 ranks, global batch 32 of local batch 2: 4 micro-batches per step.
+  const Estimate e = estimate_of({"--model.flavor", "debugmodel", "--training.seq_len", "512",
+                                  "--training.local_batch_size", "2", "--training.global_batch_size", "32"},
+                                 4);
+  EXPECT_EQ(e.grad_accum_steps, 4);
+  EXPECT_EQ(e.tokens_per_step, 4 * 2 * 512);
+  EXPECT_DOUBLE_EQ(e.flops_per_step, estimate_model("llama3", "debugmodel", 512).flops_per_token * 4 * 2 * 512);
+}
+
+// Llama 3 405B on 128 ranks (FSDP over all of them; titan has no tensor parallelism yet): the dry
+// run holds no weights, so it takes seconds and almost no memory.
+TEST(Estimate, Llama405BTakesSecondsAndNoMemoryForWeights) {
+  const std::vector<std::string> args = {"--job.config_file", kSource + "/configs/llama3_405b.toml",
+                                         "--parallelism.tensor_parallel_degree", "1"};
+  mem::PeakScope scope;
+  const auto start = std::chrono::steady_clock::now();
+  const Estimate e = estimate_of(args, 128);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(seconds, 60.0);  // about 4 s on an idle core, for four dry runs
+  EXPECT_LT(scope.peak_above_start(), 64 << 20) << "bytes of CPU tensors";
+  EXPECT_EQ(e.model.params, 405853388800);
+  EXPECT_EQ(e.shard_degree, 128);
+  EXPECT_FALSE(e.fits) << format_estimate(e);
+}
+
+TEST(Estimate, TheVerdictComparesThePeakWithTheDeviceCapacity) {
+  const std::vector<std::string> args = {"--model.flavor", "debugmodel", "--training.seq_len", "2048",
+                                         "--training.local_batch_size", "8"};
+  const Estimate roomy = estimate_of(args, 2);
+  EXPECT_TRUE(roomy.fits);
+  EXPECT_NE(format_estimate(roomy).find("verdict: fits"), std::string::npos) << format_estimate(roomy);
+  const double just_under = static_cast<double>(roomy.peak_device) / (1 << 30) * 0.99;
+  const Estimate tight = estimate_of(args, 2, "cuda", just_under);
+  EXPECT_FALSE(tight.fits);
+  EXPECT_NE(format_estimate(tight).find("verdict: does not fit"), std::string::npos) << format_estimate(tight);
+}
+
+// The activation checkpointing modes order as their memory does, and the report gives each.
+TEST(Estimate, CheckpointingLessSavesMore) {
+  const Estimate e = estimate_of({"--model.flavor", "debugmodel", "--activation_checkpoint.mode", "selective",
+                                  "--activation_checkpoint.selective_ac_option", "2"},
+                                 1);
+  ASSERT_EQ(e.peak_by_ac.size(), 3u);
+  const int64_t none = e.peak_by_ac.at("none"), full = e.peak_by_ac.at("full (every block)");
+  EXPECT_EQ(e.peak_by_ac.at("selective 2 (1 block in 2)"), e.peak_device);
+  EXPECT_LT(full, e.peak_device);
+  EXPECT_LT(e.peak_device, none);
+}
+
+// CPU offload to a GPU's host: the shards, gradient shards and optimizer state move to host memory.
+TEST(Estimate, CpuOffloadMovesTheShardsToTheHost) {
+  const std::vector<std::string> args = {"--model.flavor", "debugmodel", "--training.seq_len", "1024"};
+  const Estimate on_device = estimate_of(args, 2);
+  auto offload_args = args;
+  offload_args.push_back("--training.enable_cpu_offload");
+  const Estimate offloaded = estimate_of(offload_args, 2);
+  EXPECT_EQ(offloaded.host, on_device.params + on_device.grads + on_device.optimizer);
+  EXPECT_EQ(offloaded.peak_device, on_device.peak_device - offloaded.host);  // bf16 gathers already stage on the device
+  // On the CPU there is nowhere to move them: the same memory.
+  EXPECT_EQ(estimate_of(offload_args, 2, "cpu").peak_device, estimate_of(args, 2, "cpu").peak_device);
+}
+
+TEST(Estimate, LayoutsTitanCannotTrainAreUserErrorsNamingTheOption) {
+  try {
+    estimate_of({"--parallelism.tensor_parallel_degree", "8"}, 8);
+    FAIL() << "tensor parallelism was estimated";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("parallelism.tensor_parallel_degree"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(estimate_of({}, 3, "tpu"), UserError);
+  EXPECT_THROW(estimate_of({"--parallelism.data_parallel_shard_degree", "2"}, 3), UserError);
+}
+
+TEST(EstimateCli, PrintsThePerRankReportAndTheVerdict) {
+  auto r = test::run_process({kTitan, "estimate", "--job.config_file", kSource + "/configs/llama3_8b.toml",
+                              "--world-size", "8", "--device-memory-gib", "80"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  for (const char* s : {"llama3 8B", "8 ranks", "FSDP", "parameters", "optimizer state", "peak", "dp_shard_cp:",
+                        "all_gather", "reduce_scatter", "verdict:"})
+    EXPECT_NE(r.output.find(s), std::string::npos) << s << "\n" << r.output;
+  auto bad = test::run_process({kTitan, "estimate", "--world-size", "zero"});
+  EXPECT_EQ(bad.exit_code, 1) << bad.output;
+  EXPECT_NE(bad.output.find("--world-size"), std::string::npos) << bad.output;
+}
+
+}  // namespace
+}  // namespace titan
