@@ -272,19 +272,28 @@ FSDP::~FSDP() {
 }
 
 at::Tensor FSDP::acquire(int64_t numel, at::ScalarType dtype, const at::Device& device) {
-  auto& free = pool_[{numel, dtype, device.str()}];
-  if (!free.empty()) {
-    at::Tensor t = std::move(free.back());
-    free.pop_back();
-    return t;
+  auto& free = free_[{dtype, device.str()}];
+  auto best = free.end();
+  for (auto it = free.begin(); it != free.end(); ++it)
+    if (it->numel() >= numel && (best == free.end() || it->numel() < best->numel())) best = it;
+  at::Tensor base;
+  if (best != free.end()) {
+    base = std::move(*best);
+    free.erase(best);
+  } else {
+    ++pool_allocations_;
+    base = at::empty({numel}, at::TensorOptions().dtype(dtype).device(device));
   }
-  ++pool_allocations_;
-  return at::empty({numel}, at::TensorOptions().dtype(dtype).device(device));
+  in_use_[base.storage().unsafeGetStorageImpl()] = base;
+  return base.slice(0, 0, numel);
 }
 
 void FSDP::release(at::Tensor& buffer) {
   if (!buffer.defined()) return;
-  pool_[{buffer.numel(), buffer.scalar_type(), buffer.device().str()}].push_back(std::move(buffer));
+  auto it = in_use_.find(buffer.storage().unsafeGetStorageImpl());
+  TITAN_ASSERT(it != in_use_.end(), "FSDP: released a buffer the pool did not hand out");
+  free_[{buffer.scalar_type(), buffer.device().str()}].push_back(std::move(it->second));
+  in_use_.erase(it);
   buffer.reset();
 }
 

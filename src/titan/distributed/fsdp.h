@@ -21,8 +21,9 @@
 // unit reduces and waited for at the end of backward, off the critical path. The next unit's
 // all-gather is issued before the current unit computes (prefetch).
 //
-// Communication buffers come from a pool keyed by size and dtype: after the first step no buffer is
-// allocated again (units of one size share them). With offload_to_cpu the flat shards and grads
+// Communication buffers come from a pool: a request takes the smallest free buffer of its dtype and
+// device that is large enough (units of every size share them), so the pool holds what is in flight
+// at once, not a set per unit size, and after the first step nothing is allocated again. With offload_to_cpu the flat shards and grads
 // live in CPU memory (pinned when the compute device is a GPU): the optimizer steps on the CPU, each
 // all-gather first copies the shard to the device and each reduced gradient is copied back.
 //
@@ -105,7 +106,9 @@ class FSDP {
   Group* replicate_;
   FSDPOptions options_;
   std::vector<std::unique_ptr<Unit>> units_;  // in forward order; the root last
-  std::map<std::tuple<int64_t, at::ScalarType, std::string>, std::vector<at::Tensor>> pool_;
+  // Free buffers per (dtype, device), and the base buffer of each one handed out (by storage).
+  std::map<std::pair<at::ScalarType, std::string>, std::vector<at::Tensor>> free_;
+  std::map<const void*, at::Tensor> in_use_;
   int64_t pool_allocations_ = 0;
   int64_t peak_reduction_bytes_ = 0;
 };
