@@ -12,8 +12,6 @@
 // usage: titan_bench_block_memory [seq_len ...]      (default: 64 128; batch 1)
 // Modes: fp32; bf16 (bf16 parameters and activations, training.dtype bfloat16 on the CPU); bf16
 // autocast (fp32 parameters and residual stream, matmuls and attention in bf16, as CUDA's autocast).
-// bf16 matmuls run in ATen's own kernels (oneDNN off): oneDNN's scratch buffers come from the CPU
-// allocator's raw_allocate, which the counting allocator does not serve.
 #include "titan/common/memory_tracker.h"
 #include "titan/models/common/layers.h"
 #include "titan/models/common/loss.h"
@@ -125,7 +123,6 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) seq_lens.push_back(std::atoll(argv[i]));
   if (seq_lens.empty()) seq_lens = {64, 128};
   mem::install_cpu_tracking();
-  at::globalContext().setUserEnabledMkldnn(false);
   at::manual_seed(0);
 
   llama3::ModelArgs a = llama3::flavor("8B");

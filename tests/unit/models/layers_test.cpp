@@ -86,13 +86,6 @@ llama3::TransformerBlock make_block(at::ScalarType dt) {
   return llama3::TransformerBlock(model->layers->ptr<llama3::TransformerBlockImpl>(0));
 }
 
-// bf16 matmuls through ATen's own CPU kernels while alive: oneDNN's scratch buffers come from the CPU
-// allocator's raw_allocate, which the counting allocator (memory_tracker.h) does not serve.
-struct WithoutOneDnn {
-  WithoutOneDnn() { at::globalContext().setUserEnabledMkldnn(false); }
-  ~WithoutOneDnn() { at::globalContext().setUserEnabledMkldnn(true); }
-};
-
 // CPU bf16 autocast while alive (standing in for CUDA's: matmuls and attention in bf16, the rest as is).
 struct CpuBf16Autocast {
   CpuBf16Autocast() {
@@ -243,7 +236,6 @@ TEST(LeanLayers, SwiGluEqualsSiluTimesThroughAutograd) {
 // 2e-2 (the norm's three consumers' gradients now add in bf16, before the norm's backward).
 TEST(LeanLayers, BlockEqualsThePlainBlock) {
   at::manual_seed(0);
-  WithoutOneDnn no_onednn;
   for (const std::string mode : {"fp32", "bf16", "bf16 autocast"}) {
     const at::ScalarType dt = mode == "bf16" ? at::kBFloat16 : at::kFloat;
     llama3::TransformerBlock block = make_block(dt);
@@ -343,7 +335,6 @@ TEST(LayerMemory, SwiGluSavesTwoHiddenTensorsNotThree) {
 // the fp32 statistics both keep (reciprocal RMS per row, attention log-sum-exp per row and head): no
 // fp32 copy of a bf16 activation is saved anywhere in it.
 TEST(LayerMemory, Bf16BlockSavesNoFp32CopiesOfActivations) {
-  WithoutOneDnn no_onednn;
   auto block_saved = [&](at::ScalarType dt) {
     llama3::TransformerBlock block = make_block(dt);
     at::Tensor cis = rope_table(64, block->attention->head_dim);
@@ -361,7 +352,6 @@ TEST(LayerMemory, Bf16BlockSavesNoFp32CopiesOfActivations) {
 // each of the three matmuls after it saves its own bf16 cast of the norm's fp32 output. Lean: the
 // norm saves x, and its bf16 output is the one tensor the three matmuls save.
 TEST(LayerMemory, UnderAutocastTheNormOutputIsSavedOnceByTheMatmulsAfterIt) {
-  WithoutOneDnn no_onednn;
   at::Tensor x = at::randn({2, 256, 256}).requires_grad_(true);
   at::Tensor w = at::ones({256}).requires_grad_(true);
   std::vector<at::Tensor> proj = {at::randn({32, 256}).requires_grad_(true), at::randn({32, 256}).requires_grad_(true),

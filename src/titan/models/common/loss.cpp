@@ -12,10 +12,10 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// An fp32 copy of a chunk, always a new tensor (rewritten in place by the callers). Subtracting from
-// the chunk directly would also promote it, but the CPU does that through a temporary fp32 copy.
-at::Tensor fp32_copy(const at::Tensor& x_CV) {
-  return x_CV.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+// x - s in fp32, as a new (C, V) tensor: for fp32 x one pass; otherwise an fp32 copy rewritten in
+// place (subtracting directly would also promote x, but the CPU does that through a temporary copy).
+at::Tensor fp32_minus(const at::Tensor& x_CV, const at::Tensor& s_C1) {
+  return x_CV.scalar_type() == at::kFloat ? x_CV - s_C1 : x_CV.to(at::kFloat).sub_(s_C1);
 }
 
 // log(sum(exp(x))) over rows in fp32, as at::logsumexp computes it (max subtracted; an infinite max
@@ -23,7 +23,7 @@ at::Tensor fp32_copy(const at::Tensor& x_CV) {
 at::Tensor log_sum_exp(const at::Tensor& x_CV) {
   at::Tensor max_C1 = x_CV.amax(1, /*keepdim=*/true).to(at::kFloat);
   max_C1.masked_fill_(max_C1.abs() == INFINITY, 0.0);
-  return fp32_copy(x_CV).sub_(max_C1).exp_().sum(1).log_().add_(max_C1.squeeze(1));
+  return fp32_minus(x_CV, max_C1).exp_().sum(1).log_().add_(max_C1.squeeze(1));
 }
 
 struct CrossEntropySumFunction : public torch::autograd::Function<CrossEntropySumFunction> {
@@ -65,11 +65,11 @@ struct CrossEntropySumFunction : public torch::autograd::Function<CrossEntropySu
       const int64_t b = std::min(N, a + chunk);
       const at::Tensor y_C = labels_N.slice(0, a, b);
       const at::Tensor valid_C = y_C.ne(kIgnoreIndex);
-      at::Tensor p_CV = fp32_copy(logits_NV.slice(0, a, b)).sub_(lse_N.slice(0, a, b).unsqueeze(1)).exp_();
+      at::Tensor p_CV = fp32_minus(logits_NV.slice(0, a, b), lse_N.slice(0, a, b).unsqueeze(1)).exp_();
       p_CV.scatter_add_(1, y_C.masked_fill(valid_C.logical_not(), 0).unsqueeze(1),
                         valid_C.to(at::kFloat).neg_().unsqueeze(1));
       p_CV.mul_(at::where(valid_C, g, 0.0).unsqueeze(1));
-      grad_NV.slice(0, a, b).copy_(p_CV);
+      grad_NV.slice(0, a, b).copy_(p_CV);  // rounded to the logits' dtype
     }
     return {grad_NV, at::Tensor(), at::Tensor()};
   }
