@@ -234,12 +234,16 @@ at::Tensor expected_37x11() {
 
 TEST(InitSlices, AnyDtypeAndLayoutHoldsTheFp32ValuesOfItsElements) {
   const at::Tensor expected = expected_37x11();
-  at::Tensor bf16 = at::empty({37, 11}, at::kBFloat16);
-  init::trunc_normal(bf16, 2, "x", 1000, 0.0, 0.5, -1.0, 1.0);
-  EXPECT_TRUE(at::equal(bf16, expected.to(at::kBFloat16)));
-  at::Tensor transposed = at::empty({11, 37}).t();  // not contiguous: elements in its logical order
-  init::trunc_normal(transposed, 2, "x", 1000, 0.0, 0.5, -1.0, 1.0);
-  EXPECT_TRUE(at::equal(transposed, expected));
+  for (at::ScalarType dtype : {at::kBFloat16, at::kHalf, at::kDouble}) {  // rounded like Tensor::to
+    at::Tensor t = at::empty({37, 11}, dtype);
+    init::trunc_normal(t, 2, "x", 1000, 0.0, 0.5, -1.0, 1.0);
+    EXPECT_TRUE(at::equal(t, expected.to(dtype))) << dtype;
+  }
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    at::Tensor transposed = at::empty({11, 37}, dtype).t();  // not contiguous: elements in logical order
+    init::trunc_normal(transposed, 2, "x", 1000, 0.0, 0.5, -1.0, 1.0);
+    EXPECT_TRUE(at::equal(transposed, expected.to(dtype))) << dtype;
+  }
   at::Tensor param = at::empty({37, 11}).requires_grad_();  // a leaf that requires grad
   init::trunc_normal(param, 2, "x", 1000, 0.0, 0.5, -1.0, 1.0);
   EXPECT_TRUE(at::equal(param.detach(), expected));

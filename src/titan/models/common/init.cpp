@@ -12,9 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
+#include <type_traits>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -350,34 +348,35 @@ void generate(const Draw& d, void (*kernel)(const KernelArgs&), int64_t g, int64
   }
 }
 
-// Maps the whole pages of [begin, end) that have no memory yet in one call: parameters are usually
-// fresh allocations, and faulting them in page by page costs more than generating their values.
-void populate(char* begin, char* end) {
-#if defined(__linux__)
-  constexpr int kPopulateWrite = 23;  // MADV_POPULATE_WRITE (Linux 5.14); older kernels refuse it: harmless
-  const uintptr_t page = 4096, b = (reinterpret_cast<uintptr_t>(begin) + page - 1) & ~(page - 1),
-                  e = reinterpret_cast<uintptr_t>(end) & ~(page - 1);
-  if (e > b) madvise(reinterpret_cast<void*>(b), e - b, kPopulateWrite);
-#endif
-}
-
-// Elements [first, first + n) of `d` into out (4-byte values), in parallel over groups.
-void fill(const Draw& d, int64_t first, int64_t n, void* out) {
+// Elements [first, first + n) of `d`, in parallel over groups: store(i, values, count) receives the
+// values (4 bytes each: fp32, or uint32 for kBits) of elements first + i, ..., first + i + count - 1.
+template <class Store>
+void fill(const Draw& d, int64_t first, int64_t n, const Store& store) {
   if (n == 0) return;
   auto* kernel = active_kernel().load();
   const int64_t g_begin = first / kGroup, g_end = (first + n - 1) / kGroup + 1;
   // Chunks of >= 2048 groups (128K elements): each thread's work is well above the fork cost.
   at::parallel_for(g_begin, g_end, 2048, [&](int64_t gb, int64_t ge) {
-    populate(static_cast<char*>(out) + 4 * (std::max(first, gb * kGroup) - first),
-             static_cast<char*>(out) + 4 * (std::min(first + n, ge * kGroup) - first));
     alignas(64) float buf[kBatchGroups * kGroup];
     for (int64_t g = gb; g < ge; g += kBatchGroups) {
       const int64_t ng = std::min(kBatchGroups, ge - g);
       generate(d, kernel, g, ng, buf);
       const int64_t e0 = std::max(first, g * kGroup), e1 = std::min(first + n, (g + ng) * kGroup);
-      std::memcpy(static_cast<char*>(out) + 4 * (e0 - first), buf + (e0 - g * kGroup), 4 * (e1 - e0));
+      store(e0 - first, buf + (e0 - g * kGroup), e1 - e0);
     }
   });
+}
+
+// Stores fp32 values into a contiguous CPU tensor of dtype T (rounding like Tensor::to: to nearest even).
+template <class T>
+auto store_into(at::Tensor& out) {
+  return [dst = static_cast<T*>(out.data_ptr())](int64_t i, const float* src, int64_t count) {
+    if constexpr (std::is_same_v<T, float>) {
+      std::memcpy(dst + i, src, 4 * count);
+    } else {
+      for (int64_t k = 0; k < count; ++k) dst[i + k] = static_cast<T>(src[k]);
+    }
+  };
 }
 
 // Writes elements [first_element, first_element + out.numel()) into `out` (any dtype, device).
@@ -387,25 +386,25 @@ void write(at::Tensor& out, int64_t first_element, const Draw& d) {
   TITAN_ASSERT(has_storage(out), "init: the tensor to fill has no storage");
   TITAN_ASSERT(first_element >= 0, "init: negative first element ", first_element);
   c10::NoGradGuard no_grad;
-  if (out.device().is_cpu() && out.scalar_type() == at::kFloat && out.is_contiguous()) {
-    fill(d, first_element, n, out.data_ptr<float>());
-    return;
+  if (out.device().is_cpu() && out.is_contiguous()) {  // straight into the tensor, converted on the way
+    switch (out.scalar_type()) {
+      case at::kFloat: return fill(d, first_element, n, store_into<float>(out));
+      case at::kBFloat16: return fill(d, first_element, n, store_into<c10::BFloat16>(out));
+      case at::kHalf: return fill(d, first_element, n, store_into<c10::Half>(out));
+      case at::kDouble: return fill(d, first_element, n, store_into<double>(out));
+      default: break;
+    }
   }
-  if (!out.is_contiguous()) {
-    at::Tensor values = at::empty(out.sizes(), at::kFloat);
-    fill(d, first_element, n, values.data_ptr<float>());
-    out.copy_(values);
-    return;
-  }
-  // Through an fp32 CPU buffer of at most 64 MB.
-  constexpr int64_t kChunk = int64_t{1} << 24;
-  at::Tensor flat = out.view({-1});
+  // Other devices, dtypes and layouts: through an fp32 CPU buffer of at most 16 MB, reused.
+  at::Tensor flat = out.is_contiguous() ? out.view({-1}) : at::empty({n}, out.options());
+  constexpr int64_t kChunk = int64_t{1} << 22;
   at::Tensor values = at::empty({std::min(n, kChunk)}, at::kFloat);
   for (int64_t off = 0; off < n; off += kChunk) {
     const int64_t m = std::min(kChunk, n - off);
-    fill(d, first_element + off, m, values.data_ptr<float>());
+    fill(d, first_element + off, m, store_into<float>(values));
     flat.narrow(0, off, m).copy_(values.narrow(0, 0, m));
   }
+  if (!out.is_contiguous()) out.copy_(flat.view(out.sizes()));
 }
 
 // The float nearest x on the inside of the cut-off (up: the lower one, down: the upper one).
@@ -489,7 +488,9 @@ std::vector<uint32_t> random_words(uint64_t seed, std::string_view name, int64_t
   d.key = key_of(seed, name);
   d.attempt = attempt;
   std::vector<uint32_t> out(n);
-  fill(d, first_element, n, out.data());
+  fill(d, first_element, n, [&](int64_t i, const float* words, int64_t count) {
+    std::memcpy(out.data() + i, words, 4 * count);
+  });
   return out;
 }
 
