@@ -25,11 +25,20 @@ Optimizer::Optimizer(std::vector<std::pair<std::string, at::Tensor>> named_param
     ParamState s;
     s.name = name;
     s.param = p;
-    s.exp_avg = at::zeros_like(p, at::MemoryFormat::Preserve);
-    s.exp_avg_sq = at::zeros_like(p, at::MemoryFormat::Preserve);
-    s.step = at::zeros({}, p.options().dtype(at::kFloat));
     params_.push_back(std::move(s));
   }
+}
+
+void Optimizer::ensure_state() const {
+  // Created at the first step (or when the state is read or loaded), as torch.optim does: start-up
+  // does not pay for zero-filling twice the model's size.
+  if (state_ready_) return;
+  for (auto& s : params_) {
+    s.exp_avg = at::zeros_like(s.param, at::MemoryFormat::Preserve);
+    s.exp_avg_sq = at::zeros_like(s.param, at::MemoryFormat::Preserve);
+    s.step = at::zeros({}, s.param.options().dtype(at::kFloat));
+  }
+  state_ready_ = true;
 }
 
 void Optimizer::zero_grad() {
@@ -38,6 +47,7 @@ void Optimizer::zero_grad() {
 
 void Optimizer::step() {
   at::NoGradGuard no_grad;
+  ensure_state();
   ++steps_;
   if (opts_.implementation == "for-loop") {
     for (auto& s : params_)
@@ -92,6 +102,7 @@ std::vector<std::pair<std::string, at::Tensor>> Optimizer::named_parameters() co
 }
 
 std::map<std::string, at::Tensor> Optimizer::state_dict() const {
+  ensure_state();
   std::map<std::string, at::Tensor> out;
   for (const auto& s : params_) {
     out[s.name + ".exp_avg"] = s.exp_avg;
@@ -103,6 +114,7 @@ std::map<std::string, at::Tensor> Optimizer::state_dict() const {
 
 void Optimizer::load_state_dict(const std::map<std::string, at::Tensor>& state) {
   at::NoGradGuard no_grad;
+  ensure_state();
   for (auto& s : params_) {
     const std::pair<const char*, at::Tensor*> entries[] = {
         {".exp_avg", &s.exp_avg}, {".exp_avg_sq", &s.exp_avg_sq}, {".step", &s.step}};

@@ -3,7 +3,8 @@
 // implementation "fused": ATen's _fused_adam(w)_ kernels (CPU and CUDA), one call per (device, dtype)
 // group; "for-loop": the same update written with per-tensor ATen ops (the readable reference).
 // Adam's weight_decay is L2 added to the gradient; AdamW's is decoupled (w -= lr * wd * w).
-// State per parameter: exp_avg, exp_avg_sq (same dtype as the parameter) and the step count.
+// State per parameter: exp_avg, exp_avg_sq (same dtype as the parameter) and the step count, created
+// (zeros) at the first step or when first read or loaded through state_dict/load_state_dict.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -49,6 +50,7 @@ class Optimizer {
     std::string name;
     at::Tensor param, exp_avg, exp_avg_sq, step;  // step: fp32 scalar on the parameter's device
   };
+  void ensure_state() const;
   void step_fused(std::vector<ParamState*>& group);
   void step_for_loop(ParamState& s);
 
@@ -56,7 +58,8 @@ class Optimizer {
   double lr_;
   int64_t steps_ = 0;
   bool decoupled_;
-  std::vector<ParamState> params_;
+  mutable bool state_ready_ = false;
+  mutable std::vector<ParamState> params_;
 };
 
 // Clips gradients in place so that their global L2 norm is at most max_norm (like
