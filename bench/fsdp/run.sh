@@ -5,7 +5,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 FLAVOR="${1:-debugmodel}" B="${2:-2}" S="${3:-256}" N="${4:-8}" R="${5:-3}" P="${6:-2}"
-"$ROOT/scripts/build.sh" titan_fsdp_bench >/dev/null
+flock /tmp/titan-build.lock "$ROOT/scripts/build.sh" titan_fsdp_bench >/dev/null 2>&1 || "$ROOT/scripts/build.sh" titan_fsdp_bench >/dev/null
 export OMP_NUM_THREADS=1 MASTER_PORT=$((29600 + RANDOM % 1000)) WORLD_SIZE="$P"
 out=$(mktemp)
 for r in $(seq 1 $((P - 1))); do RANK=$r "$ROOT/build/titan_fsdp_bench" "$FLAVOR" "$B" "$S" "$N" "$R" >/dev/null & done

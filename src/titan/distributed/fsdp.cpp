@@ -227,9 +227,10 @@ struct FSDP::Unit {
       const at::Tensor& g = p.shard.grad();
       fresh = fresh && !g.defined();
       ours = ours && g.defined() && flat_grad.defined() &&
-             g.data_ptr() == static_cast<char*>(flat_grad.data_ptr()) + p.offset * 4;
+             g.data_ptr() == static_cast<char*>(flat_grad.data_ptr()) + p.offset * flat_grad.element_size();
     }
-    if (!flat_grad.defined()) flat_grad = at::empty_like(flat_shard);
+    if (!flat_grad.defined())  // like the shard: pinned host memory when offloaded from a GPU
+      flat_grad = at::empty(flat_shard.sizes(), flat_shard.options().pinned_memory(flat_shard.is_pinned()));
     if (fresh) {
       flat_grad.copy_(rs_out);
       for (auto& p : params)

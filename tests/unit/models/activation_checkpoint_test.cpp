@@ -115,5 +115,38 @@ TEST(ActivationCheckpoint, PerOperatorPolicyRecomputesOnlyTheCheapOperations) {
   EXPECT_LT(test::relative_error(w2.grad(), w2r.grad()), 1e-6);
 }
 
+// A checkpoint inside a per-operator body runs as one unit in both passes: its matmuls are not
+// recorded on the outer tape, so the kept outputs after it line up in the recomputation.
+TEST(ActivationCheckpoint, ACheckpointNestedInAPerOperatorBodyKeepsTheTapeAligned) {
+  at::Tensor w1 = at::randn({8, 8}).requires_grad_(true), w2 = at::randn({8, 8}).requires_grad_(true);
+  nn::HookedModule::Body inner = [&](const std::vector<at::Tensor>& in) { return at::tanh(nn::saveable_linear(in[0], w1)); };
+  nn::HookedModule::Body body = [&](const std::vector<at::Tensor>& in) {
+    at::Tensor h = nn::checkpoint(inner, {in[0]});
+    return nn::saveable_linear(at::sin(h), w2) * nn::saveable_linear(h, w2);
+  };
+  at::Tensor x = at::randn({4, 8}).requires_grad_(true);
+  nn::checkpoint(body, {x}, /*save_ops=*/true).sum().backward();
+  at::Tensor xr = x.detach().requires_grad_(true), w1r = w1.detach().clone().requires_grad_(true),
+             w2r = w2.detach().clone().requires_grad_(true);
+  at::Tensor hr = at::tanh(at::linear(xr, w1r));
+  (at::linear(at::sin(hr), w2r) * at::linear(hr, w2r)).sum().backward();
+  EXPECT_LT(test::relative_error(x.grad(), xr.grad()), 1e-6);
+  EXPECT_LT(test::relative_error(w1.grad(), w1r.grad()), 1e-6);
+  EXPECT_LT(test::relative_error(w2.grad(), w2r.grad()), 1e-6);
+}
+
+TEST(ActivationCheckpoint, ASecondBackwardThroughACheckpointIsAClearError) {
+  at::Tensor w = at::randn({8, 8}).requires_grad_(true);
+  at::Tensor x = at::randn({4, 8}).requires_grad_(true);
+  at::Tensor out = nn::checkpoint([&](const std::vector<at::Tensor>& in) { return at::tanh(at::matmul(in[0], w)); }, {x}).sum();
+  out.backward({}, /*retain_graph=*/true);
+  try {
+    out.backward();
+    FAIL() << "no error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("backward ran twice"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace titan

@@ -68,10 +68,14 @@ struct CheckpointBackward : torch::autograd::Node {
   std::vector<at::Tensor> inputs;  // detached
   std::vector<bool> needs_grad;
   bool cuda_autocast = false;
+  bool released = false;  // the inputs are freed after the first backward
 
   std::string name() const override { return "titan::nn::CheckpointBackward"; }
 
   variable_list apply(variable_list&& grads) override {
+    TORCH_CHECK(!released, "activation checkpointing: backward ran twice through a checkpointed module (retain_graph); "
+                "its saved inputs were freed after the first backward");
+    released = true;
     std::vector<at::Tensor> in;
     for (size_t i = 0; i < inputs.size(); ++i)
       in.push_back(inputs[i].defined() ? inputs[i].detach().requires_grad_(needs_grad[i]) : inputs[i]);
@@ -117,7 +121,12 @@ std::shared_ptr<CheckpointBackward> new_node() {
 }  // namespace
 
 at::Tensor checkpoint(const HookedModule::Body& body, const std::vector<at::Tensor>& inputs, bool save_ops) {
-  if (!at::GradMode::is_enabled()) return body(inputs);
+  if (!at::GradMode::is_enabled()) {
+    // Inside another checkpoint's forward (or without grad): run plainly, and record nothing on an
+    // enclosing per-operator tape, since the recomputation will run this checkpoint as one.
+    TapeScope none(nullptr);
+    return body(inputs);
+  }
   auto node = new_node();
   if (save_ops) node->tape = std::make_unique<OpTape>();
   at::Tensor out;
