@@ -12,6 +12,7 @@
 // usage: titan_bench_block_memory [seq_len ...]      (default: 64 128; batch 1)
 // Modes: fp32; bf16 (bf16 parameters and activations, training.dtype bfloat16 on the CPU); bf16
 // autocast (fp32 parameters and residual stream, matmuls and attention in bf16, as CUDA's autocast).
+#include "titan/common/autocast.h"
 #include "titan/common/memory_tracker.h"
 #include "titan/models/common/layers.h"
 #include "titan/models/common/loss.h"
@@ -57,19 +58,6 @@ at::Tensor plain_block(llama3::TransformerBlock& b, const at::Tensor& x_BSD, con
 }
 
 // ---- measurement
-struct Autocast {
-  explicit Autocast(bool on) : on_(on) {
-    if (!on_) return;
-    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
-    at::autocast::set_autocast_enabled(at::kCPU, true);
-  }
-  ~Autocast() {
-    if (!on_) return;
-    at::autocast::set_autocast_enabled(at::kCPU, false);
-    at::autocast::clear_cache();
-  }
-  bool on_;
-};
 
 // Bytes the graph of f keeps alive; x is copied inside (x * 1) so that a saved input is charged.
 int64_t saved_bytes(const std::function<at::Tensor(const at::Tensor&)>& f, const at::Tensor& x, bool autocast) {
@@ -78,7 +66,7 @@ int64_t saved_bytes(const std::function<at::Tensor(const at::Tensor&)>& f, const
     const int64_t before = mem::cpu_allocated_bytes();
     at::Tensor out;
     {
-      Autocast ac(autocast);
+      Bf16Autocast ac(at::kCPU, autocast);
       out = f(x.mul(1));
     }
     return mem::cpu_allocated_bytes() - before;

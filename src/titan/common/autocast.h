@@ -1,28 +1,35 @@
-// bf16 autocast on CUDA for the lifetime of a scope (the forward pass and the loss): matmuls run in
-// bf16, reductions and the loss in fp32, master weights stay fp32. A disabled scope does nothing.
+// bf16 autocast on a device type for the lifetime of a scope (the forward pass and the loss): matmuls
+// run in bf16, reductions and the loss in fp32, master weights stay fp32. A disabled scope does nothing.
+// CUDA is the training case; CPU autocast stands in for it in memory tests and benchmarks.
 #pragma once
 
 #include <ATen/autocast_mode.h>
 
 namespace titan {
 
-class CudaBf16Autocast {
+class Bf16Autocast {
  public:
-  explicit CudaBf16Autocast(bool enable) : on_(enable) {
+  Bf16Autocast(at::DeviceType device, bool enable) : device_(device), on_(enable) {
     if (!on_) return;
-    at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
-    at::autocast::set_autocast_enabled(at::kCUDA, true);
+    at::autocast::set_autocast_dtype(device_, at::kBFloat16);
+    at::autocast::set_autocast_enabled(device_, true);
   }
-  ~CudaBf16Autocast() {
+  ~Bf16Autocast() {
     if (!on_) return;
-    at::autocast::set_autocast_enabled(at::kCUDA, false);
+    at::autocast::set_autocast_enabled(device_, false);
     at::autocast::clear_cache();
   }
-  CudaBf16Autocast(const CudaBf16Autocast&) = delete;
-  CudaBf16Autocast& operator=(const CudaBf16Autocast&) = delete;
+  Bf16Autocast(const Bf16Autocast&) = delete;
+  Bf16Autocast& operator=(const Bf16Autocast&) = delete;
 
  private:
+  at::DeviceType device_;
   bool on_;
+};
+
+class CudaBf16Autocast : public Bf16Autocast {
+ public:
+  explicit CudaBf16Autocast(bool enable) : Bf16Autocast(at::kCUDA, enable) {}
 };
 
 }  // namespace titan

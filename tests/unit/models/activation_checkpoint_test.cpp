@@ -4,6 +4,7 @@
 #include "models/tiny_llama.h"
 #include "test_util.h"
 
+#include "titan/common/autocast.h"
 #include "titan/models/common/activation_checkpoint.h"
 #include "titan/models/llama3/model.h"
 #include "titan/models/registry.h"
@@ -146,6 +147,33 @@ TEST(ActivationCheckpoint, ASecondBackwardThroughACheckpointIsAClearError) {
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("backward ran twice"), std::string::npos) << e.what();
   }
+}
+
+// The recomputation runs under the autocast state of the forward (CPU here, CUDA in training): the
+// same bf16 matmuls, so the same gradients as without checkpointing.
+TEST(ActivationCheckpoint, TheRecomputationRunsUnderTheForwardsAutocast) {
+  at::Tensor w = at::randn({16, 16}).requires_grad_(true);
+  at::Tensor x = at::randn({4, 16}).requires_grad_(true);
+  nn::HookedModule::Body body = [&](const std::vector<at::Tensor>& in) { return at::tanh(at::matmul(in[0], w)); };
+  at::Tensor ref_gx, ref_gw;
+  {
+    Bf16Autocast autocast(at::kCPU, true);
+    at::Tensor out = body({x});
+    EXPECT_EQ(out.scalar_type(), at::kBFloat16);
+    out.to(at::kFloat).sum().backward();
+  }
+  ref_gx = x.grad().clone();
+  ref_gw = w.grad().clone();
+  x.mutable_grad() = at::Tensor();
+  w.mutable_grad() = at::Tensor();
+  at::Tensor out;
+  {
+    Bf16Autocast autocast(at::kCPU, true);
+    out = nn::checkpoint(body, {x});
+  }
+  out.to(at::kFloat).sum().backward();  // backward outside the autocast scope, as the trainer does
+  EXPECT_TRUE(at::equal(x.grad(), ref_gx));
+  EXPECT_TRUE(at::equal(w.grad(), ref_gw));
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 #include "models/tiny_llama.h"
 #include "test_util.h"
 
+#include "titan/common/autocast.h"
 #include "titan/models/common/layers.h"
 #include "titan/models/llama3/model.h"
 
@@ -87,15 +88,8 @@ llama3::TransformerBlock make_block(at::ScalarType dt) {
 }
 
 // CPU bf16 autocast while alive (standing in for CUDA's: matmuls and attention in bf16, the rest as is).
-struct CpuBf16Autocast {
-  CpuBf16Autocast() {
-    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
-    at::autocast::set_autocast_enabled(at::kCPU, true);
-  }
-  ~CpuBf16Autocast() {
-    at::autocast::set_autocast_enabled(at::kCPU, false);
-    at::autocast::clear_cache();
-  }
+struct CpuBf16Autocast : Bf16Autocast {
+  CpuBf16Autocast() : Bf16Autocast(at::kCPU, true) {}
 };
 
 // ---------------------------------------------------------------------------------------------

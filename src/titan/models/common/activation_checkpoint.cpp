@@ -67,7 +67,7 @@ struct CheckpointBackward : torch::autograd::Node {
   std::unique_ptr<OpTape> tape;  // per-operator policy: the kept outputs (null: recompute everything)
   std::vector<at::Tensor> inputs;  // detached
   std::vector<bool> needs_grad;
-  bool cuda_autocast = false;
+  bool cuda_autocast = false, cpu_autocast = false;
   bool released = false;  // the inputs are freed after the first backward
 
   std::string name() const override { return "titan::nn::CheckpointBackward"; }
@@ -82,7 +82,7 @@ struct CheckpointBackward : torch::autograd::Node {
     at::Tensor out;
     {
       at::AutoGradMode grad_mode(true);
-      CudaBf16Autocast autocast(cuda_autocast);
+      Bf16Autocast cuda(at::kCUDA, cuda_autocast), cpu(at::kCPU, cpu_autocast);
       if (tape) tape->mode = OpTape::Mode::Replay;
       TapeScope scope(tape.get());
       out = body(in);
@@ -109,6 +109,7 @@ at::Tensor attach(at::Tensor out, std::shared_ptr<CheckpointBackward> node, cons
     node->needs_grad.push_back(t.defined() && t.requires_grad());
   }
   node->cuda_autocast = at::autocast::is_autocast_enabled(at::kCUDA);
+  node->cpu_autocast = at::autocast::is_autocast_enabled(at::kCPU);
   node->set_next_edges(torch::autograd::collect_next_edges(inputs));
   torch::autograd::set_history(out, node);
   return out;

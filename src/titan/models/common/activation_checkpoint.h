@@ -2,7 +2,7 @@
 // inputs are kept), and runs again in backward, with the graph, to back-propagate through it (like
 // torch.utils.checkpoint with use_reentrant=True). Gradients are those of the plain body: the
 // recomputation repeats the same operations on the same values (no randomness in the bodies it wraps).
-// Autocast is restored for the recomputation as it was in forward.
+// Autocast (CUDA and CPU) is restored for the recomputation as it was in forward.
 //
 // Per-operator policy (save_ops, torchtitan's selective_ac_option "op"): the body's expensive
 // operations — every matmul that goes through nn::saveable_linear (all Linear layers) and every
