@@ -354,9 +354,11 @@ void FSDP::fully_shard(const std::vector<UnitPart>& parts, const InitRows& init,
       }
     }
     p.shard.requires_grad_(true);
-    // The module's parameter becomes the param_dtype holder of the full tensor, without storage.
-    p.full.set_data(at::empty(p.shape, p.full.options().dtype(options_.param_dtype)));
-    free_storage(p.full);
+    // The module's parameter becomes the param_dtype holder of the full tensor, without storage (its
+    // shape on an empty storage: the full size is never allocated here).
+    at::Tensor holder = at::empty({0}, p.full.options().dtype(options_.param_dtype));
+    holder.unsafeGetTensorImpl()->set_sizes_contiguous(p.shape);
+    p.full.set_data(holder);
     torch::autograd::impl::set_post_acc_grad_hooks(p.full, std::make_unique<GradReadyHook>(unit.get()));
   }
   Unit* u = unit.get();
