@@ -4,7 +4,7 @@
 // MASTER_PORT); rank 0 prints one line per mode and round: median step seconds, collectives and
 // bytes per step on the shard group.
 #include "titan/components/optimizer/optimizer.h"
-#include "titan/distributed/fsdp.h"
+#include "titan/distributed/data_parallel.h"
 #include "titan/distributed/mesh.h"
 #include "titan/models/llama3/model.h"
 #include "titan/models/llama3/parallelize.h"
@@ -73,14 +73,20 @@ int main(int argc, char** argv) {
         model = spec.build(flavor, at::TensorOptions(), seq);
       }
       auto* m = dynamic_cast<llama3::TransformerImpl*>(model.get());
-      dist::FSDP fsdp(mesh["dp_shard_cp"], nullptr, dist::FSDPOptions{});
+      dist::DataParallelOptions dpo;
+      dpo.shard_always = true;
+      dist::DataParallel dp(mesh["dp_shard_cp"], mesh["dp_replicate"], dpo,
+                            [&](const std::string& name, at::Tensor out, const std::vector<int64_t>& begin) {
+                              model->init_region(0, name, out, begin);
+                            },
+                            mesh.device());
+      dist::FSDP& fsdp = *dp.fsdp();
       dist::InitRows init = [&](const std::string& name, at::Tensor rows, int64_t first) {
         model->init_rows(0, name, rows, first);
       };
       if (mode == "per-unit") {
         ParallelizeContext ctx;
-        ctx.fsdp = &fsdp;
-        ctx.init_rows = init;
+        ctx.data_parallel = &dp;
         spec.parallelize(*model, ctx);
       } else {
         shard_per_parameter(*m, fsdp, init);

@@ -80,6 +80,7 @@ struct Parallelism {
   int64_t data_parallel_shard_degree = -1;
   std::string fsdp_reshard_after_forward = "default";
   int64_t tensor_parallel_degree = 1;
+  bool enable_sequence_parallel = true;
   bool disable_loss_parallel = false;
   bool enable_async_tensor_parallel = false;
   int64_t pipeline_parallel_degree = 1;
@@ -105,6 +106,8 @@ struct Parallelism {
     v(fsdp_reshard_after_forward, "fsdp_reshard_after_forward", "free gathered weights after forward",
       {"default", "always", "never"});
     v(tensor_parallel_degree, "tensor_parallel_degree", "tensor (and sequence) parallel degree; 1 disables");
+    v(enable_sequence_parallel, "enable_sequence_parallel",
+      "under tensor parallelism, shard norms and the residual stream on the sequence");
     v(disable_loss_parallel, "disable_loss_parallel", "gather the logits before the loss under tensor parallelism");
     v(enable_async_tensor_parallel, "enable_async_tensor_parallel", "overlap tensor-parallel collectives with matmuls");
     v(pipeline_parallel_degree, "pipeline_parallel_degree", "pipeline stages over ranks; 1 disables");

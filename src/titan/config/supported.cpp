@@ -20,11 +20,6 @@ struct Gate {
 
 // clang-format off
 const Gate kGates[] = {
-  {"parallelism.tensor_parallel_degree", "tensor parallelism", "--parallelism.tensor_parallel_degree 1",
-   [](const JobConfig& c, int64_t) { return c.parallelism.tensor_parallel_degree > 1; }},
-  {"parallelism.enable_async_tensor_parallel", "asynchronous tensor parallelism",
-   "--parallelism.enable_async_tensor_parallel false",
-   [](const JobConfig& c, int64_t) { return c.parallelism.enable_async_tensor_parallel; }},
   {"parallelism.pipeline_parallel_degree", "pipeline parallelism", "--parallelism.pipeline_parallel_degree 1",
    [](const JobConfig& c, int64_t) { return c.parallelism.pipeline_parallel_degree > 1; }},
   {"parallelism.context_parallel_degree", "context parallelism", "--parallelism.context_parallel_degree 1",

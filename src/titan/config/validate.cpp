@@ -112,6 +112,9 @@ std::vector<std::string> config_warnings(const JobConfig& cfg) {
       out.push_back(detail::concat("warmup (", warmup, ") + decay (", decay, ") steps exceed the ", total,
                                    " steps of the schedule; decay is shortened to ", total - warmup, " steps"));
   }
+  if (cfg.parallelism.tensor_parallel_degree <= 1 && cfg.parallelism.enable_async_tensor_parallel)
+    out.push_back("parallelism.enable_async_tensor_parallel has no effect without tensor parallelism "
+                  "(parallelism.tensor_parallel_degree is 1)");
   return out;
 }
 

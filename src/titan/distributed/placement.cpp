@@ -43,6 +43,14 @@ Placement whole(const at::Tensor& t, std::vector<std::string> replicated, bool p
   return p;
 }
 
+Placement compose(const Placement& outer, const Placement& inner) {
+  Placement p = outer;
+  p.shards.insert(p.shards.end(), inner.shards.begin(), inner.shards.end());
+  p.replicated.insert(p.replicated.end(), inner.replicated.begin(), inner.replicated.end());
+  p.primary = outer.primary && inner.primary;
+  return p;
+}
+
 Shard chunk(const std::string& mesh_dim, int64_t tensor_dim, int64_t size, int rank, int n) {
   Shard s;
   s.mesh_dim = mesh_dim;

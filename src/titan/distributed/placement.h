@@ -3,7 +3,7 @@
 // Every parameter and optimizer-state tensor a rank holds is a PlacedTensor: its local tensor plus a
 // Placement saying which part of which global tensor it is. Each parallelism sets the placements of
 // what it shards (FSDP: dim 0 over "dp_shard_cp", replicated over "dp_replicate"; DDP: replicated over
-// "dp_replicate"); checkpoints, gradient-norm clipping and gathering full weights read only placements.
+// "dp_replicate"; TP: dim 0 or 1 over "tp", norms replicated over "tp"); checkpoints, gradient-norm clipping and gathering full weights read only placements.
 //
 // A shard along a mesh dimension splits one tensor dimension into `group size` chunks of
 // `local_size` entries (torch.chunk's rule: ceil(size / n)); the chunk of group rank k starts at
@@ -54,6 +54,11 @@ struct PlacedTensor {
 // A placement of the whole tensor `t` on every rank, replicated over `replicated` (this rank primary
 // when `primary`).
 Placement whole(const at::Tensor& t, std::vector<std::string> replicated = {}, bool primary = true);
+
+// The placement of a piece `inner` describes, of a local tensor that `outer` describes: TP's shard
+// sharded again by FSDP. Shards are concatenated (outer's first), replica groups joined, and the
+// piece is primary when it is in both.
+Placement compose(const Placement& outer, const Placement& inner);
 
 // The chunk of `size` entries that rank `rank` of `n` holds (torch.chunk's rule, padded).
 Shard chunk(const std::string& mesh_dim, int64_t tensor_dim, int64_t size, int rank, int n);

@@ -7,7 +7,9 @@
 #include <torch/nn/module.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
+#include <vector>
 
 namespace titan {
 
@@ -15,18 +17,30 @@ class LanguageModelImpl : public nn::HookedModule {
  public:
   // tokens (B, S) int64 -> logits (B, S, V).
   virtual at::Tensor forward(const at::Tensor& tokens_BS) = 0;
-  // Writes rows [first_row, first_row + rows.size(0)) (dim 0 of the global parameter `name`) of that
-  // parameter's initial values into `rows` (any dtype and device): values are a function of (seed,
-  // name, element) only, so FSDP computes just the rows of a rank's shard.
-  virtual void init_rows(uint64_t seed, const std::string& name, at::Tensor rows, int64_t first_row) const = 0;
-  // Fills every parameter that has storage (see tensor_storage.h) with init_rows.
+  // Writes elements [first, first + out.numel()) of the global parameter `name`'s flattened
+  // (row-major) initial values into `out` (any dtype and device): values are a function of (seed,
+  // name, element) only, so each rank computes just its own part of a sharded parameter.
+  virtual void init_elements(uint64_t seed, const std::string& name, at::Tensor out, int64_t first) const = 0;
+  // Rows [first_row, first_row + rows.size(0)) (dim 0) of the global parameter `name`.
+  void init_rows(uint64_t seed, const std::string& name, at::Tensor rows, int64_t first_row) const;
+  // The block of the global parameter `name` that starts at `begin` (one index per dimension) and has
+  // out's shape: a tensor-parallel shard, or FSDP's rows of one.
+  void init_region(uint64_t seed, const std::string& name, at::Tensor out, const std::vector<int64_t>& begin) const;
+  // Fills every parameter that has storage (see tensor_storage.h) with its initial values.
   void init_weights(uint64_t seed);
+  // The shape of parameter `name` in the model as built (its global shape once a parallelism has
+  // replaced it by a shard: call keep_global_shapes() before resharding).
+  std::vector<int64_t> global_shape(const std::string& name) const;
+  void keep_global_shapes();
   // Training FLOPs per token at sequence length seq_len (torchtitan's formula for this model).
   virtual double flops_per_token(int64_t seq_len) const = 0;
   // Number of token ids the model embeds and predicts.
   virtual int64_t vocab_size() const = 0;
   // Total number of parameter elements (tied tensors counted once).
   int64_t num_params() const;
+
+ private:
+  std::map<std::string, std::vector<int64_t>> global_shapes_;
 };
 
 }  // namespace titan

@@ -18,20 +18,29 @@
 namespace titan {
 
 namespace dist {
-class FSDP;
+class DataParallel;
+class TensorParallel;
 }
 
-// What the trainer hands a model's parallelize function: the parallelisms to apply (null: off).
+// What the trainer hands a model's parallelize function: the parallelisms to apply.
 struct ParallelizeContext {
-  dist::FSDP* fsdp = nullptr;  // shard the model's units with fsdp->fully_shard, inner units first
-  // Initial values of rows of a parameter (LanguageModelImpl::init_rows with the run's seed): FSDP
-  // fills the shards of parameters built without memory (DeferAllocation) with it.
-  std::function<void(const std::string& name, at::Tensor rows, int64_t first_row)> init_rows;
+  // FSDP, HSDP, DDP or none (required): the plan adds its units (inner first, the root last) and
+  // the placements other parallelisms gave parameters, then calls finish (see data_parallel.h).
+  dist::DataParallel* data_parallel = nullptr;
+  // Tensor (and sequence) parallelism over the tp mesh dimension; null when the degree is 1.
+  dist::TensorParallel* tensor_parallel = nullptr;
   // Activation checkpointing of the repeated blocks: "none", "full" (every block), "selective"
   // (every ac_every-th block, counting from 1, as torchtitan's selective_ac_option k does) or "op"
   // (every block, keeping the outputs of matmuls and attention: selective_ac_option "op").
   std::string ac_mode = "none";
   int64_t ac_every = 1;
+};
+
+// What a model's parallelize function hands back to the training step.
+struct ParallelizedModel {
+  // Sum over tokens of the cross-entropy of the model's logits (flattened to (N, V) or, under loss
+  // parallel, the rank's vocabulary slice (N, V/tp)) for labels (N).
+  std::function<at::Tensor(const at::Tensor& logits, const at::Tensor& labels)> loss_sum;
 };
 
 using LanguageModel = std::shared_ptr<LanguageModelImpl>;
@@ -54,9 +63,9 @@ struct ModelSpec {
   // Builds the flavor with parameters created by `opts` (device meta: shapes only, no memory).
   // Parameters are uninitialized until init_weights(seed) is called. max_seq_len bounds RoPE.
   std::function<LanguageModel(const std::string& flavor, const at::TensorOptions& opts, int64_t max_seq_len)> build;
-  // Applies the parallelisms of `ctx` to a built, initialized model (from outside: the model code
-  // does not change). torchtitan's order: TP, CP, activation checkpointing, then FSDP.
-  std::function<void(LanguageModelImpl& model, const ParallelizeContext& ctx)> parallelize;
+  // Applies the parallelisms of `ctx` to a built model (from outside: the model code does not
+  // change); parameters built without storage get their values from the data-parallel layer. torchtitan's order: TP, CP, activation checkpointing, then FSDP.
+  std::function<ParallelizedModel(LanguageModelImpl& model, const ParallelizeContext& ctx)> parallelize;
   // Module names of each pipeline stage for a flavor, given the number of stages and the layer
   // weights of the embedding and the output (see pipeline_split.h).
   std::function<std::vector<std::vector<std::string>>(const std::string& flavor, int64_t num_stages,

@@ -5,7 +5,7 @@
 #include "titan/common/grad_norm.h"
 #include "titan/components/optimizer/optimizer.h"
 #include "titan/distributed/ddp.h"
-#include "titan/distributed/fsdp.h"
+#include "titan/distributed/data_parallel.h"
 #include "titan/distributed/placement.h"
 #include "titan/models/common/loss.h"
 #include "titan/models/registry.h"
@@ -264,6 +264,7 @@ class DryMesh {
     add("dp_shard_cp", p.dp_shard * p.cp);
     add("dp_replicate", p.dp_replicate);
     add("dp", p.dp_replicate * p.dp_shard);
+    add("tp", p.tp);
   }
   dist::Group& operator[](const std::string& name) {
     auto it = groups_.find(name);
@@ -318,33 +319,28 @@ DryRunResult run(const DryRunPlan& plan) {
   // ---- the model, parallelized by its own function; DDP; the optimizer (as Trainer::Trainer)
   const ModelSpec& spec = model_spec(plan.model);
   LanguageModel model = spec.build(plan.flavor, meta.dtype(plan.param_dtype), plan.seq_len);
-  std::unique_ptr<dist::FSDP> fsdp;
-  if (plan.fsdp) {
-    dist::FSDPOptions fo;
-    fo.param_dtype = plan.mixed_dtype;
-    fo.reduce_dtype = at::kFloat;
-    fo.reshard_after_forward = plan.reshard_after_forward;
-    fsdp = std::make_unique<dist::FSDP>(mesh["dp_shard_cp"], &mesh["dp_replicate"], fo);
-  }
+  dist::DataParallelOptions dpo;
+  dpo.fsdp.param_dtype = plan.mixed_dtype;
+  dpo.fsdp.reduce_dtype = at::kFloat;
+  dpo.fsdp.reshard_after_forward = plan.reshard_after_forward;
+  dpo.shard_always = plan.fsdp;
+  dpo.ddp_bucket_bytes = plan.ddp_bucket_bytes;
+  dist::DataParallel dp(mesh["dp_shard_cp"], mesh["dp_replicate"], dpo,
+                        [](const std::string&, at::Tensor, const std::vector<int64_t>&) {},  // meta: no values
+                        at::Device(at::kMeta));
+  std::unique_ptr<dist::TensorParallel> tp;
+  if (plan.tp > 1) tp = std::make_unique<dist::TensorParallel>(mesh["tp"], plan.tp_options);
   TITAN_ASSERT(spec.parallelize, "model ", spec.name, " has no parallelize function");
   ParallelizeContext pctx;
-  pctx.fsdp = fsdp.get();
-  pctx.init_rows = [](const std::string&, at::Tensor, int64_t) {};  // meta tensors take no values
+  pctx.data_parallel = &dp;
+  pctx.tensor_parallel = tp.get();
   pctx.ac_mode = plan.ac_mode;
   pctx.ac_every = plan.ac_every;
-  spec.parallelize(*model, pctx);
-  std::vector<dist::PlacedTensor> params;
-  if (fsdp) {
-    params = fsdp->placed_parameters();
-  } else {
-    std::vector<std::string> over;
-    if (plan.dp_replicate > 1) over.push_back("dp_replicate");
-    for (const auto& p : model->named_parameters()) params.push_back({p.key(), p.value(), dist::whole(p.value(), over, true)});
-  }
-  std::vector<std::pair<std::string, at::Tensor>> named;
-  for (const auto& p : params) named.emplace_back(p.name, p.local);
-  std::unique_ptr<dist::DDP> ddp;
-  if (!fsdp && plan.dp_replicate > 1) ddp = std::make_unique<dist::DDP>(named, mesh["dp_replicate"], plan.ddp_bucket_bytes);
+  const ParallelizedModel parallelized = spec.parallelize(*model, pctx);
+  const std::vector<dist::PlacedTensor>& params = dp.parameters();
+  const auto named = dp.named_parameters();
+  dist::FSDP* fsdp = dp.fsdp();
+  dist::DDP* ddp = dp.ddp();
   OptimizerOptions oo;
   oo.name = plan.optimizer;
   oo.implementation = plan.optimizer_implementation;
@@ -380,14 +376,14 @@ DryRunResult run(const DryRunPlan& plan) {
       {
         CudaBf16Autocast scope(autocast);
         at::Tensor logits_BSV = model->forward(inputs_BS);
-        loss = nn::cross_entropy_sum(logits_BSV.flatten(0, 1), labels_BS.flatten(0, 1)) / global_tokens;
+        loss = parallelized.loss_sum(logits_BSV.flatten(0, 1), labels_BS.flatten(0, 1)) / global_tokens;
       }
       clear_autocast_casts();  // autocast's cache ends with its scope
       if (step == 1 && micro == 0) r.end_of_forward = memory.current();
-      if (ddp) ddp->set_sync(micro == plan.grad_accum_steps - 1);
+      const bool last = micro == plan.grad_accum_steps - 1;
+      dp.before_backward(last);
       loss.backward();
-      if (fsdp) fsdp->finish_backward();
-      if (ddp && micro == plan.grad_accum_steps - 1) ddp->finish_backward();
+      dp.after_backward(last);
       loss_sum += loss.detach();
     }
     clip_grad_norm(params, plan.max_norm, mesh);

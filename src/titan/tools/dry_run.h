@@ -17,6 +17,7 @@
 #pragma once
 
 #include "titan/distributed/mesh.h"
+#include "titan/distributed/tensor_parallel.h"
 
 #include <c10/core/ScalarType.h>
 
@@ -38,6 +39,8 @@ struct DryRunPlan {
   at::ScalarType mixed_dtype = at::kFloat;
   int64_t dp_replicate = 1, dp_shard = 1, cp = 1;  // resolved degrees; this rank is rank 0 of each group
   bool fsdp = false;  // FSDP (HSDP with dp_replicate > 1); else DDP when dp_replicate > 1
+  int64_t tp = 1;     // tensor-parallel degree (this rank holds TP shard 0)
+  dist::TensorParallelOptions tp_options;
   std::string reshard_after_forward = "default";
   std::string ac_mode = "none";  // none | full | selective (every ac_every-th block) | op
   int64_t ac_every = 1;

@@ -129,6 +129,11 @@ Estimate estimate(const JobConfig& cfg, const EstimateOptions& options) {
   plan.dp_shard = dims.dp_shard();
   plan.cp = dims.cp();
   plan.fsdp = use_fsdp;
+  plan.tp = dims.tp();
+  dist::check_sequence_length(tr.seq_len, dims.tp(), p.enable_sequence_parallel);
+  plan.tp_options.sequence_parallel = p.enable_sequence_parallel;
+  plan.tp_options.loss_parallel = !p.disable_loss_parallel;
+  plan.tp_options.async = p.enable_async_tensor_parallel;
   plan.reshard_after_forward = p.fsdp_reshard_after_forward;
   std::tie(plan.ac_mode, plan.ac_every) = ac_plan(cfg.activation_checkpoint);
   plan.optimizer = cfg.optimizer.name;
@@ -142,6 +147,9 @@ Estimate estimate(const JobConfig& cfg, const EstimateOptions& options) {
   e.degrees = dims.describe();
   e.shard_degree = use_fsdp ? dims.dp_shard() * dims.cp() : 1;
   e.layout = use_fsdp ? (dims.dp_replicate_enabled() ? "HSDP" : "FSDP") : dims.ddp_enabled() ? "DDP" : "single process";
+  if (dims.tp() > 1)
+    e.layout = (e.layout == "single process" ? "" : e.layout + " + ") + "TP " + std::to_string(dims.tp()) +
+               (p.enable_sequence_parallel ? " (sequence parallel)" : "");
   e.device = options.device;
   e.compute_dtype = dtype_name(bf16_compute ? at::kBFloat16 : param_dtype);
   e.param_dtype = dtype_name(param_dtype);

@@ -8,7 +8,6 @@
 #include "titan/components/metrics/format.h"
 #include "titan/config/field.h"
 #include "titan/distributed/process_group.h"
-#include "titan/models/common/loss.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -127,33 +126,44 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   const ModelSpec& spec = model_spec(cfg_.model.name);
   const auto model_start = Clock::now();  // build, initialization and sharding: for the start-up line
   {
-    // Under FSDP the parameters get memory and values one unit at a time, while being sharded.
-    std::optional<DeferAllocation> defer;
-    if (use_fsdp) defer.emplace();
+    // Parameters get memory and values only once their layout is known: FSDP fills each rank's
+    // rows of a unit while sharding it, the other layouts each rank's local tensor (a TP shard or
+    // the whole parameter) when the data-parallel layer finishes.
+    DeferAllocation defer;
     model_ = spec.build(cfg_.model.flavor, at::TensorOptions().device(device_).dtype(param_dtype), tr.seq_len);
   }
-  model_->init_weights(seed);  // every rank draws the same global model: values depend on (seed, name)
   const int64_t vocab = model_->vocab_size();
   TITAN_USER_CHECK(tokenizer_->vocab_size() <= vocab, "the tokenizer at ", cfg_.model.hf_assets_path, " has ",
                    tokenizer_->vocab_size(), " tokens but model ", cfg_.model.name, " ", cfg_.model.flavor,
                    " has a vocabulary of ", vocab, ": choose the flavor's tokenizer with --model.hf_assets_path");
 
-  // ---- data parallelism: FSDP/HSDP shard the model; DDP keeps it whole and all-reduces gradients
-  if (use_fsdp) {
-    dist::FSDPOptions fo;
-    fo.offload_to_cpu = tr.enable_cpu_offload;
-    fo.param_dtype = bf16_compute ? at::kBFloat16 : at::kFloat;
-    fo.reduce_dtype = at::kFloat;
-    fo.reshard_after_forward = cfg_.parallelism.fsdp_reshard_after_forward;
-    fsdp_ = std::make_unique<dist::FSDP>((*mesh_)["dp_shard_cp"], &(*mesh_)["dp_replicate"], fo);
+  // ---- parallelisms, applied by the model's parallelize function: tensor parallelism inside,
+  // FSDP/HSDP/DDP/none outside (every parameter's values depend on (seed, name) only, whatever the layout)
+  const auto& par = cfg_.parallelism;
+  dist::DataParallelOptions dpo;
+  dpo.fsdp.offload_to_cpu = tr.enable_cpu_offload;
+  dpo.fsdp.param_dtype = bf16_compute ? at::kBFloat16 : at::kFloat;
+  dpo.fsdp.reduce_dtype = at::kFloat;
+  dpo.fsdp.reshard_after_forward = par.fsdp_reshard_after_forward;
+  dpo.shard_always = tr.enable_cpu_offload;
+  data_parallel_ = std::make_unique<dist::DataParallel>(
+      (*mesh_)["dp_shard_cp"], (*mesh_)["dp_replicate"], dpo,
+      [this, seed](const std::string& name, at::Tensor out, const std::vector<int64_t>& begin) {
+        model_->init_region(seed, name, std::move(out), begin);
+      },
+      mesh_->device());
+  if (dims_->tp() > 1) {
+    dist::TensorParallelOptions tpo;
+    tpo.sequence_parallel = par.enable_sequence_parallel;
+    tpo.loss_parallel = !par.disable_loss_parallel;
+    tpo.async = par.enable_async_tensor_parallel;
+    dist::check_sequence_length(tr.seq_len, dims_->tp(), tpo.sequence_parallel);
+    tensor_parallel_ = std::make_unique<dist::TensorParallel>((*mesh_)["tp"], tpo);
   }
-  // The model's parallelize function applies what the config asks (activation checkpointing, FSDP).
   TITAN_ASSERT(spec.parallelize, "model ", spec.name, " has no parallelize function");
   ParallelizeContext pctx;
-  pctx.fsdp = fsdp_.get();
-  pctx.init_rows = [this, seed](const std::string& name, at::Tensor rows, int64_t first_row) {
-    model_->init_rows(seed, name, std::move(rows), first_row);
-  };
+  pctx.data_parallel = data_parallel_.get();
+  pctx.tensor_parallel = tensor_parallel_.get();
   pctx.ac_mode = cfg_.activation_checkpoint.mode;
   if (pctx.ac_mode == "selective") {
     if (cfg_.activation_checkpoint.selective_ac_option == "op")
@@ -161,21 +171,10 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
     else
       pctx.ac_every = std::stoll(cfg_.activation_checkpoint.selective_ac_option);
   }
-  spec.parallelize(*model_, pctx);
+  parallelized_ = spec.parallelize(*model_, pctx);
   const double model_seconds = std::chrono::duration<double>(Clock::now() - model_start).count();
-  if (fsdp_) {
-    params_ = fsdp_->placed_parameters();
-  } else {
-    // Whole on every rank; DDP's replicas are identical and the first one is written.
-    dist::Group& replicas = (*mesh_)["dp_replicate"];
-    std::vector<std::string> over;
-    if (replicas.size() > 1) over.push_back(replicas.name());
-    for (const auto& p : model_->named_parameters())
-      params_.push_back({p.key(), p.value(), dist::whole(p.value(), over, replicas.rank() == 0)});
-  }
-  std::vector<std::pair<std::string, at::Tensor>> named;
-  for (const auto& p : params_) named.emplace_back(p.name, p.local);
-  if (dims_->ddp_enabled() && !fsdp_) ddp_ = std::make_unique<dist::DDP>(named, (*mesh_)["dp_replicate"]);
+  params_ = data_parallel_->parameters();
+  const auto named = data_parallel_->named_parameters();
 
   // ---- optimizer and learning-rate schedule
   const auto& o = cfg_.optimizer;
@@ -224,7 +223,11 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   if (env_.rank == 0) std::ofstream(saved) << to_toml(cfg_);
   log_info("Starting job: " + cfg_.job.description);
   log_info("Processes: " + dist::describe(env_) + "; parallelism " + dims_->describe() +
-           (fsdp_ ? (dims_->dp_replicate_enabled() ? " (HSDP)" : " (FSDP)") : ddp_ ? " (DDP)" : "") +
+           (data_parallel_->kind() != "none" ? " (" + data_parallel_->kind() + ")" : "") +
+           (tensor_parallel_ ? std::string(" (TP") + (tensor_parallel_->options().sequence_parallel ? ", sequence parallel" : "") +
+                                   (tensor_parallel_->options().loss_parallel ? ", loss parallel" : "") +
+                                   (tensor_parallel_->options().async ? ", async" : "") + ")"
+                             : "") +
            (tr.enable_cpu_offload ? "; parameters, gradients and optimizer state offloaded to CPU memory" : ""));
   if (cfg_.job.print_config && env_.rank == 0) {
     std::cout << to_toml(cfg_);
@@ -281,12 +284,13 @@ StepResult Trainer::train_step() {
       CudaBf16Autocast autocast(bf16_autocast_);
       at::Tensor logits_BSV = model_->forward(inputs_BS);
       // Chunked: no fp32 copy of the whole batch's logits, no fp32 log-softmax saved (docs/memory.md).
-      loss = nn::cross_entropy_sum(logits_BSV.flatten(0, 1), labels_BS.flatten(0, 1)) / global_tokens;
+      // Under loss parallel the logits are this rank's vocabulary slice (the loss combines them).
+      loss = parallelized_.loss_sum(logits_BSV.flatten(0, 1), labels_BS.flatten(0, 1)) / global_tokens;
     }
-    if (ddp_) ddp_->set_sync(micro == grad_accum_steps_ - 1);  // all-reduce once, after the last
+    const bool last = micro == grad_accum_steps_ - 1;  // its backward completes the reductions
+    data_parallel_->before_backward(last);
     loss.backward();
-    if (fsdp_) fsdp_->finish_backward();
-    if (ddp_ && micro == grad_accum_steps_ - 1) ddp_->finish_backward();
+    data_parallel_->after_backward(last);
     loss_sum += loss.detach();
     ntokens_seen_ += labels_BS.numel();
   }

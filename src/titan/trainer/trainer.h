@@ -9,11 +9,11 @@
 #include "titan/components/optimizer/optimizer.h"
 #include "titan/components/tokenizer/tokenizer.h"
 #include "titan/config/job_config.h"
-#include "titan/distributed/ddp.h"
-#include "titan/distributed/fsdp.h"
+#include "titan/distributed/data_parallel.h"
 #include "titan/distributed/mesh.h"
 #include "titan/distributed/placement.h"
 #include "titan/distributed/runtime.h"
+#include "titan/distributed/tensor_parallel.h"
 #include "titan/models/registry.h"
 
 #include <c10/core/Device.h>
@@ -82,8 +82,9 @@ class Trainer {
   c10::intrusive_ptr<c10d::Store> store_;
   std::string run_id_;  // random, the same on every rank: names this run's keys in the store
   std::unique_ptr<dist::Mesh> mesh_;
-  std::unique_ptr<dist::FSDP> fsdp_;
-  std::unique_ptr<dist::DDP> ddp_;
+  std::unique_ptr<dist::DataParallel> data_parallel_;      // FSDP, HSDP, DDP or none
+  std::unique_ptr<dist::TensorParallel> tensor_parallel_;  // null when tp is 1
+  ParallelizedModel parallelized_;
   c10::Device device_{c10::kCPU};
   bool bf16_autocast_ = false;
   std::unique_ptr<Tokenizer> tokenizer_;

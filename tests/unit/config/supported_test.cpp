@@ -17,10 +17,8 @@ TEST(ConfigSupported, DefaultsPassTheGate) {
 
 TEST(ConfigSupported, EachGatedFeatureIsAnErrorNamingItsKey) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
-      {{"--parallelism.tensor_parallel_degree", "2"}, "--parallelism.tensor_parallel_degree 1"},
       {{"--parallelism.pipeline_parallel_degree", "2"}, "--parallelism.pipeline_parallel_degree 1"},
       {{"--parallelism.context_parallel_degree", "2"}, "--parallelism.context_parallel_degree 1"},
-      {{"--parallelism.enable_async_tensor_parallel"}, "parallelism.enable_async_tensor_parallel = true"},
       {{"--profiling.enable_profiling"}, "--profiling.enable_profiling false"},
       {{"--profiling.enable_memory_snapshot"}, "profiling.enable_memory_snapshot"},
       {{"--activation_checkpoint.mode", "memory_budget"}, "activation_checkpoint.mode = \"memory_budget\""},
@@ -49,6 +47,16 @@ TEST(ConfigSupported, AllProblemsAreListedAtOnce) {
   const std::string e = user_error([&] { check_supported(cfg); });
   for (const char* key : {"activation_checkpoint.mode", "compile.enable", "profiling.enable_profiling"})
     EXPECT_NE(e.find(key), std::string::npos) << key;
+}
+
+TEST(ConfigSupported, TensorParallelismIsSupported) {
+  EXPECT_NO_THROW(check_supported(parse({"--parallelism.tensor_parallel_degree", "2", "--parallelism.enable_async_tensor_parallel",
+                                         "--parallelism.enable_sequence_parallel", "--parallelism.disable_loss_parallel"}),
+                                  2));
+  // Async TP without TP does nothing: a warning says so.
+  const auto warnings = config_warnings(parse({"--parallelism.enable_async_tensor_parallel"}));
+  ASSERT_EQ(warnings.size(), 1u);
+  EXPECT_NE(warnings[0].find("no effect without tensor parallelism"), std::string::npos) << warnings[0];
 }
 
 TEST(ConfigSupported, CheckpointsAreSupported) {

@@ -13,7 +13,7 @@
 #include "titan/common/tensor_storage.h"
 #include "titan/components/optimizer/optimizer.h"
 #include "titan/distributed/ddp.h"
-#include "titan/distributed/fsdp.h"
+#include "titan/distributed/data_parallel.h"
 #include "titan/distributed/mesh.h"
 #include "titan/distributed/placement.h"
 #include "titan/models/common/activation_checkpoint.h"
@@ -67,37 +67,36 @@ TITAN_TEST_WORKER_FN(data_parallel) {
   llama3::Transformer ref(tiny_args(), at::TensorOptions()), par(nullptr);
   ref->init_weights(11);
   {
-    // FSDP's model is built without memory; each unit gets its values while being sharded.
-    std::optional<DeferAllocation> defer;
-    if (dims.fsdp_enabled()) defer.emplace();
+    // The data-parallel model is built without memory; each parameter gets its values once its
+    // layout is known (FSDP: each unit's rows of this rank, while being sharded).
+    DeferAllocation defer;
     par = llama3::Transformer(tiny_args(), at::TensorOptions());
   }
-  par->init_weights(11);
   std::vector<std::pair<std::string, at::Tensor>> ref_named;
   for (const auto& p : ref->named_parameters()) ref_named.emplace_back(p.key(), p.value());
   const int64_t full_bytes = ref->num_params() * 4;
 
-  // The model's own plan (llama3::parallelize): activation checkpointing inside FSDP's (or DDP's)
-  // hooks, whose recomputation must communicate nothing more (the counts below are the same as
-  // without it); FSDP units: each block, [norm, output], the root.
+  // The model's own plan (llama3::parallelize) through the one data-parallel interface: activation
+  // checkpointing inside FSDP's (or DDP's) hooks, whose recomputation must communicate nothing more
+  // (the counts below are the same as without it); FSDP units: each block, [norm, output], the root.
+  dist::DataParallelOptions dpo;
+  dpo.fsdp = dist::FSDPOptions{at::kFloat, at::kFloat, reshard};
+  dpo.ddp_bucket_bytes = 64 << 10;
+  dist::DataParallel data_par(mesh["dp_shard_cp"], mesh["dp_replicate"], dpo,
+                        [&](const std::string& name, at::Tensor out, const std::vector<int64_t>& begin) {
+                          par->init_region(11, name, out, begin);
+                        },
+                        mesh.device());
   ParallelizeContext ctx;
   ctx.ac_mode = ac;
-  std::unique_ptr<dist::FSDP> fsdp;
-  std::unique_ptr<dist::DDP> ddp;
-  std::vector<std::pair<std::string, at::Tensor>> par_named;
-  if (dims.fsdp_enabled()) {
-    fsdp = std::make_unique<dist::FSDP>(mesh["dp_shard_cp"], &mesh["dp_replicate"], dist::FSDPOptions{at::kFloat, at::kFloat, reshard});
-    ctx.fsdp = fsdp.get();
-    ctx.init_rows = [&](const std::string& name, at::Tensor rows, int64_t first) { par->init_rows(11, name, rows, first); };
-  }
+  ctx.data_parallel = &data_par;
   llama3::parallelize(*par, ctx);
-  if (fsdp) {
-    par_named = fsdp->sharded_parameters();
-  } else {
-    for (const auto& p : par->named_parameters()) par_named.emplace_back(p.key(), p.value());
-    ddp = std::make_unique<dist::DDP>(par_named, mesh["dp_replicate"], /*bucket_bytes=*/64 << 10);
-    TITAN_WORKER_CHECK(ddp->num_buckets() > 2, "expected several buckets, got %zu", ddp->num_buckets());
-  }
+  dist::FSDP* fsdp = data_par.fsdp();
+  dist::DDP* ddp = data_par.ddp();
+  TITAN_WORKER_CHECK(data_par.kind() == (dims.fsdp_enabled() ? (dims.dp_replicate_enabled() ? "HSDP" : "FSDP") : "DDP"),
+                     "data-parallel kind %s", data_par.kind().c_str());
+  std::vector<std::pair<std::string, at::Tensor>> par_named = data_par.named_parameters();
+  if (ddp) TITAN_WORKER_CHECK(ddp->num_buckets() > 2, "expected several buckets, got %zu", ddp->num_buckets());
   // FSDP's units: blocks reshard after forward (unless "never"); [norm, output] and the root only
   // with "always".
   auto unit_of = [](const std::string& name) {
@@ -122,9 +121,9 @@ TITAN_TEST_WORKER_FN(data_parallel) {
     mesh.reset_bytes();
     par_opt.zero_grad();
     at::Tensor local_loss = loss_fn(par, global.slice(0, dp_rank * kLocalBatch, (dp_rank + 1) * kLocalBatch));
+    data_par.before_backward(true);
     local_loss.backward();
-    if (fsdp) fsdp->finish_backward();
-    if (ddp) ddp->finish_backward();
+    data_par.after_backward(true);
     at::Tensor loss = local_loss.detach().clone();
     mesh["dp"].all_reduce(loss).wait();
     TITAN_WORKER_CHECK(std::abs(loss.item<double>() - ref_loss.item<double>()) <= 1e-5 * ref_loss.item<double>(),
@@ -150,12 +149,7 @@ TITAN_TEST_WORKER_FN(data_parallel) {
     }
 
     // The global gradient norm read from the placements equals the single process's.
-    std::vector<dist::PlacedTensor> placed;
-    if (fsdp) {
-      placed = fsdp->placed_parameters();
-    } else {
-      for (auto& [n, p] : par_named) placed.push_back({n, p, dist::whole(p, {"dp_replicate"}, mesh["dp_replicate"].rank() == 0)});
-    }
+    const std::vector<dist::PlacedTensor>& placed = data_par.parameters();
     std::vector<at::Tensor> ref_params;
     for (auto& [n, p] : ref_named) ref_params.push_back(p);
     const double ref_norm = clip_grad_norm(ref_params, 0.0), norm = dist::global_grad_norm(placed, mesh);
@@ -230,11 +224,7 @@ TITAN_TEST_WORKER_FN(data_parallel) {
 
   // After the steps the parameters equal the single-process ones.
   std::map<std::string, at::Tensor> final_params;
-  if (fsdp) {
-    for (const auto& p : fsdp->placed_parameters()) final_params[p.name] = dist::gather_full(p, mesh);
-  } else {
-    for (auto& [n, p] : par_named) final_params[n] = p;
-  }
+  for (const auto& p : data_par.parameters()) final_params[p.name] = dist::gather_full(p, mesh);
   for (auto& [name, p] : ref_named) {
     // AdamW moves each entry by about lr per step whatever the gradient's size, so rounding
     // differences in near-zero gradient entries show up as absolute differences of a fraction of lr:

@@ -11,7 +11,7 @@
 #include "titan/common/memory_tracker.h"
 #include "titan/common/tensor_storage.h"
 #include "titan/components/optimizer/optimizer.h"
-#include "titan/distributed/fsdp.h"
+#include "titan/distributed/data_parallel.h"
 #include "titan/distributed/mesh.h"
 #include "titan/models/llama3/model.h"
 #include "titan/models/llama3/parallelize.h"
@@ -53,10 +53,16 @@ TITAN_TEST_WORKER_FN(fsdp_memory) {
     model = llama3::Transformer(wide_args(), at::TensorOptions());
   }
   const int64_t full_bytes = model->num_params() * 4;
-  dist::FSDP fsdp(mesh["dp_shard_cp"], nullptr, dist::FSDPOptions{at::kFloat, at::kFloat, reshard});
+  dist::DataParallelOptions dpo;
+  dpo.fsdp = dist::FSDPOptions{at::kFloat, at::kFloat, reshard};
+  dist::DataParallel dp(mesh["dp_shard_cp"], mesh["dp_replicate"], dpo,
+                        [&](const std::string& name, at::Tensor out, const std::vector<int64_t>& begin) {
+                          model->init_region(5, name, out, begin);
+                        },
+                        mesh.device());
+  dist::FSDP& fsdp = *dp.fsdp();
   ParallelizeContext ctx;
-  ctx.fsdp = &fsdp;
-  ctx.init_rows = [&](const std::string& name, at::Tensor rows, int64_t first) { model->init_rows(5, name, rows, first); };
+  ctx.data_parallel = &dp;
   llama3::parallelize(*model, ctx);
   const int64_t sharded = mem::cpu_allocated_bytes() - before_model;
   const int64_t build_peak = mem::cpu_peak_bytes() - before_model;

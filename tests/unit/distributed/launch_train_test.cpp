@@ -126,6 +126,64 @@ TEST(LaunchTrain, CpuOffloadWithReplicasOnly) {
   expect_same_training(run(launch(2), args, dir));
 }
 
+// Tensor parallelism (docs/parallelism.md): the debug model (16 heads, hidden 768, vocabulary 2048)
+// over tp ranks, alone and inside FSDP or DDP, with each of its options.
+std::vector<std::string> tp_args(const test::TempDir& dir, int tp, int local_batch, std::vector<std::string> extra = {}) {
+  auto args = train_args(dir.path(), local_batch);
+  args.insert(args.end(), {"--parallelism.tensor_parallel_degree", std::to_string(tp)});
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+TEST(LaunchTrain, Tp2) {
+  test::TempDir dir;
+  expect_same_training(run(launch(2), tp_args(dir, 2, 8), dir));
+}
+
+TEST(LaunchTrain, Tp4) {
+  test::TempDir dir;
+  expect_same_training(run(launch(4), tp_args(dir, 4, 8), dir));
+}
+
+TEST(LaunchTrain, Tp2WithoutSequenceParallel) {
+  test::TempDir dir;
+  expect_same_training(run(launch(2), tp_args(dir, 2, 8, {"--parallelism.enable_sequence_parallel", "false"}), dir));
+}
+
+TEST(LaunchTrain, Tp2WithoutLossParallel) {
+  test::TempDir dir;
+  expect_same_training(run(launch(2), tp_args(dir, 2, 8, {"--parallelism.disable_loss_parallel"}), dir));
+}
+
+TEST(LaunchTrain, AsyncTp2) {
+  test::TempDir dir;
+  expect_same_training(run(launch(2), tp_args(dir, 2, 8, {"--parallelism.enable_async_tensor_parallel"}), dir));
+}
+
+TEST(LaunchTrain, Tp2xFsdp2) {
+  test::TempDir dir;
+  expect_same_training(run(launch(4), tp_args(dir, 2, 4), dir));
+}
+
+TEST(LaunchTrain, Tp2xDdp2WithGradientAccumulation) {
+  test::TempDir dir;  // local batch 2 x 2 replicas x 2 micro-batches = 8
+  expect_same_training(run(launch(4), tp_args(dir, 2, 2, {"--parallelism.data_parallel_replicate_degree", "2",
+                                                           "--parallelism.data_parallel_shard_degree", "1"}),
+                           dir));
+}
+
+TEST(LaunchTrain, TpThatDoesNotDivideTheSequenceIsAClearError) {
+  test::TempDir dir;
+  auto args = tp_args(dir, 2, 8, {"--training.seq_len", "31"});
+  std::vector<std::string> argv = launch(2);
+  argv.insert(argv.end(), args.begin(), args.end());
+  auto r = test::run_process(argv, {{"OMP_NUM_THREADS", "1"}}, std::chrono::seconds(120));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("training.seq_len 31 is not divisible by parallelism.tensor_parallel_degree 2"),
+            std::string::npos)
+      << r.output;
+}
+
 TEST(LaunchTrain, TorchrunNoPython) {
   const std::string torchrun = kSource + "/.venv/bin/torchrun";
   ASSERT_TRUE(std::filesystem::exists(torchrun)) << "run scripts/setup.sh";

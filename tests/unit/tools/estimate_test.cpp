@@ -18,9 +18,10 @@
 #include "titan/common/tensor_storage.h"
 #include "titan/components/optimizer/optimizer.h"
 #include "titan/distributed/ddp.h"
-#include "titan/distributed/fsdp.h"
+#include "titan/distributed/data_parallel.h"
 #include "titan/distributed/mesh.h"
 #include "titan/distributed/placement.h"
+#include "titan/distributed/tensor_parallel.h"
 #include "titan/models/common/loss.h"
 #include "titan/models/llama3/model.h"
 #include "titan/models/llama3/parallelize.h"
@@ -142,6 +143,7 @@ struct MemoryRun {
   int64_t seq_len, local_batch;
   std::string ac;  // none | full | selective k | selective op
   int replicate = 1;  // data_parallel_replicate_degree: DDP (replicas only) or HSDP
+  int tp = 1;         // tensor_parallel_degree (with sequence and loss parallel)
 };
 
 void PrintTo(const MemoryRun& r, std::ostream* os) { *os << r.name; }
@@ -150,9 +152,10 @@ std::vector<std::string> config_args(const MemoryRun& r) {
   std::vector<std::string> a = {"--job.config_file", kDebugConfig, "--model.name", r.model, "--model.flavor", r.flavor,
                                 "--training.seq_len", std::to_string(r.seq_len), "--training.local_batch_size",
                                 std::to_string(r.local_batch), "--training.global_batch_size",
-                                std::to_string(r.local_batch * r.nproc), "--training.steps", "3", "--metrics.log_freq",
-                                "1", "--metrics.disable_color_printing", "--parallelism.data_parallel_replicate_degree",
-                                std::to_string(r.replicate)};
+                                std::to_string(r.local_batch * r.nproc / r.tp), "--training.steps", "3",
+                                "--metrics.log_freq", "1", "--metrics.disable_color_printing",
+                                "--parallelism.data_parallel_replicate_degree", std::to_string(r.replicate),
+                                "--parallelism.tensor_parallel_degree", std::to_string(r.tp)};
   std::istringstream ac(r.ac);
   std::string mode, every;
   ac >> mode >> every;
@@ -218,7 +221,9 @@ INSTANTIATE_TEST_SUITE_P(Runs, EstimateMatchesMeasuredPeak, ::testing::Values(
     MemoryRun{"DeepFsdp2Seq256NoAC",         "llama3_shapes", "deep",       2,    256, 8,     "none"},
     MemoryRun{"Debug1Seq512PerOperator",     "llama3",        "debugmodel", 1,    512, 4,     "selective op"},
     MemoryRun{"DebugDdp2Seq512NoAC",         "llama3",        "debugmodel", 2,    512, 4,     "none",        2},
-    MemoryRun{"DebugHsdp2x2Seq512Full",      "llama3",        "debugmodel", 4,    512, 4,     "full",        2}),
+    MemoryRun{"DebugHsdp2x2Seq512Full",      "llama3",        "debugmodel", 4,    512, 4,     "full",        2},
+    MemoryRun{"DebugTp2Seq512NoAC",          "llama3",        "debugmodel", 2,    512, 4,     "none",        1, 2},
+    MemoryRun{"DebugTp2Fsdp2Seq512Full",     "llama3",        "debugmodel", 4,    512, 4,     "full",        1, 2}),
     [](const ::testing::TestParamInfo<MemoryRun>& info) { return info.param.name; });
 // clang-format on
 
@@ -232,51 +237,45 @@ TITAN_TEST_WORKER_FN(estimate_comm) {
   register_shapes_model();
   const int rank = std::atoi(std::getenv("TITAN_TEST_RANK")), world = std::atoi(std::getenv("TITAN_TEST_WORLD"));
   const int replicate = std::atoi(std::getenv("TITAN_TEST_REPLICATE")), accum = std::atoi(std::getenv("TITAN_TEST_ACCUM"));
+  const int tp = std::atoi(std::getenv("TITAN_TEST_TP"));
   at::set_num_threads(1);
   auto store = dist::make_tcp_store("127.0.0.1", static_cast<uint16_t>(std::atoi(std::getenv("TITAN_TEST_PORT"))), false, 60s);
-  dist::ParallelDims dims(replicate, -1, 1, 1, 1, world);
+  dist::ParallelDims dims(replicate, -1, 1, tp, 1, world);
   dist::Mesh mesh(dims, rank, store, dist::BackendKind::Gloo, 60s);
   const ModelSpec& spec = model_spec("llama3_shapes");
   LanguageModel model;
   {
-    std::optional<DeferAllocation> defer;
-    if (dims.fsdp_enabled()) defer.emplace();
+    DeferAllocation defer;
     model = spec.build("tiny", at::TensorOptions(), kCommSeq);
   }
-  model->init_weights(1);
-  std::unique_ptr<dist::FSDP> fsdp;
-  if (dims.fsdp_enabled()) fsdp = std::make_unique<dist::FSDP>(mesh["dp_shard_cp"], &mesh["dp_replicate"], dist::FSDPOptions{});
+  std::unique_ptr<dist::TensorParallel> tensor_par;
+  if (tp > 1) tensor_par = std::make_unique<dist::TensorParallel>(mesh["tp"], dist::TensorParallelOptions{});
+  dist::DataParallel dp(mesh["dp_shard_cp"], mesh["dp_replicate"], {},
+                        [&](const std::string& name, at::Tensor out, const std::vector<int64_t>& begin) {
+                          model->init_region(1, name, out, begin);
+                        },
+                        mesh.device());
   ParallelizeContext ctx;
-  ctx.fsdp = fsdp.get();
-  ctx.init_rows = [&](const std::string& name, at::Tensor rows, int64_t first) { model->init_rows(1, name, rows, first); };
-  ctx.ac_mode = "full";  // recomputation communicates nothing more
-  spec.parallelize(*model, ctx);
-  std::vector<dist::PlacedTensor> params;
-  if (fsdp) {
-    params = fsdp->placed_parameters();
-  } else {
-    for (const auto& p : model->named_parameters())
-      params.push_back({p.key(), p.value(), dist::whole(p.value(), {"dp_replicate"}, mesh["dp_replicate"].rank() == 0)});
-  }
-  std::vector<std::pair<std::string, at::Tensor>> named;
-  for (const auto& p : params) named.emplace_back(p.name, p.local);
-  std::unique_ptr<dist::DDP> ddp;
-  if (dims.ddp_enabled()) ddp = std::make_unique<dist::DDP>(named, mesh["dp_replicate"]);
-  Optimizer optimizer(named, {});
+  ctx.data_parallel = &dp;
+  ctx.tensor_parallel = tensor_par.get();
+  ctx.ac_mode = "full";  // recomputation communicates nothing more (but TP's collectives inside blocks)
+  const ParallelizedModel parallelized = spec.parallelize(*model, ctx);
+  const std::vector<dist::PlacedTensor>& params = dp.parameters();
+  Optimizer optimizer(dp.named_parameters(), {});
   const double global_tokens = static_cast<double>(accum * kCommBatch * kCommSeq * dims.dp_size());
+  const int64_t vocab = model->vocab_size();
   for (int step = 0; step < 2; ++step) {  // the second step is counted, as the estimate counts it
     mesh.reset_bytes();
     optimizer.zero_grad();
     at::Tensor loss_sum = at::zeros({});
     for (int micro = 0; micro < accum; ++micro) {
-      at::Tensor tokens = at::randint(130, {kCommBatch, kCommSeq + 1}, at::kLong);
+      at::Tensor tokens = at::randint(vocab, {kCommBatch, kCommSeq + 1}, at::kLong);
       at::Tensor logits = model->forward(tokens.slice(1, 0, kCommSeq));
-      at::Tensor loss = nn::cross_entropy_sum(logits.flatten(0, 1), tokens.slice(1, 1).flatten(0, 1)) / global_tokens;
+      at::Tensor loss = parallelized.loss_sum(logits.flatten(0, 1), tokens.slice(1, 1).flatten(0, 1)) / global_tokens;
       logits.reset();
-      if (ddp) ddp->set_sync(micro == accum - 1);
+      dp.before_backward(micro == accum - 1);
       loss.backward();
-      if (fsdp) fsdp->finish_backward();
-      if (ddp && micro == accum - 1) ddp->finish_backward();
+      dp.after_backward(micro == accum - 1);
       loss_sum += loss.detach();
     }
     dist::clip_grad_norm(params, 1.0, mesh);
@@ -292,14 +291,15 @@ TITAN_TEST_WORKER_FN(estimate_comm) {
   return 0;
 }
 
-void expect_communication_as_counted(int world, int replicate, int accum) {
+void expect_communication_as_counted(int world, int replicate, int accum, int tp = 1) {
   register_shapes_model();
   auto store = dist::make_tcp_store("127.0.0.1", 0, true, 60s);
   auto results = test::run_workers("estimate_comm", world,
                                    {{"TITAN_TEST_PORT", std::to_string(dist::store_port(store))},
                                     {"TITAN_TEST_WORLD", std::to_string(world)},
                                     {"TITAN_TEST_REPLICATE", std::to_string(replicate)},
-                                    {"TITAN_TEST_ACCUM", std::to_string(accum)}, {"OMP_NUM_THREADS", "1"}},
+                                    {"TITAN_TEST_ACCUM", std::to_string(accum)}, {"TITAN_TEST_TP", std::to_string(tp)},
+                                    {"OMP_NUM_THREADS", "1"}},
                                    300s);
   for (const auto& r : results) ASSERT_EQ(r.exit_code, 0) << r.output;
   dist::CommBytes bytes, calls;
@@ -315,8 +315,9 @@ void expect_communication_as_counted(int world, int replicate, int accum) {
   const JobConfig cfg = parse_config(
       {"--model.name", "llama3_shapes", "--model.flavor", "tiny", "--training.seq_len", std::to_string(kCommSeq),
        "--training.local_batch_size", std::to_string(kCommBatch), "--training.global_batch_size",
-       std::to_string(kCommBatch * accum * world), "--parallelism.data_parallel_replicate_degree",
-       std::to_string(replicate), "--activation_checkpoint.mode", "full"});
+       std::to_string(kCommBatch * accum * world / tp), "--parallelism.data_parallel_replicate_degree",
+       std::to_string(replicate), "--parallelism.tensor_parallel_degree", std::to_string(tp),
+       "--activation_checkpoint.mode", "full"});
   EstimateOptions opts;
   opts.world_size = world;
   opts.device = "cpu";
@@ -329,6 +330,10 @@ TEST(EstimateCommunication, Fsdp2IsWhatTheMeshCounts) { expect_communication_as_
 TEST(EstimateCommunication, Fsdp4WithGradientAccumulationIsWhatTheMeshCounts) { expect_communication_as_counted(4, 1, 2); }
 TEST(EstimateCommunication, Hsdp2x2IsWhatTheMeshCounts) { expect_communication_as_counted(4, 2, 1); }
 TEST(EstimateCommunication, Ddp2WithGradientAccumulationIsWhatTheMeshCounts) { expect_communication_as_counted(2, 2, 2); }
+TEST(EstimateCommunication, Tp2IsWhatTheMeshCounts) { expect_communication_as_counted(2, 1, 1, 2); }
+TEST(EstimateCommunication, Tp2xFsdp2WithGradientAccumulationIsWhatTheMeshCounts) {
+  expect_communication_as_counted(4, 1, 2, 2);
+}
 
 // ---------------------------------------------------------------------------------------------
 // The held state, FLOPs, the verdict and the CLI.
@@ -432,13 +437,38 @@ TEST(Estimate, CpuOffloadMovesTheShardsToTheHost) {
 
 TEST(Estimate, LayoutsTitanCannotTrainAreUserErrorsNamingTheOption) {
   try {
-    estimate_of({"--parallelism.tensor_parallel_degree", "8"}, 8);
-    FAIL() << "tensor parallelism was estimated";
+    estimate_of({"--parallelism.pipeline_parallel_degree", "2"}, 2);
+    FAIL() << "pipeline parallelism was estimated";
   } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("parallelism.tensor_parallel_degree"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("parallelism.pipeline_parallel_degree"), std::string::npos) << e.what();
   }
+  // Tensor parallelism is estimated, and refused where it does not divide the model.
+  EXPECT_THROW(estimate_of({"--parallelism.tensor_parallel_degree", "3"}, 3), UserError);
   EXPECT_THROW(estimate_of({}, 3, "tpu"), UserError);
   EXPECT_THROW(estimate_of({"--parallelism.data_parallel_shard_degree", "2"}, 3), UserError);
+}
+
+// TP shards every weight but the norms: the held state per rank drops by about the degree, and the
+// layout says so.
+TEST(Estimate, TensorParallelDividesTheHeldState) {
+  const std::vector<std::string> base = {"--job.config_file", kSource + "/configs/llama3_8b.toml", "--training.seq_len",
+                                         "2048", "--training.local_batch_size", "1"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = base;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  const Estimate fsdp8 = estimate_of(with({}), 8);
+  const Estimate tp8 = estimate_of(with({"--parallelism.tensor_parallel_degree", "8"}), 8);
+  const Estimate tp2fsdp4 = estimate_of(with({"--parallelism.tensor_parallel_degree", "2"}), 8);
+  EXPECT_NE(tp8.layout.find("TP 8"), std::string::npos) << tp8.layout;
+  EXPECT_NE(tp2fsdp4.layout.find("FSDP + TP 2"), std::string::npos) << tp2fsdp4.layout;
+  // FSDP 8 and TP 8 each hold 1/8 of the parameters (TP keeps whole norms: a little more).
+  EXPECT_NEAR(static_cast<double>(tp8.params) / static_cast<double>(fsdp8.params), 1.0, 0.01);
+  EXPECT_NEAR(static_cast<double>(tp2fsdp4.params) / static_cast<double>(fsdp8.params), 1.0, 0.01);
+  // TP 8 communicates activations over tp, FSDP 8 parameters over dp_shard_cp.
+  EXPECT_GT(tp8.comm_bytes.at("tp").at("all_gather"), 0);
+  EXPECT_EQ(tp8.comm_bytes.count("dp_shard_cp"), 0u);
 }
 
 TEST(EstimateCli, PrintsThePerRankReportAndTheVerdict) {

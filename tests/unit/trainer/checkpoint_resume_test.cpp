@@ -333,6 +333,47 @@ TEST(CheckpointReshard, Fsdp2ResumedAsDdp2) {
                                "--parallelism.data_parallel_shard_degree", "1"});
 }
 
+// Tensor-parallel checkpoints hold TP shards by placement: they resume under any TP degree.
+const std::vector<std::string> kTp2 = {"--parallelism.tensor_parallel_degree", "2"};
+const std::vector<std::string> kTp4 = {"--parallelism.tensor_parallel_degree", "4"};
+
+std::string saved_under(int nproc, int local_batch, const std::vector<std::string>& layout, const test::TempDir& dir) {
+  auto r = launch(nproc, dir.path(), 6, local_batch, layout);
+  EXPECT_EQ(r.losses.size(), 6u) << r.output;
+  for (size_t i = 0; i < r.losses.size(); ++i)
+    EXPECT_NEAR(r.losses[i], straight_losses()[i], 1e-5 * straight_losses()[i]) << "step " << i + 1;
+  return dir.path();
+}
+
+void expect_resume_from(const std::string& saved, int nproc, int local_batch, const std::vector<std::string>& layout) {
+  test::TempDir dir;
+  fs::copy(saved + "/checkpoint", dir / "checkpoint", fs::copy_options::recursive);
+  LaunchedRun r = nproc == 1 ? LaunchedRun{} : launch(nproc, dir.path(), 12, local_batch, layout);
+  if (nproc == 1) {
+    Trainer t(config(dir.path(), 12));
+    r.losses = t.train();
+  } else {
+    EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
+  }
+  ASSERT_EQ(r.losses.size(), 6u) << r.output;
+  for (size_t i = 0; i < 6; ++i)
+    EXPECT_NEAR(r.losses[i], straight_losses()[6 + i], 1e-5 * straight_losses()[6 + i]) << "step " << 7 + i;
+}
+
+TEST(CheckpointReshard, Tp2xFsdp2ResumedAsOneProcessAndAsTp4) {
+  test::TempDir saved;
+  saved_under(4, 6, kTp2, saved);  // TP 2 x FSDP 2: global batch 12 over 2 data-parallel ranks
+  expect_resume_from(saved.path(), 1, 12, {});
+  expect_resume_from(saved.path(), 4, 12, kTp4);
+}
+
+TEST(CheckpointReshard, Tp4ResumedAsTp2xFsdp2AndFsdp2ResumedAsTp2) {
+  test::TempDir saved;
+  saved_under(4, 12, kTp4, saved);
+  expect_resume_from(saved.path(), 4, 6, kTp2);
+  expect_resume_from(fsdp2_checkpoint(), 2, 12, kTp2);
+}
+
 TEST(CheckpointResume, Fsdp2StoppedAndResumedIsBitwiseTheUninterruptedFsdp2Run) {
   test::TempDir straight, dir;
   LaunchedRun all = launch(2, straight.path(), 12, 6);

@@ -4,7 +4,9 @@
 // with_hooks(). A module whose body is a function of its tensor inputs (with_hooks(inputs, body))
 // can also have its body wrapped as a whole (activation checkpointing runs it without keeping
 // activations and again in backward); the wrapper runs inside the pre- and post-hooks, so hooks run
-// once per forward, not again when the body is recomputed.
+// once per forward, not again when the body is recomputed. Input hooks (modules using
+// with_hooks(inputs, body) only) replace the body's inputs before it runs: tensor parallelism
+// gathers a sequence-sharded activation there; they run after the pre-hooks, outside the wrapper.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -21,7 +23,9 @@ class HookedModule : public torch::nn::Module {
   using PostHook = std::function<at::Tensor(const at::Tensor& output)>;
   using Body = std::function<at::Tensor(const std::vector<at::Tensor>& inputs)>;
   using Wrapper = std::function<at::Tensor(const Body& body, const std::vector<at::Tensor>& inputs)>;
+  using InputHook = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>& inputs)>;
   void add_forward_pre_hook(PreHook hook) { pre_hooks_.push_back(std::move(hook)); }
+  void add_forward_input_hook(InputHook hook) { input_hooks_.push_back(std::move(hook)); }
   void add_forward_hook(PostHook hook) { post_hooks_.push_back(std::move(hook)); }
   // Replaces how the body runs (one wrapper per module); only for modules using with_hooks(inputs, body).
   void set_forward_wrapper(Wrapper wrapper) { wrapper_ = std::move(wrapper); }
@@ -35,8 +39,9 @@ class HookedModule : public torch::nn::Module {
     for (auto& h : post_hooks_) out = h(out);
     return out;
   }
-  at::Tensor with_hooks(const std::vector<at::Tensor>& inputs, const Body& body) {
+  at::Tensor with_hooks(std::vector<at::Tensor> inputs, const Body& body) {
     for (auto& h : pre_hooks_) h();
+    for (auto& h : input_hooks_) inputs = h(inputs);
     at::Tensor out = wrapper_ ? wrapper_(body, inputs) : body(inputs);
     for (auto& h : post_hooks_) out = h(out);
     return out;
@@ -45,6 +50,7 @@ class HookedModule : public torch::nn::Module {
  private:
   Wrapper wrapper_;
   std::vector<PreHook> pre_hooks_;
+  std::vector<InputHook> input_hooks_;
   std::vector<PostHook> post_hooks_;
 };
 

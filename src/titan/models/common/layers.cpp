@@ -99,14 +99,16 @@ LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, const at::Tens
 }
 
 at::Tensor LinearImpl::forward(const at::Tensor& x) {
-  return with_hooks([&] { return saveable_linear(x, weight); });
+  return with_hooks({x}, [this](const std::vector<at::Tensor>& in) { return saveable_linear(in[0], weight); });
 }
 
 EmbeddingImpl::EmbeddingImpl(int64_t num_embeddings, int64_t dim, const at::TensorOptions& opts) {
   weight = register_parameter("weight", new_parameter({num_embeddings, dim}, opts));
 }
 
-at::Tensor EmbeddingImpl::forward(const at::Tensor& tokens_BS) { return at::embedding(weight, tokens_BS); }
+at::Tensor EmbeddingImpl::forward(const at::Tensor& tokens_BS) {
+  return with_hooks({tokens_BS}, [this](const std::vector<at::Tensor>& in) { return at::embedding(weight, in[0]); });
+}
 
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps_, const at::TensorOptions& opts) : eps(eps_) {
   weight = register_parameter("weight", new_parameter({dim}, opts));
@@ -178,6 +180,10 @@ AttentionImpl::AttentionImpl(int64_t dim, int64_t n_heads_, int64_t n_kv_heads_,
 }
 
 at::Tensor AttentionImpl::forward(const at::Tensor& x_BSD, const at::Tensor& cis_SE2) {
+  return with_hooks({x_BSD, cis_SE2}, [this](const std::vector<at::Tensor>& in) { return body(in[0], in[1]); });
+}
+
+at::Tensor AttentionImpl::body(const at::Tensor& x_BSD, const at::Tensor& cis_SE2) {
   const auto B = x_BSD.size(0), S = x_BSD.size(1);
   // Heads are inferred (-1) so that a tensor-parallel shard of the projections works unchanged.
   at::Tensor q_BSHE = apply_rope(wq(x_BSD).view({B, S, -1, head_dim}), cis_SE2);
@@ -197,6 +203,8 @@ FeedForwardImpl::FeedForwardImpl(int64_t dim, int64_t hidden_dim, const at::Tens
 
 at::Tensor swiglu(const at::Tensor& h1, const at::Tensor& h3) { return SwiGluFunction::apply(h1, h3); }
 
-at::Tensor FeedForwardImpl::forward(const at::Tensor& x_BSD) { return w2(swiglu(w1(x_BSD), w3(x_BSD))); }
+at::Tensor FeedForwardImpl::forward(const at::Tensor& x_BSD) {
+  return with_hooks({x_BSD}, [this](const std::vector<at::Tensor>& in) { return w2(swiglu(w1(in[0]), w3(in[0]))); });
+}
 
 }  // namespace titan::nn

@@ -33,7 +33,7 @@ class LinearImpl : public HookedModule {
 TORCH_MODULE(Linear);
 
 // Token embedding table (V, D).
-class EmbeddingImpl : public torch::nn::Module {
+class EmbeddingImpl : public HookedModule {
  public:
   EmbeddingImpl(int64_t num_embeddings, int64_t dim, const at::TensorOptions& opts);
   at::Tensor forward(const at::Tensor& tokens_BS);
@@ -77,12 +77,17 @@ at::Tensor apply_rope(const at::Tensor& x_BSnE, const at::Tensor& cis_SE2);
 at::Tensor causal_attention(const at::Tensor& q_BHSE, const at::Tensor& k_BKSE, const at::Tensor& v_BKSE);
 
 // Grouped-query causal self-attention through ATen's scaled_dot_product_attention.
-class AttentionImpl : public torch::nn::Module {
+class AttentionImpl : public HookedModule {
  public:
   AttentionImpl(int64_t dim, int64_t n_heads, int64_t n_kv_heads, const at::TensorOptions& opts);
   at::Tensor forward(const at::Tensor& x_BSD, const at::Tensor& cis_SE2);
+  // Heads are read from the projections' outputs, so a tensor-parallel shard of them (a subset of
+  // the heads) runs the same code; n_heads and n_kv_heads stay the model's totals.
   int64_t n_heads, n_kv_heads, head_dim;
   Linear wq{nullptr}, wk{nullptr}, wv{nullptr}, wo{nullptr};
+
+ private:
+  at::Tensor body(const at::Tensor& x_BSD, const at::Tensor& cis_SE2);
 };
 TORCH_MODULE(Attention);
 
@@ -90,7 +95,7 @@ TORCH_MODULE(Attention);
 at::Tensor swiglu(const at::Tensor& h1, const at::Tensor& h3);
 
 // SwiGLU: w2(silu(w1 x) * w3 x).
-class FeedForwardImpl : public torch::nn::Module {
+class FeedForwardImpl : public HookedModule {
  public:
   FeedForwardImpl(int64_t dim, int64_t hidden_dim, const at::TensorOptions& opts);
   at::Tensor forward(const at::Tensor& x_BSD);

@@ -33,7 +33,7 @@ class TransformerImpl : public LanguageModelImpl {
   // opts: device and dtype of the parameters (use device meta for a shape-only model).
   TransformerImpl(ModelArgs args, const at::TensorOptions& opts);
   at::Tensor forward(const at::Tensor& tokens_BS) override;
-  void init_rows(uint64_t seed, const std::string& name, at::Tensor rows, int64_t first_row) const override;
+  void init_elements(uint64_t seed, const std::string& name, at::Tensor out, int64_t first) const override;
   double flops_per_token(int64_t seq_len) const override;
   int64_t vocab_size() const override { return args_.vocab_size; }
 

@@ -1,17 +1,86 @@
 #include "titan/models/llama3/parallelize.h"
 
 #include "titan/common/error.h"
-#include "titan/distributed/fsdp.h"
+#include "titan/distributed/data_parallel.h"
+#include "titan/distributed/tensor_parallel.h"
 #include "titan/models/common/activation_checkpoint.h"
+#include "titan/models/common/loss.h"
 #include "titan/models/llama3/model.h"
 
 namespace titan::llama3 {
+namespace {
 
-void parallelize(LanguageModelImpl& model, const ParallelizeContext& ctx) {
+void check_tensor_parallel_degree(const ModelArgs& a, int64_t tp) {
+  auto fits = [&](int64_t size, const char* what) {
+    TITAN_USER_CHECK(size % tp == 0, "parallelism.tensor_parallel_degree ", tp, " does not divide the model's ", what,
+                     " ", size, ": tensor parallelism splits them evenly across ranks; choose a degree that divides "
+                     "n_heads ", a.n_heads, ", n_kv_heads ", a.kv_heads(), ", the feed-forward hidden size ",
+                     a.ffn_hidden_dim(), " and the vocabulary ", a.vocab_size);
+  };
+  fits(a.n_heads, "n_heads");
+  fits(a.kv_heads(), "n_kv_heads");
+  fits(a.ffn_hidden_dim(), "feed-forward hidden size");
+  fits(a.vocab_size, "vocabulary size");
+}
+
+// Tensor parallelism: shards the parameters, puts the communication around the modules and tells
+// the data-parallel layer each parameter's placement.
+void apply_tensor_parallel(TransformerImpl& model, dist::TensorParallel& tp, dist::DataParallel& dp) {
+  check_tensor_parallel_degree(model.args(), tp.degree());
+  model.keep_global_shapes();
+  auto place = [&](const std::string& prefix, const std::vector<std::pair<std::string, dist::Placement>>& placed) {
+    for (const auto& [name, p] : placed) {
+      dp.set_placement(prefix + name, p);
+      // A replicated weight that sees only its rank's tokens (sequence parallel) has a partial gradient.
+      if (p.shards.empty() && tp.replicated_grads_partial()) dp.add_grad_sum(prefix + name, tp.group());
+    }
+  };
+  place("tok_embeddings.", tp.vocabulary(*model.tok_embeddings));
+  for (size_t i = 0; i < model.layers->size(); ++i) {
+    auto& block = *model.layers[i]->as<TransformerBlock>();
+    const std::string pre = "layers." + std::to_string(i) + ".";
+    auto& attn = *block.attention;
+    auto& ffn = *block.feed_forward;
+    place(pre + "attention_norm.", tp.replicated(*block.attention_norm));
+    place(pre + "attention.wq.", tp.column_wise(*attn.wq));
+    place(pre + "attention.wk.", tp.column_wise(*attn.wk));
+    place(pre + "attention.wv.", tp.column_wise(*attn.wv));
+    place(pre + "attention.wo.", tp.row_wise(*attn.wo));
+    tp.region(attn, {attn.wq.get(), attn.wk.get(), attn.wv.get()}, *attn.wo);
+    place(pre + "ffn_norm.", tp.replicated(*block.ffn_norm));
+    place(pre + "feed_forward.w1.", tp.column_wise(*ffn.w1));
+    place(pre + "feed_forward.w3.", tp.column_wise(*ffn.w3));
+    place(pre + "feed_forward.w2.", tp.row_wise(*ffn.w2));
+    tp.region(ffn, {ffn.w1.get(), ffn.w3.get()}, *ffn.w2);
+  }
+  place("norm.", tp.replicated(*model.norm));
+  tp.gather_output(*model.norm);
+  if (model.output) place("output.", tp.column_wise(*model.output));  // tied: the embedding's shard
+  if (!tp.options().loss_parallel) tp.gather_logits(model);
+}
+
+}  // namespace
+
+ParallelizedModel parallelize(LanguageModelImpl& model, const ParallelizeContext& ctx) {
   auto* transformer = dynamic_cast<TransformerImpl*>(&model);
   TITAN_ASSERT(transformer, "llama3::parallelize needs a llama3 Transformer");
-  // torchtitan's order: (TP, CP,) activation checkpointing, then FSDP. FSDP's hooks run around the
-  // checkpointed body, so recomputation in backward gathers nothing more.
+  ParallelizedModel out;
+  out.loss_sum = [](const at::Tensor& logits, const at::Tensor& labels) { return nn::cross_entropy_sum(logits, labels); };
+
+  if (dist::TensorParallel* tp = ctx.tensor_parallel) {
+    TITAN_ASSERT(ctx.data_parallel, "tensor parallelism needs the data-parallel layer (none is one)");
+    apply_tensor_parallel(*transformer, *tp, *ctx.data_parallel);
+    if (tp->options().loss_parallel) {
+      dist::Group* group = &tp->group();
+      const int64_t vocab_begin = group->rank() * (transformer->args().vocab_size / group->size());
+      out.loss_sum = [group, vocab_begin](const at::Tensor& logits, const at::Tensor& labels) {
+        return dist::vocab_parallel_cross_entropy_sum(logits, labels, *group, vocab_begin);
+      };
+    }
+  }
+
+  // Activation checkpointing inside the data-parallel hooks: recomputation in backward gathers no
+  // parameters again (TP's collectives inside a block are recomputed with it).
   if (ctx.ac_mode != "none") {
     TITAN_ASSERT(ctx.ac_mode == "full" || ctx.ac_mode == "op" || (ctx.ac_mode == "selective" && ctx.ac_every >= 1),
                  "AC mode ", ctx.ac_mode);
@@ -19,18 +88,21 @@ void parallelize(LanguageModelImpl& model, const ParallelizeContext& ctx) {
       if (ctx.ac_mode != "selective" || static_cast<int64_t>(i + 1) % ctx.ac_every == 0)
         nn::apply_activation_checkpointing(*transformer->layers[i]->as<TransformerBlock>(), ctx.ac_mode == "op");
   }
-  if (ctx.fsdp) {
-    // Units as torchtitan makes them: each block; [norm, output] together, kept gathered after the
-    // forward (its backward comes first) and apart from the embedding so that its reduce-scatter
-    // starts as soon as the output layer's backward is done; the root (the embedding) last.
-    for (size_t i = 0; i < transformer->layers->size(); ++i)
-      ctx.fsdp->fully_shard(*transformer->layers[i]->as<TransformerBlock>(), "layers." + std::to_string(i) + ".",
-                            ctx.init_rows);
-    std::vector<dist::UnitPart> head = {{"norm.", transformer->norm.get()}};
-    if (transformer->output) head.push_back({"output.", transformer->output.get()});
-    ctx.fsdp->fully_shard(head, ctx.init_rows, /*keep_after_forward=*/true);
-    ctx.fsdp->fully_shard(*transformer, "", ctx.init_rows);
-  }
+
+  // Without a data-parallel layer (a plain model in one process) the parameters stay as they are.
+  if (!ctx.data_parallel) return out;
+  dist::DataParallel& dp = *ctx.data_parallel;
+  // Units as torchtitan makes them: each block; [norm, output] together, kept gathered after the
+  // forward (its backward comes first) and apart from the embedding so that its reduce-scatter
+  // starts as soon as the output layer's backward is done; the root (the embedding) last.
+  for (size_t i = 0; i < transformer->layers->size(); ++i)
+    dp.add_unit({{"layers." + std::to_string(i) + ".", transformer->layers[i]->as<TransformerBlock>()}});
+  std::vector<dist::UnitPart> head = {{"norm.", transformer->norm.get()}};
+  if (transformer->output) head.push_back({"output.", transformer->output.get()});
+  dp.add_unit(head, /*keep_after_forward=*/true);
+  dp.add_unit({{"", transformer}});
+  dp.finish(model);
+  return out;
 }
 
 }  // namespace titan::llama3

@@ -1,0 +1,140 @@
+#include "titan/distributed/data_parallel.h"
+
+#include "titan/common/error.h"
+#include "titan/common/tensor_storage.h"
+
+#include <ATen/ATen.h>
+
+#include <set>
+
+namespace titan::dist {
+
+DataParallel::DataParallel(Group& shard, Group& replicate, DataParallelOptions options, InitRegion init,
+                           at::Device comm_device)
+    : shard_(shard), replicate_(replicate), comm_device_(comm_device), options_(std::move(options)),
+      init_(std::move(init)) {
+  if (shard.size() > 1 || options_.shard_always)
+    fsdp_ = std::make_unique<FSDP>(shard, &replicate, options_.fsdp);
+  else
+    use_ddp_ = replicate.size() > 1;
+}
+
+DataParallel::~DataParallel() = default;
+
+std::string DataParallel::kind() const {
+  if (fsdp_) return replicate_.size() > 1 ? "HSDP" : "FSDP";
+  return use_ddp_ ? "DDP" : "none";
+}
+
+void DataParallel::set_placement(const std::string& name, Placement placement) {
+  TITAN_ASSERT(!finished_, "set_placement after finish");
+  placements_[name] = std::move(placement);
+}
+
+void DataParallel::add_grad_sum(const std::string& name, Group& group) {
+  if (group.size() > 1) sums_[name].push_back(&group);
+}
+
+Placement DataParallel::base(const std::string& name, const at::Tensor& local) const {
+  auto it = placements_.find(name);
+  return it != placements_.end() ? it->second : whole(local);
+}
+
+void DataParallel::add_unit(const std::vector<UnitPart>& parts, bool keep_after_forward) {
+  TITAN_ASSERT(!finished_, "add_unit after finish");
+  if (!fsdp_) return;
+  // FSDP initializes rows of the local tensor (a TP shard, or the whole parameter): a block of the
+  // global parameter starting where the local tensor does, offset by the first row.
+  fsdp_->fully_shard(
+      parts,
+      [this](const std::string& name, at::Tensor rows, int64_t first_row) {
+        auto it = placements_.find(name);
+        std::vector<int64_t> begin =
+            it != placements_.end() ? it->second.global_begin() : std::vector<int64_t>(rows.dim(), 0);
+        begin[0] += first_row;
+        init_(name, std::move(rows), begin);
+      },
+      keep_after_forward);
+}
+
+void DataParallel::finish(torch::nn::Module& model) {
+  TITAN_ASSERT(!finished_, "DataParallel::finish twice");
+  finished_ = true;
+  params_.clear();
+  if (fsdp_) {
+    std::set<std::string> owned;
+    for (auto& p : fsdp_->placed_parameters()) {
+      owned.insert(p.name);
+      auto it = placements_.find(p.name);  // FSDP's placement is of the local tensor: a TP shard, or the whole
+      params_.push_back({p.name, p.local, it != placements_.end() ? compose(it->second, p.placement) : p.placement});
+    }
+    for (const auto& p : model.named_parameters())
+      TITAN_ASSERT(owned.count(p.key()), "FSDP: parameter ", p.key(), " is in no unit (shard the root last)");
+  } else {
+    at::NoGradGuard no_grad;
+    Group& replicas = replicate_;
+    for (const auto& item : model.named_parameters()) {
+      const at::Tensor& local = item.value();
+      Placement pl = base(item.key(), local);
+      if (!has_storage(local)) {  // built without memory: this rank's local tensor only
+        allocate_storage(local);
+        init_(item.key(), local, pl.global_begin());
+      }
+      if (replicas.size() > 1) {
+        pl.replicated.push_back(replicas.name());
+        pl.primary = pl.primary && replicas.rank() == 0;
+      }
+      params_.push_back({item.key(), local, std::move(pl)});
+    }
+    if (use_ddp_) ddp_ = std::make_unique<DDP>(named_parameters(), replicas, options_.ddp_bucket_bytes);
+  }
+  for (const auto& [name, groups] : sums_) {
+    bool found = false;
+    for (const auto& p : params_) found = found || p.name == name;
+    TITAN_ASSERT(found, "add_grad_sum of an unknown parameter ", name);
+  }
+}
+
+std::vector<std::pair<std::string, at::Tensor>> DataParallel::named_parameters() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& p : params_) out.emplace_back(p.name, p.local);
+  return out;
+}
+
+void DataParallel::before_backward(bool sync) {
+  if (ddp_) ddp_->set_sync(sync);
+}
+
+void DataParallel::after_backward(bool sync) {
+  if (fsdp_) fsdp_->finish_backward();
+  if (ddp_ && sync) ddp_->finish_backward();
+  if (!sync || sums_.empty()) return;
+  // Partial gradients summed over their groups once per step (after the last micro-batch: the
+  // accumulated gradient is a sum of partial sums), one all-reduce per group.
+  at::NoGradGuard no_grad;
+  std::map<std::string, std::pair<Group*, std::vector<at::Tensor>>> by_group;
+  for (const auto& p : params_) {
+    auto it = sums_.find(p.name);
+    if (it == sums_.end()) continue;
+    at::Tensor& grad = p.local.mutable_grad();
+    if (!grad.defined()) grad = at::zeros_like(p.local);  // every rank issues the same collective
+    for (Group* g : it->second) {
+      auto& entry = by_group[g->name()];
+      entry.first = g;
+      entry.second.push_back(grad);
+    }
+  }
+  for (auto& [name, entry] : by_group) {
+    std::vector<at::Tensor> flat;
+    for (const auto& g : entry.second) flat.push_back(g.reshape({-1}));
+    at::Tensor buf = at::cat(flat).to(comm_device_);
+    entry.first->all_reduce(buf).wait();
+    int64_t offset = 0;
+    for (auto& g : entry.second) {
+      g.copy_(buf.slice(0, offset, offset + g.numel()).view(g.sizes()));
+      offset += g.numel();
+    }
+  }
+}
+
+}  // namespace titan::dist

@@ -1,0 +1,84 @@
+// The one data-parallel interface: FSDP, HSDP, DDP and none, applied through a model's parallelize
+// function and driven the same way by the training step.
+//
+//   parallelize:  set_placement(name, p)   what another parallelism (TP) made of a parameter
+//                 add_unit(parts)          a group of modules gathered and reduced together (FSDP
+//                                          shards it; DDP and none ignore units), inner units
+//                                          first, the root (prefix "") last
+//                 add_grad_sum(name, g)    the parameter's gradient is a partial sum over group g
+//                                          (sequence parallel's replicated norms)
+//                 finish(model)            every parameter gets its values and placement
+//   each step:    before_backward(sync) / after_backward(sync) around every micro-batch's backward
+//                 (sync: the last micro-batch of the step, whose backward completes the reductions)
+//   any time:     parameters()             what the optimizer steps, with placements: gradient-norm
+//                                          clipping, checkpoints and full weights read only these
+//
+// Choice (kind()): FSDP over the shard group (dp_shard_cp) when it has more than one rank (HSDP with
+// the replicate group's replicas) or when asked to shard anyway (CPU offload on one rank); DDP when
+// there are only replicas; none otherwise. Parameters built without storage (DeferAllocation) get their values from
+// `init` (a block of the global parameter at a start index per dimension): FSDP computes only each
+// rank's rows, the others each rank's whole local tensor.
+#pragma once
+
+#include "titan/distributed/ddp.h"
+#include "titan/distributed/fsdp.h"
+#include "titan/distributed/mesh.h"
+#include "titan/distributed/placement.h"
+
+#include <torch/nn/module.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace titan::dist {
+
+using InitRegion = std::function<void(const std::string& name, at::Tensor out, const std::vector<int64_t>& begin)>;
+
+struct DataParallelOptions {
+  FSDPOptions fsdp;
+  bool shard_always = false;  // FSDP even over one rank (CPU offload)
+  int64_t ddp_bucket_bytes = 25 << 20;
+};
+
+class DataParallel {
+ public:
+  // shard, replicate: the dp_shard_cp and dp_replicate groups. comm_device: where collective inputs
+  // must live (Mesh::device()).
+  DataParallel(Group& shard, Group& replicate, DataParallelOptions options, InitRegion init, at::Device comm_device);
+  ~DataParallel();
+  // "FSDP", "HSDP", "DDP" or "none".
+  std::string kind() const;
+
+  void set_placement(const std::string& name, Placement placement);
+  void add_grad_sum(const std::string& name, Group& group);
+  void add_unit(const std::vector<UnitPart>& parts, bool keep_after_forward = false);
+  void finish(torch::nn::Module& model);
+
+  void before_backward(bool sync);
+  void after_backward(bool sync);
+  const std::vector<PlacedTensor>& parameters() const { return params_; }
+  std::vector<std::pair<std::string, at::Tensor>> named_parameters() const;
+
+  FSDP* fsdp() const { return fsdp_.get(); }
+  DDP* ddp() const { return ddp_.get(); }
+
+ private:
+  Placement base(const std::string& name, const at::Tensor& local) const;
+  Group& shard_;
+  Group& replicate_;
+  at::Device comm_device_;
+  DataParallelOptions options_;
+  InitRegion init_;
+  std::unique_ptr<FSDP> fsdp_;
+  std::unique_ptr<DDP> ddp_;
+  bool use_ddp_ = false;
+  std::map<std::string, Placement> placements_;      // set by other parallelisms
+  std::map<std::string, std::vector<Group*>> sums_;  // partial gradients to add over groups
+  std::vector<PlacedTensor> params_;
+  bool finished_ = false;
+};
+
+}  // namespace titan::dist
