@@ -23,8 +23,16 @@ std::vector<int64_t> Placement::global_length() const {
 }
 
 at::Tensor Placement::real_part(const at::Tensor& local) const {
+  // The local tensor's extent along a dimension is that of the last shard that split it (TP's shard
+  // split again by FSDP): its real entries are that shard's length.
   at::Tensor t = local;
-  for (const auto& s : shards) t = t.narrow(s.tensor_dim, 0, s.length);
+  std::vector<bool> done(global_shape.size() + 1, false);
+  for (size_t i = shards.size(); i-- > 0;) {
+    const Shard& s = shards[i];
+    if (done[static_cast<size_t>(s.tensor_dim)]) continue;
+    done[static_cast<size_t>(s.tensor_dim)] = true;
+    t = t.narrow(s.tensor_dim, 0, s.length);
+  }
   // A 0-dim tensor is sharded as one row.
   return global_shape.empty() && t.numel() == 1 ? t.reshape({}) : t;
 }

@@ -115,6 +115,13 @@ at::Tensor& unary_out_meta(const at::Tensor& self, at::Tensor& out) {
   return out;
 }
 
+// Element-wise logical operations of two tensors: the broadcast shape (tensor parallelism's masks).
+at::Tensor& binary_out_meta(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
+  const auto shape = at::infer_size(self.sizes(), other.sizes());
+  if (out.sizes() != c10::IntArrayRef(shape)) out.set_(at::empty(shape, out.options()));
+  return out;
+}
+
 // The CPU flash attention: output (B, H, S, E) laid out as (B, S, H, E), log-sum-exp (B, H, S) in
 // fp32; CUDA's flash and cuDNN kernels keep the same. Backward: gradients shaped like q, k, v.
 std::tuple<at::Tensor, at::Tensor> flash_attention_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -215,6 +222,8 @@ class MetaKernels {
     meta_.impl("dot", TORCH_FN(dot_meta));
     meta_.impl("abs.out", TORCH_FN(unary_out_meta));
     meta_.impl("logical_not.out", TORCH_FN(unary_out_meta));
+    meta_.impl("logical_or.out", TORCH_FN(binary_out_meta));
+    meta_.impl("logical_and.out", TORCH_FN(binary_out_meta));
     meta_.impl("_scaled_dot_product_flash_attention_for_cpu", TORCH_FN(flash_attention_meta));
     meta_.impl("_scaled_dot_product_flash_attention_for_cpu_backward", TORCH_FN(flash_attention_backward_meta));
     meta_.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense_meta));
