@@ -402,9 +402,9 @@ DryRunResult run(const DryRunPlan& plan) {
     mesh["dp"].all_reduce(local_avg, c10d::ReduceOp::MAX).wait();
     (step == 0 ? r.first_step_peak : r.peak) = memory.peak();
   }
-  // Alive after a step beyond the parameters and optimizer state: the gradients, and what is kept
-  // across steps (FSDP's buffer pool; model caches such as the RoPE table).
-  r.buffers = std::max<int64_t>(0, memory.current() - held - r.grads);
+  // Alive after a step beyond the parameters: the optimizer state (created at the first step), the
+  // gradients, and what is kept across steps (FSDP's buffer pool; model caches such as the RoPE table).
+  r.buffers = std::max<int64_t>(0, memory.current() - held - r.optimizer - r.grads);
   r.bytes = mesh.bytes;
   r.calls = mesh.calls;
   return r;

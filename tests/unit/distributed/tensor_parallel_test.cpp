@@ -41,9 +41,10 @@ int env_int(const char* name, int fallback = 0) {
   return v ? std::atoi(v) : fallback;
 }
 
-llama3::ModelArgs args_for(int tp) {
+llama3::ModelArgs args_for(int tp, bool tied) {
   llama3::ModelArgs a = test::tiny_llama(kLayers, kVocab, 64);
   a.n_kv_heads = tp > 2 ? 4 : 2;  // tp must divide the KV heads
+  a.tie_embeddings = tied;        // 1B and 3B: the output layer is the embedding's (sharded) table
   return a;
 }
 
@@ -66,7 +67,7 @@ TITAN_TEST_WORKER_FN(tensor_parallel) {
   at::Tensor seq = at::randint(kVocab, {kSteps, dp * kLocalBatch, kSeqLen + 1}, gen, at::kLong);
   const double global_tokens = static_cast<double>(dp * kLocalBatch * kSeqLen);
 
-  const llama3::ModelArgs args = args_for(tp);
+  const llama3::ModelArgs args = args_for(tp, env_int("TITAN_TEST_TIED", 0) != 0);
   llama3::Transformer ref(args, at::TensorOptions()), par(nullptr);
   ref->init_weights(11);
   {
@@ -215,6 +216,10 @@ TEST(TensorParallel, Tp2xFsdp2) { run_tp(4, 2, {{"TITAN_TEST_SHARD", "2"}}); }
 TEST(TensorParallel, Tp2xDdp2) { run_tp(4, 2, {{"TITAN_TEST_REPLICATE", "2"}}); }
 TEST(TensorParallel, AsyncTp2xFsdp2WithActivationCheckpointing) {
   run_tp(4, 2, {{"TITAN_TEST_SHARD", "2"}, {"TITAN_TEST_ASYNC", "1"}, {"TITAN_TEST_AC", "full"}});
+}
+TEST(TensorParallel, Tp2WithTiedEmbeddings) { run_tp(2, 2, {{"TITAN_TEST_TIED", "1"}}); }
+TEST(TensorParallel, Tp2xFsdp2WithTiedEmbeddingsWithoutLossParallel) {
+  run_tp(4, 2, {{"TITAN_TEST_TIED", "1"}, {"TITAN_TEST_SHARD", "2"}, {"TITAN_TEST_LOSS_PARALLEL", "0"}});
 }
 TEST(TensorParallel, Tp2WithPerOperatorActivationCheckpointing) { run_tp(2, 2, {{"TITAN_TEST_AC", "op"}}); }
 
