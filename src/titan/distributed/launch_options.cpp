@@ -148,6 +148,9 @@ LaunchOptions parse_launch_options(const std::vector<std::string>& args) {
   }
   TITAN_USER_CHECK(o.node_rank < o.nnodes, "--node-rank ", o.node_rank, " is not below --nnodes ", o.nnodes,
                    ": nodes are numbered 0..", o.nnodes - 1);
+  TITAN_USER_CHECK(has_addr || o.nnodes == 1, "--nnodes ", o.nnodes, " needs --master-addr: the host of node 0, "
+                   "reachable from every node (the default 127.0.0.1 reaches only this node, and the other nodes "
+                   "would wait for it until the timeout); under SLURM, the first host of the job's node list");
   TITAN_USER_CHECK(o.master_port != 0 || o.nnodes == 1, "--master-port 0 (any free port) works on one node only: "
                    "with --nnodes ", o.nnodes, " every node must be given the same port");
   for (int r : o.local_ranks_filter)

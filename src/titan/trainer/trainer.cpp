@@ -23,6 +23,7 @@
 #include <sstream>
 
 #include <time.h>    // clock_gettime(CLOCK_BOOTTIME)
+#include <stdlib.h>  // setenv
 #include <unistd.h>  // sysconf(_SC_CLK_TCK)
 
 namespace titan {
@@ -105,6 +106,10 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   const uint64_t seed = static_cast<uint64_t>(cfg_.debug.seed.value_or(0));
   at::manual_seed(seed);
   if (cfg_.debug.deterministic) {
+    // cuBLAS reproducible only with a fixed workspace: without it deterministic mode throws at the
+    // first CUDA matmul. Read when cuBLAS creates its handle (not yet: no matmul has run); a value
+    // the user set is kept.
+    ::setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8", /*overwrite=*/0);
     at::globalContext().setDeterministicAlgorithms(true, cfg_.debug.deterministic_warn_only);
     at::globalContext().setDeterministicCuDNN(true);
     at::globalContext().setBenchmarkCuDNN(false);

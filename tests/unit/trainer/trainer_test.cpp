@@ -8,6 +8,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <stdlib.h>
+
 #include <filesystem>
 #include <regex>
 
@@ -49,7 +51,11 @@ TEST(Trainer, GradientAccumulationEqualsTheBigBatch) {
 
 TEST(Trainer, DeterministicRunsAreBitwiseRepeatable) {
   test::TempDir a_dir, b_dir;
+  ::unsetenv("CUBLAS_WORKSPACE_CONFIG");
   Trainer a(small_config(a_dir, {"--debug.seed", "7", "--debug.deterministic"}));
+  // cuBLAS needs a fixed workspace for deterministic matmuls on CUDA (as torchtitan sets it).
+  ASSERT_NE(std::getenv("CUBLAS_WORKSPACE_CONFIG"), nullptr);
+  EXPECT_STREQ(std::getenv("CUBLAS_WORKSPACE_CONFIG"), ":4096:8");
   Trainer b(small_config(b_dir, {"--debug.seed", "7", "--debug.deterministic"}));
   EXPECT_EQ(a.train(), b.train());
   auto pa = a.model()->named_parameters();
