@@ -71,6 +71,14 @@ void Group::barrier() {
   if (size() > 1) backend_->barrier()->wait();
 }
 
+void Group::set_timeout(std::chrono::milliseconds timeout) {
+  if (backend_) backend_->setTimeout(timeout);
+}
+
+void Mesh::set_timeout(std::chrono::milliseconds timeout) {
+  for (auto& [name, group] : groups_) group->set_timeout(timeout);
+}
+
 Mesh::Mesh(const ParallelDims& dims, int rank, const c10::intrusive_ptr<c10d::Store>& store, BackendKind backend,
            std::chrono::milliseconds timeout, const std::string& gloo_host)
     : dims_(dims), rank_(rank), backend_(backend) {

@@ -52,6 +52,8 @@ class Group {
   Work all_reduce(at::Tensor& t, c10d::ReduceOp op = c10d::ReduceOp::SUM);
   Work broadcast(at::Tensor& t, int root);  // root: index in the group
   void barrier();
+  // How long a collective of this group may wait for the others before it fails.
+  void set_timeout(std::chrono::milliseconds timeout);
 
  private:
   void count(const char* op, const at::Tensor& t);
@@ -78,6 +80,9 @@ class Mesh {
 
   const CommBytes& bytes() const { return bytes_; }
   const CommBytes& calls() const { return calls_; }
+  // The collective timeout of every group (comm.train_timeout_seconds after the first step; the
+  // groups are created with comm.init_timeout_seconds).
+  void set_timeout(std::chrono::milliseconds timeout);
   // Clears the byte and call counts.
   void reset_bytes() {
     bytes_.clear();

@@ -321,6 +321,12 @@ std::vector<double> Trainer::train() {
   while (step_ < tr.steps) {
     if (checkpointer_) checkpointer_->check();  // a failed background save stops the run
     StepResult r = train_step();
+    // The first step may wait long (start-up of every rank, first allocations, a slow first data
+    // read): collectives get comm.init_timeout_seconds until it is done, then train_timeout_seconds.
+    if (!timeout_set_) {
+      mesh_->set_timeout(std::chrono::seconds(cfg_.comm.train_timeout_seconds));
+      timeout_set_ = true;
+    }
     TITAN_USER_CHECK(std::isfinite(r.loss), "the loss became ", r.loss, " at step ", step_,
                      ": lower optimizer.lr or check the data");
     losses.push_back(r.loss);

@@ -100,6 +100,7 @@ class Trainer {
   int64_t lr_step_ = 0;  // the learning-rate schedule's step: step_, unless a resume restored them apart
   int64_t ntokens_seen_ = 0;
   double data_seconds_ = 0;  // time spent waiting for batches since the last log
+  bool timeout_set_ = false;  // comm.train_timeout_seconds applied (after this run's first step)
 };
 
 // `titan train`: trains with `cfg`, printing torchtitan's log lines. Returns the process exit code.

@@ -3,6 +3,7 @@
 #include "test_util.h"
 
 #include "titan/common/error.h"
+#include "titan/distributed/mesh.h"
 #include "titan/distributed/process_group.h"
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -13,6 +14,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
 
 namespace titan {
 namespace {
@@ -70,6 +72,41 @@ TEST(C10d, GlooCollectivesAcrossTwoProcesses) {
     EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
     EXPECT_NE(results[r].output.find("all collectives correct"), std::string::npos) << results[r].output;
   }
+}
+
+// The trainer shortens the collective timeout after the first step (comm.train_timeout_seconds):
+// a collective that a rank never joins then fails after the new timeout, not the initial one.
+TITAN_TEST_WORKER_FN(gloo_timeout) {
+  const int rank = std::atoi(std::getenv("TITAN_TEST_RANK"));
+  const auto port = static_cast<uint16_t>(std::atoi(std::getenv("TITAN_TEST_PORT")));
+  auto store = dist::make_tcp_store("127.0.0.1", port, /*is_server=*/false, 60s);
+  dist::ParallelDims dims(1, 2, 1, 1, 1, 2);
+  dist::Mesh mesh(dims, rank, store, dist::BackendKind::Gloo, 60s);
+  at::Tensor t = at::ones({4});
+  mesh["dp_shard"].all_reduce(t).wait();  // both ranks: completes
+  mesh.set_timeout(2s);
+  if (rank == 1) {
+    std::this_thread::sleep_for(12s);  // never joins the next collective in time
+    return 0;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    mesh["dp_shard"].all_reduce(t).wait();
+    std::printf("rank 0: the collective completed without rank 1\n");
+    return 1;
+  } catch (const std::exception& e) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::printf("rank 0: timed out after %.1f s\n", s);
+    return s < 10 ? 0 : 1;
+  }
+}
+
+TEST(C10d, ShortenedTimeoutAppliesToLaterCollectives) {
+  auto server = dist::make_tcp_store("127.0.0.1", 0, /*is_server=*/true, 60s);
+  auto results = test::run_workers("gloo_timeout", 2, {{"TITAN_TEST_PORT", std::to_string(dist::store_port(server))}},
+                                   120s);
+  EXPECT_EQ(results[0].exit_code, 0) << results[0].output;
+  EXPECT_NE(results[0].output.find("timed out after"), std::string::npos) << results[0].output;
 }
 
 TEST(C10d, NcclBackendIsLinkedIn) {
