@@ -4,6 +4,9 @@
 
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <cstdlib>
+#include <sstream>
 #ifdef USE_C10D_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
@@ -39,8 +42,26 @@ c10::intrusive_ptr<c10d::Backend> make_backend(BackendKind kind, const c10::intr
   TITAN_ASSERT(rank >= 0 && rank < world_size, "rank ", rank, " outside world of size ", world_size);
   if (kind == BackendKind::Gloo) {
     auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
-    opts->devices.push_back(gloo_host.empty() ? c10d::ProcessGroupGloo::createDefaultDevice()
-                                              : c10d::ProcessGroupGloo::createDeviceForHostname(gloo_host));
+    // GLOO_SOCKET_IFNAME (comma-separated interfaces), as PyTorch reads it: where the host name
+    // resolves to a loopback or the wrong network, the interfaces to use instead.
+    const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+    if (ifname && *ifname) {
+      std::stringstream names(ifname);
+      for (std::string name; std::getline(names, name, ',');) {
+        if (name.empty()) continue;
+        try {
+          opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(name));
+        } catch (const std::exception& e) {
+          throw UserError("GLOO_SOCKET_IFNAME names the network interface '" + name +
+                          "', which Gloo cannot use on this host (" + e.what() +
+                          "); list the interfaces with `ip -brief address` and name one that reaches the other nodes");
+        }
+      }
+      TITAN_USER_CHECK(!opts->devices.empty(), "GLOO_SOCKET_IFNAME '", ifname, "' names no interface");
+    } else {
+      opts->devices.push_back(gloo_host.empty() ? c10d::ProcessGroupGloo::createDefaultDevice()
+                                                : c10d::ProcessGroupGloo::createDeviceForHostname(gloo_host));
+    }
     return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world_size, opts);
   }
 #ifdef USE_C10D_NCCL

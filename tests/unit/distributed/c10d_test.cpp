@@ -16,6 +16,8 @@
 #include <cstdlib>
 #include <thread>
 
+#include <stdlib.h>
+
 namespace titan {
 namespace {
 
@@ -107,6 +109,24 @@ TEST(C10d, ShortenedTimeoutAppliesToLaterCollectives) {
                                    120s);
   EXPECT_EQ(results[0].exit_code, 0) << results[0].output;
   EXPECT_NE(results[0].output.find("timed out after"), std::string::npos) << results[0].output;
+}
+
+// GLOO_SOCKET_IFNAME chooses Gloo's network interfaces (multi-node CPU runs where the host name
+// resolves to a loopback): a usable one works, an unknown one is a clear error naming it.
+TEST(C10d, GlooSocketIfnameChoosesTheInterface) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  ::setenv("GLOO_SOCKET_IFNAME", "lo", 1);
+  EXPECT_NO_THROW(dist::make_backend(dist::BackendKind::Gloo, store, 0, 1, 10s));
+  ::setenv("GLOO_SOCKET_IFNAME", "titan-no-such-if0", 1);
+  try {
+    dist::make_backend(dist::BackendKind::Gloo, store, 0, 1, 10s);
+    ADD_FAILURE() << "an unknown interface was accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("GLOO_SOCKET_IFNAME names the network interface 'titan-no-such-if0'"),
+              std::string::npos)
+        << e.what();
+  }
+  ::unsetenv("GLOO_SOCKET_IFNAME");
 }
 
 TEST(C10d, NcclBackendIsLinkedIn) {
