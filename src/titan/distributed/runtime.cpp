@@ -1,6 +1,9 @@
 #include "titan/distributed/runtime.h"
 
 #include "titan/common/error.h"
+#include "titan/distributed/process_group.h"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <cctype>
 #include <cerrno>
@@ -278,6 +281,18 @@ int slurm_default_master_port(const std::string& job_id) {
   for (char c : job_id)
     if (std::isdigit(static_cast<unsigned char>(c))) h = h * 10 + static_cast<unsigned long>(c - '0');
   return 20000 + static_cast<int>(h % 10000);
+}
+
+c10::intrusive_ptr<c10d::Store> connect_store(const LaunchEnv& env, std::chrono::milliseconds timeout) {
+  const char* agent_store = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+  const bool under_agent = agent_store && std::string(agent_store) == "True";
+  const bool server = env.rank == 0 && !under_agent;
+  c10::intrusive_ptr<c10d::Store> store =
+      make_tcp_store(env.master_addr, static_cast<uint16_t>(env.master_port), server, timeout);
+  if (!under_agent) return store;
+  const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  return c10::make_intrusive<c10d::PrefixStore>("/worker/attempt_" + std::string(attempt && *attempt ? attempt : "0"),
+                                                store);
 }
 
 }  // namespace titan::dist

@@ -11,6 +11,10 @@
 // An inconsistent environment is a UserError that says which variable is wrong and what to set.
 #pragma once
 
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+
 #include <string>
 #include <vector>
 
@@ -30,6 +34,13 @@ struct LaunchEnv {
 // Reads the launch environment of this process (see the top of this file). Throws UserError when the
 // variables are partial, not numbers, or inconsistent (rank >= world size, ...).
 LaunchEnv launch_env_from_environment();
+
+// The rendezvous store of a multi-process run: rank 0 hosts a TCPStore at master_addr:master_port
+// and the others connect, except under torchrun's agent store (TORCHELASTIC_USE_AGENT_STORE=True),
+// where the agent hosts it and every worker is a client whose keys are prefixed with the restart
+// attempt (/worker/attempt_<TORCHELASTIC_RESTART_COUNT>/), as PyTorch's workers do: after a restart
+// no key of the previous attempt (such as NCCL's unique id) is read again.
+c10::intrusive_ptr<c10d::Store> connect_store(const LaunchEnv& env, std::chrono::milliseconds timeout);
 
 // One line for logs: "rank 1/8 (local 1/4, node 0) master 10.0.0.1:29500 [torchrun]".
 std::string describe(const LaunchEnv& env);

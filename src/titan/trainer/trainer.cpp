@@ -69,10 +69,7 @@ void Trainer::set_up_distributed() {
   store_ = c10::make_intrusive<c10d::HashStore>();
   const auto timeout = std::chrono::seconds(cfg_.comm.init_timeout_seconds);
   if (env_.world_size > 1) {
-    // Under torchrun the agent hosts the store and every worker is a client.
-    const char* agent_store = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
-    const bool server = env_.rank == 0 && !(agent_store && std::string(agent_store) == "True");
-    store_ = dist::make_tcp_store(env_.master_addr, static_cast<uint16_t>(env_.master_port), server, timeout);
+    store_ = dist::connect_store(env_, timeout);  // torchrun's agent store: keys per restart attempt
   }
   const bool multi_node = env_.world_size > env_.local_world_size;
   mesh_ = std::make_unique<dist::Mesh>(*dims_, env_.rank, store_,

@@ -5,6 +5,7 @@
 #include "titan/common/error.h"
 #include "titan/distributed/mesh.h"
 #include "titan/distributed/process_group.h"
+#include "titan/distributed/runtime.h"
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/cuda.h>
@@ -127,6 +128,28 @@ TEST(C10d, GlooSocketIfnameChoosesTheInterface) {
         << e.what();
   }
   ::unsetenv("GLOO_SOCKET_IFNAME");
+}
+
+// Under torchrun's agent store every worker is a client and its keys live under the restart
+// attempt's prefix, as PyTorch's workers' do: a restarted job never reads the last attempt's keys.
+TEST(C10d, AgentStoreKeysArePrefixedWithTheRestartAttempt) {
+  auto server = dist::make_tcp_store("127.0.0.1", 0, /*is_server=*/true, 30s);
+  dist::LaunchEnv env;
+  env.rank = 0;  // rank 0 too is a client of the agent's store
+  env.world_size = 2;
+  env.master_port = dist::store_port(server);
+  ::setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);
+  ::setenv("TORCHELASTIC_RESTART_COUNT", "3", 1);
+  auto store = dist::connect_store(env, 30s);
+  store->set("nccl_id", std::vector<uint8_t>{1, 2, 3});
+  EXPECT_TRUE(server->check({"/worker/attempt_3/nccl_id"}));
+  EXPECT_FALSE(server->check({"nccl_id"}));
+  ::unsetenv("TORCHELASTIC_USE_AGENT_STORE");
+  ::unsetenv("TORCHELASTIC_RESTART_COUNT");
+  // Outside the agent, keys are unprefixed (rank 1 here: a client).
+  env.rank = 1;
+  dist::connect_store(env, 30s)->set("plain", std::vector<uint8_t>{4});
+  EXPECT_TRUE(server->check({"plain"}));
 }
 
 TEST(C10d, NcclBackendIsLinkedIn) {
