@@ -65,9 +65,11 @@ struct FSDP::Unit {
   Work reduce_scatter, all_reduce;
   bool reducing = false, all_reducing = false;
   int grads_ready = 0;
+  bool reduced = false;  // in the current backward
 
   Unit* next_forward = nullptr;   // unit whose parameters the forward needs next
   Unit* next_backward = nullptr;  // unit whose parameters the backward needs next
+  Unit* backward_before = nullptr;  // inner unit whose backward ends where this one's begins
 
   Group& group() { return fsdp->shard_; }
   const FSDPOptions& options() const { return fsdp->options_; }
@@ -153,12 +155,18 @@ struct FSDP::Unit {
   }
 
   void pre_backward() {
+    // The unit whose backward came just before this one is done: every gradient it will get is
+    // accumulated (gradient accumulation runs before the nodes that consume the same backward's
+    // input gradients). If some parameter got none on this rank, it reduces now, at the same point
+    // of the backward as on the ranks where its gradients were complete, so that every rank issues
+    // the same collectives in the same order.
+    if (backward_before && !backward_before->reduced) backward_before->reduce_grads();
     finish_unshard();
     if (next_backward) next_backward->start_unshard();
   }
 
   void on_grad_ready() {
-    if (++grads_ready == static_cast<int>(params.size())) reduce_grads();
+    if (++grads_ready == static_cast<int>(params.size()) && !reduced) reduce_grads();
   }
 
   // Lays every gradient out like the flat shards of all ranks (padding and missing gradients zero),
@@ -194,6 +202,7 @@ struct FSDP::Unit {
       if (u->reducing) pending += u->rs_in.numel() * u->rs_in.element_size();
     fsdp->peak_reduction_bytes_ = std::max(fsdp->peak_reduction_bytes_, pending);
     grads_ready = 0;
+    reduced = true;
     reshard();
   }
 
@@ -372,6 +381,7 @@ void FSDP::fully_shard(const std::vector<UnitPart>& parts, const InitRows& init,
   for (size_t i = 0; i < inner; ++i) {
     units_[i]->next_forward = i + 1 < inner ? units_[i + 1].get() : nullptr;
     units_[i]->next_backward = i > 0 ? units_[i - 1].get() : u;
+    units_[i]->backward_before = i + 1 < inner ? units_[i + 1].get() : nullptr;
   }
   u->next_forward = inner > 0 ? units_[0].get() : nullptr;
   u->next_backward = inner > 0 ? units_[inner - 1].get() : nullptr;
@@ -385,10 +395,14 @@ std::vector<std::pair<std::string, at::Tensor>> FSDP::sharded_parameters() const
 }
 
 void FSDP::finish_backward() {
-  // Units whose parameters did not all get a gradient reduce now (every rank issues every unit's
-  // collectives); then every reduction is completed.
-  for (auto& u : units_)
-    if (u->grads_ready > 0) u->reduce_grads();
+  // Units that have not reduced in this backward (the root, and units whose parameters did not all
+  // get a gradient) reduce now, in backward order (inner units last to first, then the root): every
+  // rank issues every unit's reduce-scatter once per backward, in the same order. Then every
+  // reduction is completed.
+  for (size_t i = units_.size() - 1; i-- > 0;)
+    if (!units_[i]->reduced) units_[i]->reduce_grads();
+  if (!units_.empty() && !units_.back()->reduced) units_.back()->reduce_grads();
+  for (auto& u : units_) u->reduced = false;
   for (auto& u : units_) u->complete_reduce_scatter();
   for (auto& u : units_) u->complete_all_reduce();
 }

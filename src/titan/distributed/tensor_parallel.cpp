@@ -227,10 +227,11 @@ struct AllGatherMatmulFn : public torch::autograd::Function<AllGatherMatmulFn> {
     std::vector<at::Tensor> outs(c);
     std::vector<Work> works(c);
     for (int64_t j = 0; j < c; ++j) {
-      at::Tensor piece_BnLD = grads[k].defined() ? rank_pieces(grads[k], n, j, L).clone()
+      at::Tensor piece_BnLD = grads[k].defined() ? rank_pieces(grads[k], n, j, L).to(x_BSD.scalar_type(), false, true)
                                                  : at::zeros({B, n, L, D}, x_BSD.options());
       for (size_t i = 0; i < k; ++i)
-        if (grads[i].defined()) piece_BnLD.add_(at::matmul(rank_pieces(grads[i], n, j, L), saved[i + 1]));
+        if (grads[i].defined())
+          piece_BnLD.add_(at::matmul(rank_pieces(grads[i], n, j, L), saved[i + 1].to(grads[i].scalar_type())));
       at::Tensor in = piece_BnLD.permute({1, 2, 0, 3}).contiguous();  // (n, L, B, D)
       outs[j] = at::empty({L * B * D}, in.options());
       works[j] = g.reduce_scatter(outs[j], in);
@@ -239,8 +240,10 @@ struct AllGatherMatmulFn : public torch::autograd::Function<AllGatherMatmulFn> {
     // Weight gradients while the last reduce-scatters travel.
     variable_list weight_grads;
     for (size_t i = 0; i < k; ++i)
-      weight_grads.push_back(grads[i].defined() ? at::matmul(grads[i].flatten(0, 1).t(), x_BSD.flatten(0, 1))
-                                                : at::Tensor());
+      weight_grads.push_back(grads[i].defined()
+                                 ? at::matmul(grads[i].flatten(0, 1).t(), x_BSD.flatten(0, 1).to(grads[i].scalar_type()))
+                                       .to(saved[i + 1].scalar_type())
+                                 : at::Tensor());
     at::Tensor grad_x = at::empty({B, Sn, D}, x_BSD.options());
     for (int64_t j = 0; j < c; ++j) {
       works[j].wait();
@@ -294,16 +297,20 @@ struct MatmulReduceScatterFn : public torch::autograd::Function<MatmulReduceScat
       bufs[j] = at::empty({n * in.numel()}, in.options());
       works[j] = g.all_gather(bufs[j], in);
     }
-    at::Tensor grad_x = at::empty_like(x_BSF, at::MemoryFormat::Contiguous);
-    at::Tensor grad_w = at::zeros_like(weight, at::MemoryFormat::Contiguous);
+    // Under autocast the activations and their gradients are bf16 while the weight is fp32: the
+    // matmuls run in the gradient's dtype, the weight gradient is returned in the weight's.
+    const at::Tensor w = weight.to(g_BSnD.scalar_type());
+    const at::Tensor x = x_BSF.to(g_BSnD.scalar_type());
+    at::Tensor grad_x = at::empty(x_BSF.sizes(), x_BSF.options().dtype(g_BSnD.scalar_type()));
+    at::Tensor grad_w = at::zeros(weight.sizes(), weight.options().dtype(at::kFloat));
     for (int64_t j = 0; j < c; ++j) {
       works[j].wait();
       const at::Tensor g_BnLD = bufs[j].view({n, L, B, D}).permute({2, 0, 1, 3});
-      rank_pieces(grad_x, n, j, L).copy_(at::matmul(g_BnLD, weight));
-      grad_w.add_(at::matmul(g_BnLD.reshape({-1, D}).t(), rank_pieces(x_BSF, n, j, L).reshape({-1, x_BSF.size(2)})));
+      rank_pieces(grad_x, n, j, L).copy_(at::matmul(g_BnLD, w));
+      grad_w.add_(at::matmul(g_BnLD.reshape({-1, D}).t(), rank_pieces(x, n, j, L).reshape({-1, x.size(2)})));
       bufs[j].reset();
     }
-    return {grad_x, grad_w, at::Tensor(), at::Tensor()};
+    return {grad_x.to(x_BSF.scalar_type()), grad_w.to(weight.scalar_type()), at::Tensor(), at::Tensor()};
   }
 };
 

@@ -200,7 +200,8 @@ Estimate estimate(const JobConfig& cfg, const EstimateOptions& options) {
   }
 
   e.tokens_per_step = plan.grad_accum_steps * tr.local_batch_size * tr.seq_len;
-  e.flops_per_step = e.model.flops_per_token * static_cast<double>(e.tokens_per_step);
+  // The tensor-parallel ranks share each of this rank's tokens: each computes 1/tp of their FLOPs.
+  e.flops_per_step = e.model.flops_per_token * static_cast<double>(e.tokens_per_step) / static_cast<double>(dims.tp());
   e.comm_bytes = r.bytes;
   e.comm_calls = r.calls;
   e.capacity = static_cast<int64_t>(options.device_memory_gib * kGiB);

@@ -313,3 +313,95 @@ TEST(DataParallel, Ddp2) { run_layout(2, 2, 1); }
 
 }  // namespace
 }  // namespace titan
+
+namespace titan {
+namespace {
+
+// A parameter that gets no gradient on one rank only (a branch that rank did not take) must not make
+// the ranks disagree on FSDP's collectives: the unit still reduces, at the same point of the
+// backward, and its gradient is the other ranks' sum. Units: inner (in, 16 -> 32, two branches),
+// outer (32 -> 8, two branches; rank 1 skips branch b), root (a scale). Different unit sizes make a
+// mismatched order fail loudly instead of mixing gradients.
+struct Branches : nn::HookedModule {
+  nn::Linear a{nullptr}, b{nullptr};
+  bool skip_b = false;
+  Branches(int64_t in, int64_t out) {
+    a = register_module("a", nn::Linear(in, out, at::TensorOptions()));
+    b = register_module("b", nn::Linear(in, out, at::TensorOptions()));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    return with_hooks({x}, [this](const std::vector<at::Tensor>& in) {
+      at::Tensor y = a(in[0]);
+      return skip_b ? y : y + b(in[0]);
+    });
+  }
+};
+
+struct Net : nn::HookedModule {
+  std::shared_ptr<Branches> inner, outer;
+  at::Tensor scale;
+  Net() {
+    inner = register_module("inner", std::make_shared<Branches>(16, 32));
+    outer = register_module("outer", std::make_shared<Branches>(32, 8));
+    scale = register_parameter("scale", at::ones({8}));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    return with_hooks([&] { return outer->forward(inner->forward(x).tanh()) * scale; });
+  }
+};
+
+TITAN_TEST_WORKER_FN(fsdp_unused_on_one_rank) {
+  const int rank = env_int("TITAN_TEST_RANK");
+  at::set_num_threads(1);
+  auto store = dist::make_tcp_store("127.0.0.1", static_cast<uint16_t>(env_int("TITAN_TEST_PORT")), false, 60s);
+  dist::ParallelDims dims(1, 2, 1, 1, 1, 2);
+  dist::Mesh mesh(dims, rank, store, dist::BackendKind::Gloo, 20s);  // a mismatch fails within 20 s
+  auto init = [](Net& n) {
+    at::NoGradGuard g;
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(3);
+    for (auto& p : n.parameters()) p.copy_(at::randn(p.sizes(), gen) * 0.3);
+  };
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(9);
+  const at::Tensor x = at::randn({2, 4, 16}, gen);  // rank r uses x[r]
+  // The reference: both ranks' losses (rank 1 without outer.b) in one process.
+  Net ref;
+  init(ref);
+  for (int r = 0; r < 2; ++r) {
+    ref.outer->skip_b = r == 1;
+    ref.forward(x[r]).square().sum().backward();
+  }
+  Net par;
+  init(par);
+  par.outer->skip_b = rank == 1;
+  dist::FSDP fsdp(mesh["dp_shard_cp"], nullptr, dist::FSDPOptions{});
+  fsdp.fully_shard(*par.inner, "inner.");
+  fsdp.fully_shard(*par.outer, "outer.");
+  fsdp.fully_shard(par, "");
+  for (int step = 0; step < 2; ++step) {  // twice: the per-backward state is reset
+    for (auto& [n, p] : fsdp.sharded_parameters()) p.mutable_grad() = at::Tensor();
+    par.forward(x[rank]).square().sum().backward();
+    fsdp.finish_backward();
+    auto ref_params = ref.named_parameters();
+    for (const auto& p : fsdp.placed_parameters()) {
+      const at::Tensor grad = dist::gather_full({p.name, p.local.grad(), p.placement}, mesh);
+      const double err = test::relative_error(grad, ref_params[p.name].grad());
+      TITAN_WORKER_CHECK(err < 1e-6, "step %d gradient of %s differs by %.3g", step, p.name.c_str(), err);
+    }
+  }
+  std::printf("rank %d: same collectives, right gradients\n", rank);
+  return 0;
+}
+
+TEST(DataParallel, FsdpWithAParameterUnusedOnOneRankIssuesTheSameCollectives) {
+  auto server = dist::make_tcp_store("127.0.0.1", 0, true, 60s);
+  auto results = test::run_workers("fsdp_unused_on_one_rank", 2,
+                                   {{"TITAN_TEST_PORT", std::to_string(dist::store_port(server))}, {"OMP_NUM_THREADS", "1"}},
+                                   120s);
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
+    EXPECT_NE(results[r].output.find("right gradients"), std::string::npos) << results[r].output;
+  }
+}
+
+}  // namespace
+}  // namespace titan

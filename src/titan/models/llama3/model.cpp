@@ -75,8 +75,13 @@ void LanguageModelImpl::init_region(uint64_t seed, const std::string& name, at::
 }
 
 int64_t LanguageModelImpl::num_params() const {
+  // Of the global parameters: a tensor-parallel shard counts as its whole tensor.
   int64_t n = 0;
-  for (const auto& p : parameters()) n += p.numel();
+  for (const auto& p : named_parameters()) {
+    int64_t numel = 1;
+    for (int64_t d : global_shape(p.key())) numel *= d;
+    n += numel;
+  }
   return n;
 }
 
@@ -171,7 +176,7 @@ double TransformerImpl::flops_per_token(int64_t seq_len) const {
   // torchtitan (PaLM appendix B): 6 * (params - embedding params) for the matmuls, forward and
   // backward, plus 12 * L * H * E * S for attention scores and values (causal mask not discounted).
   const double n = static_cast<double>(num_params());
-  const double emb = static_cast<double>(tok_embeddings->weight.numel());
+  const double emb = static_cast<double>(args_.vocab_size * args_.dim);  // the global table (TP shards it)
   return 6.0 * (n - emb) + 12.0 * static_cast<double>(args_.n_layers * args_.n_heads * args_.head_dim() * seq_len);
 }
 
