@@ -232,6 +232,7 @@ TEST(TensorParallel, Tp2WithoutLossParallel) { run_tp(2, 2, {{"TITAN_TEST_LOSS_P
 TEST(TensorParallel, AsyncTp2) { run_tp(2, 2, {{"TITAN_TEST_ASYNC", "1"}}); }
 TEST(TensorParallel, Tp2xFsdp2) { run_tp(4, 2, {{"TITAN_TEST_SHARD", "2"}}); }
 TEST(TensorParallel, Tp2xDdp2) { run_tp(4, 2, {{"TITAN_TEST_REPLICATE", "2"}}); }
+TEST(TensorParallel, Tp2xHsdp2x2) { run_tp(8, 2, {{"TITAN_TEST_REPLICATE", "2"}, {"TITAN_TEST_SHARD", "2"}}); }
 TEST(TensorParallel, AsyncTp2xFsdp2WithActivationCheckpointing) {
   run_tp(4, 2, {{"TITAN_TEST_SHARD", "2"}, {"TITAN_TEST_ASYNC", "1"}, {"TITAN_TEST_AC", "full"}});
 }
