@@ -26,6 +26,7 @@ APT_PACKAGES=(
   libtomlplusplus-dev nlohmann-json3-dev libpcre2-dev libzstd-dev zlib1g-dev
   libsentencepiece-dev libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev
   python3-venv procps
+  clang libclang-rt-14-dev   # the fuzz targets (scripts/fuzz.sh): clang's libFuzzer and sanitizers
 )
 if [[ "${TITAN_SKIP_APT:-0}" != 1 ]]; then
   missing=()

@@ -30,7 +30,8 @@ void apply_table(const toml::table& table, const std::string& prefix, const std:
     const std::string path = prefix.empty() ? name : prefix + "." + name;
     const std::string where = position(source, k.source());
     if (in_section) {
-      const config::Store store = [&](const FieldRef& f) { config::set_from_toml(f, node, where); };
+      // (node is captured through a reference of its own: clang before 16 cannot capture structured bindings)
+      const config::Store store = [&, &value = node](const FieldRef& f) { config::set_from_toml(f, value, where); };
       if (layer.assign(prefix, name, where, store)) continue;
     }
     if (node.is_table() && config::is_table_name(path)) {

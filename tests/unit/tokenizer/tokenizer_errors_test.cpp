@@ -1,5 +1,6 @@
 // load_tokenizer's dispatch and its errors on bad input: missing paths, empty folders, corrupt or
 // unsupported tokenizer.json files, malformed tiktoken files, unknown files, bad ids.
+#include "fuzz_regressions.h"
 #include "test_util.h"
 
 #include "titan/common/error.h"
@@ -146,6 +147,29 @@ TEST(TokenizerLoad, BadTiktokenAndUnknownFiles) {
   write(dir / "d.bin", std::string("\x01\x02garbage\xff\xfe", 11));
   const std::string msg = load_error(dir / "d.bin");
   EXPECT_NE(msg.find("neither a tokenizer.json"), std::string::npos) << msg;
+}
+
+// Found by fuzzing (tests/fuzz/regressions/tokenizer_hf/huge_token_id): an added token with id
+// 2147483000 once sized the id table to 2^31 entries.
+TEST(TokenizerLoad, ATokenIdFarBeyondTheTokensListedIsRejected) {
+  test::TempDir dir;
+  write(dir / "tokenizer.json", test::fuzz_regression_files("tokenizer_hf", "huge_token_id").at(0));
+  const std::string msg = load_error(dir / "tokenizer.json");
+  EXPECT_NE(msg.find("token id 2147483000 for '<|end_of_text|>' is far beyond the 322 tokens the file lists"),
+            std::string::npos) << msg;
+}
+
+// Found by fuzzing (tests/fuzz/regressions/tokenizer_hf/float_token_id): a vocabulary id written as
+// 7.7e127 was converted to int32 with a cast (undefined behaviour).
+TEST(TokenizerLoad, ATokenIdThatIsNotAnIntegerIsRejected) {
+  test::TempDir dir;
+  write(dir / "tokenizer.json", test::fuzz_regression_files("tokenizer_hf", "float_token_id").at(0));
+  const std::string msg = load_error(dir / "tokenizer.json");
+  EXPECT_NE(msg.find("is not an integer"), std::string::npos) << msg;
+  json j = test_json();
+  j["added_tokens"][0]["id"] = 4294967296;  // an integer, but not an int32
+  write(dir / "tokenizer.json", j.dump());
+  EXPECT_NE(load_error(dir / "tokenizer.json").find("malformed tokenizer.json"), std::string::npos);
 }
 
 TEST(TokenizerLoad, DecodeRejectsUnknownIds) {

@@ -1,6 +1,7 @@
 #include "titan/components/checkpoint/checkpoint.h"
 
 #include "titan/common/error.h"
+#include "titan/common/json_integer.h"
 #include "titan/components/checkpoint/file_io.h"
 
 #include <ATen/ATen.h>
@@ -42,6 +43,40 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   return n;
+}
+
+// Every file and tensor entry of an index, checked when the folder is opened: a damaged index.json is
+// then a UserError naming the entry, not a failure (or an out-of-range access) in the middle of a load.
+// JSON type errors are left to the caller, which reports them as a corrupt index.
+void check_index(const nlohmann::json& index, const std::string& path) {
+  auto corrupt = [&](const std::string& what) {
+    throw UserError(path + " is corrupt: " + what + "; load another step with --checkpoint.load_step");
+  };
+  for (const char* key : {"files", "tensors"})
+    if (!index.at(key).is_object()) corrupt(std::string("\"") + key + "\" is not an object");
+  for (const auto& [name, f] : index.at("files").items()) {
+    if (json_integer<int64_t>(f.at("bytes")) < 0) corrupt("file " + name + " has a negative size");
+    (void)json_integer<uint32_t>(f.at("crc32"));
+  }
+  for (const auto& [name, t] : index.at("tensors").items()) {
+    (void)dtype_from_name(t.at("dtype").get<std::string>());
+    const auto shape = json_integers<int64_t>(t.at("shape"));
+    for (int64_t d : shape)
+      if (d < 0) corrupt("tensor '" + name + "' has shape " + shape_str(shape));
+    if (!t.at("slices").is_array()) corrupt("the slices of tensor '" + name + "' are not a list");
+    for (const auto& slice : t.at("slices")) {
+      (void)slice.at("file").get<std::string>();
+      (void)json_integer<uint32_t>(slice.at("crc32"));
+      const auto begin = json_integers<int64_t>(slice.at("begin"));
+      const auto length = json_integers<int64_t>(slice.at("length"));
+      bool inside = begin.size() == shape.size() && length.size() == shape.size();
+      for (size_t d = 0; inside && d < shape.size(); ++d)
+        inside = begin[d] >= 0 && length[d] >= 0 && begin[d] <= shape[d] - length[d];
+      if (!inside)
+        corrupt("a slice of tensor '" + name + "' (begin " + shape_str(begin) + ", length " + shape_str(length) +
+                ") lies outside its shape " + shape_str(shape));
+    }
+  }
 }
 
 }  // namespace
@@ -236,11 +271,12 @@ Reader::Reader(std::string step_dir) : dir_(std::move(step_dir)) {
   try {
     index_ = nlohmann::json::parse(text);
     TITAN_USER_CHECK(index_.at("format") == "titan-checkpoint", path, " is not a titan checkpoint index");
-    TITAN_USER_CHECK(index_.at("version").get<int>() <= kFormatVersion, path, " has format version ",
+    TITAN_USER_CHECK(json_integer<int>(index_.at("version")) <= kFormatVersion, path, " has format version ",
                      index_.at("version"), ", newer than this titan reads (", kFormatVersion, "): update titan");
     for (const char* key : {"info", "state", "files", "tensors"}) (void)index_.at(key);
+    check_index(index_, path);
     TITAN_USER_CHECK(info_state_crc32(index_.at("info"), index_.at("state")) ==
-                         index_.at("info_state_crc32").get<uint32_t>(),
+                         json_integer<uint32_t>(index_.at("info_state_crc32")),
                      path, " is corrupt: the CRC-32 of its info and training state does not match; load another "
                      "step with --checkpoint.load_step");
   } catch (const nlohmann::json::exception& e) {

@@ -1,6 +1,7 @@
 #include "titan/components/data/token_shards.h"
 
 #include "titan/common/error.h"
+#include "titan/common/json_integer.h"
 #include "titan/components/data/jsonl_reader.h"
 
 #include <fcntl.h>
@@ -163,8 +164,17 @@ ShardWriteResult tokenize_to_shards(const std::string& input_path, const Tokeniz
 // ---------------------------------------------------------------------------------------------
 
 ShardWindowSource::ShardWindowSource(const std::string& dir, const Tokenizer& tokenizer, int64_t seq_len)
-    : window_len_(seq_len + 1) {
+    : window_len_(seq_len + 1), vocab_size_(static_cast<uint64_t>(tokenizer.vocab_size())) {
   TITAN_USER_CHECK(seq_len >= 1, "seq_len must be at least 1, got ", seq_len);
+  // A bad folder throws below, and a constructor that throws runs no destructor: unmap here.
+  struct UnmapOnThrow {
+    std::vector<Shard>& shards;
+    bool armed = true;
+    ~UnmapOnThrow() {
+      if (armed)
+        for (auto& s : shards) ::munmap(s.map, s.map_bytes);
+    }
+  } unmap_on_throw{shards_};
   const std::string manifest_path = (fs::path(dir) / "manifest.json").string();
   nlohmann::json m;
   {
@@ -180,27 +190,30 @@ ShardWindowSource::ShardWindowSource(const std::string& dir, const Tokenizer& to
     TITAN_USER_CHECK(m.at("format") == kFormat && m.at("version") == kVersion, "'", manifest_path,
                      "' is not a version-", kVersion, " titan token shard manifest");
     const auto& t = m.at("tokenizer");
-    TITAN_USER_CHECK(t.at("vocab_size").get<int64_t>() == tokenizer.vocab_size() &&
+    TITAN_USER_CHECK(json_integer<int64_t>(t.at("vocab_size")) == tokenizer.vocab_size() &&
                          t.at("bos_id") == optional_id(tokenizer.bos_id()) && t.at("eos_id") == optional_id(tokenizer.eos_id()),
                      "the token shards in '", dir, "' were written with another tokenizer (vocab_size ", t.at("vocab_size"),
                      ", bos ", t.at("bos_id"), ", eos ", t.at("eos_id"), "; this one: vocab_size ", tokenizer.vocab_size(),
                      "): re-run `titan tokenize` with the model's tokenizer");
     for (const auto& s : m.at("shards")) {
       const std::string path = (fs::path(dir) / s.at("file").get<std::string>()).string();
-      const uint64_t n = s.at("num_tokens").get<uint64_t>();
+      const uint64_t n = json_integer<uint64_t>(s.at("num_tokens"));
       int fd = ::open(path.c_str(), O_RDONLY);
       TITAN_USER_CHECK(fd >= 0, "cannot open token shard '", path, "': ", std::strerror(errno));
       struct stat st {};
       ::fstat(fd, &st);
       const size_t bytes = static_cast<size_t>(st.st_size);
-      const size_t need = doc_index_offset(n) + 8 * s.at("num_documents").get<uint64_t>();
-      if (bytes < need) ::close(fd);
-      TITAN_USER_CHECK(bytes >= need, "token shard '", path, "' has ", bytes, " bytes, expected ", need, " (truncated?)");
+      const uint64_t docs = json_integer<uint64_t>(s.at("num_documents"));
+      // The manifest's counts are compared with the file's size before any arithmetic on them could overflow.
+      const bool fits = n <= bytes / 4 && docs <= bytes / 8 && doc_index_offset(n) + 8 * docs <= bytes;
+      if (!fits) ::close(fd);
+      TITAN_USER_CHECK(fits, "token shard '", path, "' has ", bytes, " bytes, too few for the ", n, " tokens and ", docs,
+                       " documents of its manifest entry (truncated?)");
       void* map = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
       ::close(fd);
       TITAN_USER_CHECK(map != MAP_FAILED, "cannot map token shard '", path, "': ", std::strerror(errno));
       Shard shard{map, bytes, reinterpret_cast<const uint32_t*>(static_cast<const char*>(map) + kHeaderBytes),
-                  static_cast<int64_t>(n), total_tokens_};
+                  static_cast<int64_t>(n), total_tokens_, path};
       shards_.push_back(shard);  // owned from here on: unmapped by the destructor
       Header h;
       std::memcpy(&h, map, sizeof(h));
@@ -209,11 +222,12 @@ ShardWindowSource::ShardWindowSource(const std::string& dir, const Tokenizer& to
                        "token shard '", path, "' does not match its manifest entry (bad header)");
       total_tokens_ += static_cast<int64_t>(n);
     }
-    TITAN_USER_CHECK(total_tokens_ == m.at("num_tokens").get<int64_t>() && total_tokens_ > 0, "the token shards in '", dir,
+    TITAN_USER_CHECK(total_tokens_ == json_integer<int64_t>(m.at("num_tokens")) && total_tokens_ > 0, "the token shards in '", dir,
                      "' hold ", total_tokens_, " tokens, the manifest says ", m.at("num_tokens"));
   } catch (const nlohmann::json::exception& e) {
     TITAN_USER_CHECK(false, "'", manifest_path, "' lacks a field or has a wrong type: ", e.what());
   }
+  unmap_on_throw.armed = false;
 }
 
 ShardWindowSource::~ShardWindowSource() {
@@ -232,7 +246,14 @@ void ShardWindowSource::read(int32_t* out) {
     }
     const int64_t n = std::min(left, it->start + it->num_tokens - pos);
     const uint32_t* src = it->tokens + (pos - it->start);
-    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<int32_t>(src[i]);
+    uint32_t largest = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      out[i] = static_cast<int32_t>(src[i]);
+      largest = std::max(largest, src[i]);
+    }
+    // A damaged shard must not reach the embedding with an id beyond its table.
+    TITAN_USER_CHECK(largest < vocab_size_, "token shard '", it->path, "' holds token id ", largest,
+                     ", outside the tokenizer's vocabulary of ", vocab_size_, ": the shard is corrupt");
     out += n;
     left -= n;
     pos += n;
@@ -244,9 +265,9 @@ nlohmann::json ShardWindowSource::state() const { return {{"windows", windows_},
 
 void ShardWindowSource::load_state(const nlohmann::json& s) {
   try {
-    TITAN_USER_CHECK(s.at("num_tokens").get<int64_t>() == total_tokens_, "the data loader state was saved for token shards of ",
+    TITAN_USER_CHECK(json_integer<int64_t>(s.at("num_tokens")) == total_tokens_, "the data loader state was saved for token shards of ",
                      s.at("num_tokens"), " tokens, these hold ", total_tokens_, ": resume with the same shards");
-    windows_ = s.at("windows").get<int64_t>();
+    windows_ = json_integer<int64_t>(s.at("windows"));
   } catch (const nlohmann::json::exception& e) {
     TITAN_USER_CHECK(false, "bad token shard data loader state (", e.what(), "): ", s.dump());
   }

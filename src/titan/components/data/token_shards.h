@@ -79,10 +79,12 @@ class ShardWindowSource : public WindowSource {
     const uint32_t* tokens = nullptr;
     int64_t num_tokens = 0;
     int64_t start = 0;  // stream position of tokens[0] within an epoch
+    std::string path;
   };
   std::vector<Shard> shards_;
   int64_t total_tokens_ = 0;
   int64_t window_len_;
+  uint64_t vocab_size_;  // every token read is checked against it
   int64_t windows_ = 0;  // windows read or skipped so far
 };
 

@@ -16,6 +16,7 @@
 #include "titan/components/tokenizer/backends.h"
 
 #include "titan/common/error.h"
+#include "titan/common/json_integer.h"
 #include "titan/components/tokenizer/bpe.h"
 #include "titan/components/tokenizer/byte_level.h"
 #include "titan/components/tokenizer/literal_matcher.h"
@@ -48,11 +49,18 @@ bool is_null_or(const json& j, const char* key, const json& value) {
   return !j.contains(key) || j[key].is_null() || j[key] == value;
 }
 
+// A token id written in the file: an int32 (get<int32_t>() of a float out of range is undefined).
+int32_t id_of(const json& j, const std::string& path, const std::string& what) {
+  TITAN_USER_CHECK(j.is_number_integer(), path, ": the id of ", what, " is not an integer");
+  return json_integer<int32_t>(j);  // a type_error (reported with the path) when out of range
+}
+
 std::string type_of(const json& j) { return j.is_object() && j.contains("type") ? j["type"].get<std::string>() : ""; }
 
 class HfTokenizer final : public Tokenizer {
  public:
   HfTokenizer(const std::string& path, const json& root) : path_(path) {
+    if (auto it = root.find("added_tokens"); it != root.end() && it->is_array()) added_count_ = it->size();
     parse_model(root.at("model"));
     parse_normalizer(root.value("normalizer", json()));
     parse_pre_tokenizer(root.value("pre_tokenizer", json()));
@@ -125,6 +133,10 @@ class HfTokenizer final : public Tokenizer {
 
   void set_token(int32_t id, const std::string& content) {
     TITAN_USER_CHECK(id >= 0, path_, ": negative token id ", id, " for '", content, "'");
+    // Ids are numbered densely from 0; one far beyond the number of tokens listed would make the id
+    // table as large as the id (gigabytes for a damaged digit).
+    TITAN_USER_CHECK(id < max_id_, path_, ": token id ", id, " for '", content, "' is far beyond the ", max_id_ - kIdSlack,
+                     " tokens the file lists (ids run from 0 to the number of tokens - 1)");
     if (static_cast<size_t>(id) >= id_bytes_.size()) {
       id_bytes_.resize(id + 1);
       has_token_.resize(id + 1, false);
@@ -142,12 +154,13 @@ class HfTokenizer final : public Tokenizer {
     if (!is_null_or(model, "end_of_word_suffix", "")) unsupported("BPE end_of_word_suffix");
     const json& vocab = model.at("vocab");
     TITAN_USER_CHECK(vocab.is_object(), path_, ": model.vocab is not an object of token -> id");
+    max_id_ = static_cast<int64_t>(vocab.size() + added_count_) + kIdSlack;
     StringMap<int32_t> raw_tokens;      // raw bytes -> id, for the BPE
     StringMap<int32_t> vocab_ids;       // vocabulary string -> id, to resolve merges
     raw_tokens.reserve(vocab.size());
     vocab_ids.reserve(vocab.size());
     for (const auto& [token, id_json] : vocab.items()) {
-      const auto id = id_json.get<int32_t>();
+      const int32_t id = id_of(id_json, path_, "vocabulary token '" + token + "'");
       set_token(id, token);
       vocab_ids.emplace(token, id);
       if (auto raw = byte_level_to_bytes(token)) raw_tokens.emplace(std::move(*raw), id);
@@ -223,8 +236,8 @@ class HfTokenizer final : public Tokenizer {
 
   void parse_added_tokens(const json& list) {
     for (const json& t : list) {
-      const auto id = t.at("id").get<int32_t>();
       const auto content = t.at("content").get<std::string>();
+      const int32_t id = id_of(t.at("id"), path_, "added token '" + content + "'");
       for (const char* flag : {"lstrip", "rstrip", "single_word"}) {
         if (t.value(flag, false)) unsupported(std::string("added token '") + content + "' with " + flag + ": true");
       }
@@ -250,7 +263,7 @@ class HfTokenizer final : public Tokenizer {
         const auto name = item.at("SpecialToken").at("id").get<std::string>();
         const json& ids = p.at("special_tokens").at(name).at("ids");
         if (ids.size() != 1) unsupported("TemplateProcessing special token '" + name + "' with several ids");
-        items.push_back(ids[0].get<int32_t>());
+        items.push_back(id_of(ids[0], path_, "template special token '" + name + "'"));
       }
     }
     const auto sequences = std::count(items.begin(), items.end(), std::nullopt);
@@ -310,6 +323,10 @@ class HfTokenizer final : public Tokenizer {
                                                    : first_known({"<|end_of_text|>", "</s>", "<eos>", "<|endoftext|>"});
   }
 
+  // Ids may leave a few holes (tokens removed from a vocabulary), not millions.
+  static constexpr int64_t kIdSlack = 1 << 16;
+  size_t added_count_ = 0;
+  int64_t max_id_ = kIdSlack;  // set by parse_model: the number of listed tokens + kIdSlack
   std::string path_;
   std::unique_ptr<BytePairEncoder> bpe_;
   std::vector<SplitStep> steps_;
