@@ -77,7 +77,9 @@ Child spawn(const std::vector<std::string>& argv, const std::map<std::string, st
 std::vector<ProcessResult> wait_all(std::vector<Child>& children, std::chrono::seconds timeout) {
   std::vector<ProcessResult> results(children.size());
   std::vector<bool> done(children.size(), false);
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + timeout;
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
   size_t remaining = children.size();
   while (remaining > 0) {
     for (size_t i = 0; i < children.size(); ++i) {
@@ -88,6 +90,7 @@ std::vector<ProcessResult> wait_all(std::vector<Child>& children, std::chrono::s
         done[i] = true;
         --remaining;
         results[i].exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+        results[i].seconds = elapsed();
       }
     }
     if (remaining == 0) break;
@@ -99,6 +102,7 @@ std::vector<ProcessResult> wait_all(std::vector<Child>& children, std::chrono::s
         waitpid(children[i].pid, &status, 0);
         results[i].timed_out = true;
         results[i].exit_code = -1;
+        results[i].seconds = elapsed();
       }
       break;
     }
@@ -120,6 +124,17 @@ ProcessResult run_process(const std::vector<std::string>& argv, const std::map<s
   TempDir logs;
   std::vector<Child> children{spawn(argv, env, logs / "out.log")};
   return wait_all(children, timeout)[0];
+}
+
+std::vector<ProcessResult> run_processes(const std::vector<std::vector<std::string>>& argvs,
+                                         const std::vector<std::map<std::string, std::string>>& envs,
+                                         std::chrono::seconds timeout) {
+  TempDir logs;
+  std::vector<Child> children;
+  for (size_t i = 0; i < argvs.size(); ++i)
+    children.push_back(spawn(argvs[i], i < envs.size() ? envs[i] : std::map<std::string, std::string>{},
+                             logs / ("process" + std::to_string(i) + ".log")));
+  return wait_all(children, timeout);
 }
 
 std::vector<ProcessResult> run_workers(const std::string& worker, int n, const std::map<std::string, std::string>& env,

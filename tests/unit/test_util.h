@@ -31,11 +31,17 @@ struct ProcessResult {
   int exit_code = -1;    // -1 when killed by a signal or timed out
   bool timed_out = false;
   std::string output;    // stdout and stderr together
+  double seconds = 0;    // from the start until it ended (or was killed at the timeout)
 };
 
 // Runs argv[0] with arguments argv (no shell), extra environment `env` added, killing it after `timeout`.
 ProcessResult run_process(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env = {},
                           std::chrono::seconds timeout = std::chrono::seconds(300));
+
+// Runs several processes at once (argvs[i] with envs[i] added) and waits for all of them.
+std::vector<ProcessResult> run_processes(const std::vector<std::vector<std::string>>& argvs,
+                                         const std::vector<std::map<std::string, std::string>>& envs,
+                                         std::chrono::seconds timeout = std::chrono::seconds(300));
 
 // Starts `n` copies of this test binary as workers of `worker` with TITAN_TEST_RANK=0..n-1 plus `env`,
 // and waits for all of them. Results are in rank order.

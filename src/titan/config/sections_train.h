@@ -91,6 +91,7 @@ struct Training {
   std::string dtype = "float32";
   std::string mixed_precision_param = "bfloat16";
   std::string mixed_precision_reduce = "float32";
+  std::string nan_policy = "stop";
 
   template <class V>
   void visit(V& v) {
@@ -108,6 +109,10 @@ struct Training {
       {"bfloat16", "float32"});
     v(mixed_precision_reduce, "mixed_precision_reduce", "dtype of gradient reductions under mixed precision",
       {"float32"});
+    v(nan_policy, "nan_policy",
+      "a step whose loss or gradient norm is NaN or infinite never updates the model; stop: the run ends "
+      "there with an error (the last checkpoint stays intact); skip: training goes on with the next batch",
+      {"stop", "skip"});
   }
   bool operator==(const Training&) const = default;
 };

@@ -54,7 +54,8 @@ std::vector<int> parse_rank_list(const std::string& what, const std::string& v) 
 }
 
 const char* kValueOptions[] = {"--nproc-per-node", "--nnodes",          "--node-rank",       "--master-addr",
-                               "--master-port",    "--local-ranks-filter", "--timeout-seconds", "--grace-seconds"};
+                               "--master-port",    "--local-ranks-filter", "--timeout-seconds", "--grace-seconds",
+                               "--max-restarts"};
 
 }  // namespace
 
@@ -73,7 +74,11 @@ std::string launch_help() {
          "                            (default: env LOG_RANK, else all)\n"
          "  --timeout-seconds S       stop all workers and fail after S seconds (default: no limit)\n"
          "  --grace-seconds G         wait G seconds after SIGTERM before SIGKILL when stopping workers (default 5)\n"
-         "When a worker fails, the launcher prints its last lines, stops the others and exits non-zero.\n";
+         "  --max-restarts N          after a failure, restart all workers up to N times (default 0); a training\n"
+         "                            job resumes from its latest complete checkpoint (checkpoint.enable = true).\n"
+         "                            With several nodes, give every launcher the same N\n"
+         "When a worker fails, the launcher prints its last lines, stops the others and, with no restart left,\n"
+         "exits non-zero.\n";
 }
 
 LaunchOptions parse_launch_options(const std::vector<std::string>& args) {
@@ -133,6 +138,8 @@ LaunchOptions parse_launch_options(const std::vector<std::string>& args) {
       o.timeout_seconds = parse_seconds(name, value);
     } else if (name == "--grace-seconds") {
       o.grace_seconds = parse_seconds(name, value);
+    } else if (name == "--max-restarts") {
+      o.max_restarts = parse_count(name, value, 0);
     }
   }
   if (!has_filter)

@@ -3,6 +3,7 @@
 #include "titan/distributed/launcher.h"
 
 #include "titan/common/error.h"
+#include "titan/distributed/process_group.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -23,6 +24,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <thread>
 
 extern char** environ;
 
@@ -130,22 +132,6 @@ struct Worker {
   int exit_code() const { return term_signal ? 128 + term_signal : exit_status; }
 };
 
-// A free TCP port on this host (bound and released; another process could take it in between).
-int pick_free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  TITAN_USER_CHECK(fd >= 0, "cannot open a socket to pick a free port: ", std::strerror(errno));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  addr.sin_port = 0;
-  socklen_t len = sizeof addr;
-  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
-                  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
-  close(fd);
-  TITAN_USER_CHECK(ok, "cannot find a free port: ", std::strerror(errno), "; pass --master-port P");
-  return ntohs(addr.sin_port);
-}
-
 std::string self_exe() {
   char buf[PATH_MAX];
   const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
@@ -205,7 +191,51 @@ void spawn(Worker& w, const std::string& exe, std::vector<std::string> argv, std
 
 void signal_groups(std::vector<Worker>& workers, int sig) {
   for (auto& w : workers)
-    if (w.pid > 0 && !w.reaped) kill(-w.pid, sig);  // unreaped: the group id is still ours
+    if (w.pid > 0 && !w.reaped) {
+      kill(-w.pid, sig);  // unreaped: the group id is still ours
+      if (sig != SIGKILL) kill(-w.pid, SIGCONT);  // a stopped (hung) worker acts on it too
+    }
+}
+
+}  // namespace
+
+namespace {
+
+// How one attempt of the job ended.
+struct Attempt {
+  enum Kind { kSucceeded, kFailed, kInterrupted } kind = kSucceeded;
+  int code = 0;            // the launcher's exit code if this is the last attempt
+  std::string failure;     // kFailed: "rank 1 (node 0) failed: killed by SIGKILL"
+};
+
+// Keys of the launchers' coordination in the store node 0's launcher hosts (workers' keys live under
+// /worker/attempt_N/).
+std::string failure_key(int attempt) { return "/launch/attempt_" + std::to_string(attempt) + "/failure"; }
+std::string failures_key(int attempt) { return "/launch/attempt_" + std::to_string(attempt) + "/failures"; }
+std::string done_key(int attempt, int node) {
+  return "/launch/attempt_" + std::to_string(attempt) + "/done/" + std::to_string(node);
+}
+
+// The first launcher to see a failure of attempt `attempt` records it; the others learn it from the store.
+void report_failure(c10d::Store* store, int attempt, const std::string& what) {
+  if (!store) return;
+  try {
+    if (store->add(failures_key(attempt), 1) == 1) store->set(failure_key(attempt), std::vector<uint8_t>(what.begin(), what.end()));
+  } catch (const std::exception& e) {
+    say(std::string("cannot report the failure to the other nodes through the store: ") + e.what());
+  }
+}
+
+// A failure another node's launcher recorded for this attempt ("" when none).
+std::string remote_failure(c10d::Store* store, int attempt) {
+  if (!store) return "";
+  try {
+    if (!store->check({failure_key(attempt)})) return "";
+    const auto v = store->get(failure_key(attempt));
+    return std::string(v.begin(), v.end());
+  } catch (const std::exception& e) {
+    return std::string("the store on node 0 cannot be reached (") + e.what() + ")";
+  }
 }
 
 }  // namespace
@@ -213,7 +243,6 @@ void signal_groups(std::vector<Worker>& workers, int sig) {
 int launch_workers(const LaunchOptions& o) {
   const std::string exe = self_exe();
   const int world_size = o.nproc_per_node * o.nnodes;
-  const int port = o.master_port == 0 ? pick_free_port() : o.master_port;
 
   TITAN_USER_CHECK(pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) == 0, "cannot create a pipe: ", std::strerror(errno));
   struct sigaction sa {};
@@ -222,127 +251,195 @@ int launch_workers(const LaunchOptions& o) {
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) sigaction(sig, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
+  // The rendezvous store lives in node 0's launcher, as torchrun's agent store does: it outlives
+  // workers (a stopped or restarted rank 0 does not take it along), and restarted workers' keys are
+  // apart from the previous attempt's (TORCHELASTIC_RESTART_COUNT, see connect_store). The other
+  // nodes' launchers connect to it to restart together; without restarts they do not need it.
+  c10::intrusive_ptr<c10d::Store> store;
+  int port = o.master_port;
+  if (o.node_rank == 0) {
+    store = make_tcp_store(o.master_addr, static_cast<uint16_t>(o.master_port), /*is_server=*/true,
+                           std::chrono::seconds(900));
+    port = store_port(store);
+  } else if (o.max_restarts > 0) {
+    store = make_tcp_store(o.master_addr, static_cast<uint16_t>(o.master_port), /*is_server=*/false,
+                           std::chrono::seconds(900));
+  }
+
   std::map<std::string, std::string> common = {
       {"WORLD_SIZE", std::to_string(world_size)},      {"LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node)},
       {"GROUP_RANK", std::to_string(o.node_rank)},     {"NODE_RANK", std::to_string(o.node_rank)},
-      {"MASTER_ADDR", o.master_addr},                  {"MASTER_PORT", std::to_string(port)}};
+      {"MASTER_ADDR", o.master_addr},                  {"MASTER_PORT", std::to_string(port)},
+      {"TORCHELASTIC_USE_AGENT_STORE", "True"},        {"TORCHELASTIC_MAX_RESTARTS", std::to_string(o.max_restarts)}};
   // As torchrun does: several CPU-hungry processes on one node would oversubscribe the cores.
   if (o.nproc_per_node > 1 && !std::getenv("OMP_NUM_THREADS")) common["OMP_NUM_THREADS"] = "1";
 
-  std::vector<Worker> workers(static_cast<size_t>(o.nproc_per_node));
-  for (int lr = 0; lr < o.nproc_per_node; ++lr) {
-    Worker& w = workers[lr];
-    w.local_rank = lr;
-    w.rank = o.node_rank * o.nproc_per_node + lr;
-    w.shown = o.local_ranks_filter.empty() || std::count(o.local_ranks_filter.begin(), o.local_ranks_filter.end(), lr);
-    auto vars = common;
-    vars["RANK"] = vars["ROLE_RANK"] = std::to_string(w.rank);
-    vars["LOCAL_RANK"] = std::to_string(lr);
-    std::vector<std::string> argv{exe};
-    if (o.command.front() == "debug-worker") argv.push_back("launch");  // the diagnostic lives under `launch`
-    argv.insert(argv.end(), o.command.begin(), o.command.end());
-    spawn(w, exe, argv, worker_environment(vars));
-  }
-
-  // The loop: relay output; on the first failure, signal or timeout, stop everyone (SIGTERM, then
-  // SIGKILL after the grace period); end when every worker has exited.
   const auto start = Clock::now();
   const auto grace = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.grace_seconds));
-  bool stopping = false, killed = false;
-  Clock::time_point kill_at{};
-  int result = 0;
-  auto stop = [&](int code) {
-    stopping = true;
-    result = code;
-    kill_at = Clock::now() + grace;
-    signal_groups(workers, SIGTERM);
-  };
+  // Other nodes' launchers to agree with on failures and restarts (only when restarts are allowed).
+  c10d::Store* coord = o.nnodes > 1 && o.max_restarts > 0 ? store.get() : nullptr;
 
-  while (true) {
-    std::vector<pollfd> fds{{g_signal_pipe[0], POLLIN, 0}};
-    std::vector<std::pair<Worker*, Stream*>> owners{{nullptr, nullptr}};
-    for (auto& w : workers)
-      for (auto& s : w.streams)
-        if (s.fd >= 0) {
-          fds.push_back({s.fd, POLLIN, 0});
-          owners.push_back({&w, &s});
+  auto run_attempt = [&](int attempt) {
+    std::vector<Worker> workers(static_cast<size_t>(o.nproc_per_node));
+    for (int lr = 0; lr < o.nproc_per_node; ++lr) {
+      Worker& w = workers[lr];
+      w.local_rank = lr;
+      w.rank = o.node_rank * o.nproc_per_node + lr;
+      w.shown = o.local_ranks_filter.empty() || std::count(o.local_ranks_filter.begin(), o.local_ranks_filter.end(), lr);
+      auto vars = common;
+      vars["RANK"] = vars["ROLE_RANK"] = std::to_string(w.rank);
+      vars["LOCAL_RANK"] = std::to_string(lr);
+      vars["TORCHELASTIC_RESTART_COUNT"] = std::to_string(attempt);
+      std::vector<std::string> argv{exe};
+      if (o.command.front() == "debug-worker") argv.push_back("launch");  // the diagnostic lives under `launch`
+      argv.insert(argv.end(), o.command.begin(), o.command.end());
+      spawn(w, exe, argv, worker_environment(vars));
+    }
+
+    // The loop: relay output; on the first failure (here or, with several nodes, on another node),
+    // signal or timeout, stop everyone (SIGTERM, then SIGKILL after the grace period); end when every
+    // worker has exited and, with several nodes, every node's workers succeeded or one failed.
+    Attempt outcome;
+    bool stopping = false, killed = false, local_done = false;
+    Clock::time_point kill_at{};
+    auto stop = [&](Attempt::Kind kind, int code) {
+      stopping = true;
+      outcome.kind = kind;
+      outcome.code = code;
+      kill_at = Clock::now() + grace;
+      signal_groups(workers, SIGTERM);
+    };
+
+    while (true) {
+      std::vector<pollfd> fds{{g_signal_pipe[0], POLLIN, 0}};
+      std::vector<std::pair<Worker*, Stream*>> owners{{nullptr, nullptr}};
+      for (auto& w : workers)
+        for (auto& s : w.streams)
+          if (s.fd >= 0) {
+            fds.push_back({s.fd, POLLIN, 0});
+            owners.push_back({&w, &s});
+          }
+      poll(fds.data(), fds.size(), 100);
+      for (size_t i = 1; i < fds.size(); ++i)
+        if (fds[i].revents) owners[i].first->pump(*owners[i].second);
+
+      unsigned char sig;
+      while (read(g_signal_pipe[0], &sig, 1) == 1) {
+        if (sig == SIGCHLD) continue;  // only wakes the loop
+        if (!stopping || outcome.kind != Attempt::kInterrupted) {
+          say("received " + signal_name(sig) + ", stopping the workers");
+          stopping = true;
+          outcome.kind = Attempt::kInterrupted;
+          outcome.code = 128 + sig;
+          kill_at = Clock::now() + grace;
+          signal_groups(workers, sig);
+        } else if (!killed) {
+          say("received " + signal_name(sig) + " again, killing the workers");
+          killed = true;
+          signal_groups(workers, SIGKILL);
         }
-    poll(fds.data(), fds.size(), 100);
-    for (size_t i = 1; i < fds.size(); ++i)
-      if (fds[i].revents) owners[i].first->pump(*owners[i].second);
+      }
 
-    unsigned char sig;
-    while (read(g_signal_pipe[0], &sig, 1) == 1) {
-      if (sig == SIGCHLD) continue;  // only wakes the loop
-      if (!stopping) {
-        say("received " + signal_name(sig) + ", stopping the workers");
-        stopping = true;
-        result = 128 + sig;
-        kill_at = Clock::now() + grace;
-        signal_groups(workers, sig);
-      } else if (!killed) {
-        say("received " + signal_name(sig) + " again, killing the workers");
+      // Exits, detected without reaping (WNOWAIT) so that each pid, and with it the group id, stays ours.
+      std::vector<Worker*> failures;
+      for (auto& w : workers) {
+        if (w.exited) continue;
+        siginfo_t info{};
+        if (waitid(P_PID, static_cast<id_t>(w.pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid == 0)
+          continue;
+        w.exited = true;
+        (info.si_code == CLD_EXITED ? w.exit_status : w.term_signal) = info.si_status;
+        w.pump_all();
+        if (w.failed() && !stopping) failures.push_back(&w);
+      }
+      if (!failures.empty()) {
+        for (Worker* w : failures) {
+          w->flush_partial();
+          say("rank " + std::to_string(w->rank) + " (pid " + std::to_string(w->pid) + ") " + w->how());
+          if (!w->tail.empty()) {
+            std::string lines;
+            for (const auto& l : w->tail) lines += "  " + l + "\n";
+            write_all(2, "titan launch: last lines of rank " + std::to_string(w->rank) + ":\n" + lines);
+          }
+        }
+        const Worker& first = *failures.front();
+        outcome.failure = "rank " + std::to_string(first.rank) + " (node " + std::to_string(o.node_rank) + ") " + first.how();
+        report_failure(coord, attempt, outcome.failure);
+        const auto running = std::count_if(workers.begin(), workers.end(), [](const Worker& w) { return !w.exited; });
+        say("stopping the other " + std::to_string(running) + " worker(s)");
+        stop(Attempt::kFailed, first.exit_code());
+      }
+      if (!stopping && coord) {
+        const std::string remote = remote_failure(coord, attempt);
+        if (!remote.empty()) {
+          outcome.failure = remote;
+          say("another node reports: " + remote + "; stopping the workers of this node");
+          stop(Attempt::kFailed, 1);
+        }
+      }
+
+      if (!stopping && o.timeout_seconds > 0 &&
+          Clock::now() - start > std::chrono::duration<double>(o.timeout_seconds)) {
+        char secs[32];
+        std::snprintf(secs, sizeof secs, "%g", o.timeout_seconds);
+        say(std::string("timeout of ") + secs + " s (--timeout-seconds) reached, stopping the workers");
+        stop(Attempt::kInterrupted, 124);
+      }
+      if (stopping && !killed && Clock::now() >= kill_at) {
+        const auto left = std::count_if(workers.begin(), workers.end(), [](const Worker& w) { return !w.exited; });
+        if (left > 0) say(std::to_string(left) + " worker(s) still running after the grace period, sending SIGKILL");
         killed = true;
         signal_groups(workers, SIGKILL);
       }
-    }
-
-    // Exits, detected without reaping (WNOWAIT) so that each pid, and with it the group id, stays ours.
-    std::vector<Worker*> failures;
-    for (auto& w : workers) {
-      if (w.exited) continue;
-      siginfo_t info{};
-      if (waitid(P_PID, static_cast<id_t>(w.pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid == 0)
-        continue;
-      w.exited = true;
-      (info.si_code == CLD_EXITED ? w.exit_status : w.term_signal) = info.si_status;
-      w.pump_all();
-      if (w.failed() && !stopping) failures.push_back(&w);
-    }
-    if (!failures.empty()) {
-      for (Worker* w : failures) {
-        w->flush_partial();
-        say("rank " + std::to_string(w->rank) + " (pid " + std::to_string(w->pid) + ") " + w->how());
-        if (!w->tail.empty()) {
-          std::string lines;
-          for (const auto& l : w->tail) lines += "  " + l + "\n";
-          write_all(2, "titan launch: last lines of rank " + std::to_string(w->rank) + ":\n" + lines);
+      if (std::all_of(workers.begin(), workers.end(), [](const Worker& w) { return w.exited; })) {
+        if (stopping || !coord) break;
+        // Every worker here succeeded: the attempt is over when every node's did, or one failed.
+        std::vector<std::string> keys;
+        for (int n = 0; n < o.nnodes; ++n) keys.push_back(done_key(attempt, n));
+        bool all_done = false;
+        try {
+          if (!local_done) coord->set(done_key(attempt, o.node_rank), std::vector<uint8_t>{1});
+          local_done = true;
+          all_done = coord->check(keys);
+        } catch (const std::exception&) {
+          all_done = true;  // node 0 is gone: it finished (its launcher ends after its workers did)
         }
+        if (all_done) break;
       }
-      const auto running = std::count_if(workers.begin(), workers.end(), [](const Worker& w) { return !w.exited; });
-      say("stopping the other " + std::to_string(running) + " worker(s)");
-      stop(failures.front()->exit_code());
     }
 
-    if (!stopping && o.timeout_seconds > 0 &&
-        Clock::now() - start > std::chrono::duration<double>(o.timeout_seconds)) {
-      char secs[32];
-      std::snprintf(secs, sizeof secs, "%g", o.timeout_seconds);
-      say(std::string("timeout of ") + secs + " s (--timeout-seconds) reached, stopping the workers");
-      stop(124);
+    // Whatever a worker left in its process group goes now; then reap, so no process outlives the launcher.
+    for (auto& w : workers) {
+      w.pump_all();  // what is still buffered in the pipes (EAGAIN if a child of the worker holds them open)
+      w.flush_partial();
+      for (auto& s : w.streams)
+        if (s.fd >= 0) close(s.fd);
     }
-    if (stopping && !killed && Clock::now() >= kill_at) {
-      const auto left = std::count_if(workers.begin(), workers.end(), [](const Worker& w) { return !w.exited; });
-      if (left > 0) say(std::to_string(left) + " worker(s) still running after the grace period, sending SIGKILL");
-      killed = true;
-      signal_groups(workers, SIGKILL);
+    signal_groups(workers, SIGKILL);
+    for (auto& w : workers) {
+      int status;
+      while (waitpid(w.pid, &status, 0) < 0 && errno == EINTR) {
+      }
+      w.reaped = true;
     }
-    if (std::all_of(workers.begin(), workers.end(), [](const Worker& w) { return w.exited; })) break;
-  }
+    return outcome;
+  };
 
-  // Whatever a worker left in its process group goes now; then reap, so no process outlives the launcher.
-  for (auto& w : workers) {
-    w.pump_all();  // what is still buffered in the pipes (EAGAIN if a child of the worker holds them open)
-    w.flush_partial();
-    for (auto& s : w.streams)
-      if (s.fd >= 0) close(s.fd);
-  }
-  signal_groups(workers, SIGKILL);
-  for (auto& w : workers) {
-    int status;
-    while (waitpid(w.pid, &status, 0) < 0 && errno == EINTR) {
+  int result = 0;
+  for (int attempt = 0;; ++attempt) {
+    const Attempt a = run_attempt(attempt);
+    result = a.code;
+    if (a.kind != Attempt::kFailed) break;
+    if (attempt >= o.max_restarts) {
+      if (o.max_restarts > 0) say("no restarts left (--max-restarts " + std::to_string(o.max_restarts) + "); the job failed");
+      break;
     }
-    w.reaped = true;
+    say("restarting all workers (restart " + std::to_string(attempt + 1) + " of " + std::to_string(o.max_restarts) +
+        ") after " + a.failure + "; they resume from the latest complete checkpoint");
+  }
+  if (store && o.node_rank == 0 && coord) {
+    // The other nodes' launchers may still read the last attempt's keys; give them a moment.
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) signal(sig, SIG_DFL);
   close(g_signal_pipe[0]);

@@ -2,6 +2,7 @@
 //
 //   titan launch --nproc-per-node N [--nnodes M --node-rank K --master-addr A --master-port P]
 //                [--standalone] [--local-ranks-filter 0,1] [--timeout-seconds S] [--grace-seconds G]
+//                [--max-restarts N]
 //                -- train --job.config_file F ...
 //
 // Each worker is this same binary run with the arguments after `--` and torchrun's environment
@@ -9,7 +10,11 @@
 // MASTER_PORT), read back by launch_env_from_environment() (runtime.h). Every output line of a worker
 // is printed whole with a "[rank R]: " prefix, optionally only for some local ranks (LOG_RANK).
 // When a worker fails, the launcher names it, prints its last lines, stops the others (SIGTERM, then
-// SIGKILL after the grace period), reaps everything and exits non-zero. See docs/launch.md.
+// SIGKILL after the grace period), reaps everything and, with --max-restarts N, starts all workers
+// again (TORCHELASTIC_RESTART_COUNT = 1, 2, ...; a training job resumes from its latest checkpoint)
+// up to N times, else exits non-zero. Node 0's launcher hosts the rendezvous store (torchrun's agent
+// store, TORCHELASTIC_USE_AGENT_STORE=True); with several nodes, the launchers restart together
+// through it. See docs/launch.md and docs/reliability.md.
 #pragma once
 
 #include <string>
@@ -26,6 +31,7 @@ struct LaunchOptions {
   std::vector<int> local_ranks_filter;     // local ranks whose output is shown; empty: all
   double timeout_seconds = 0;              // wall-clock limit for the whole job; 0: none
   double grace_seconds = 5;                // SIGTERM -> SIGKILL delay when stopping workers
+  int max_restarts = 0;                    // times all workers are restarted after a failure
   std::vector<std::string> command;        // the titan command each worker runs, e.g. {"train", ...}
 };
 
@@ -34,7 +40,8 @@ struct LaunchOptions {
 LaunchOptions parse_launch_options(const std::vector<std::string>& args);
 
 // Starts the workers of `opts`, relays their output, supervises them, and returns the exit code of the
-// launcher: 0 when every worker exited 0; the failed worker's exit code (128 + signal when killed);
+// launcher: 0 when every worker exited 0 (in the last attempt); the failed worker's exit code (128 +
+// signal when killed) when no restart is left, 1 when another node's worker failed;
 // 128 + signal when the launcher itself was interrupted; 124 when --timeout-seconds ran out.
 int launch_workers(const LaunchOptions& opts);
 

@@ -80,7 +80,8 @@ int run_debug_worker(const std::vector<std::string>& args) {
   if (print_pid) std::printf("pid=%d\n", static_cast<int>(getpid()));
   if (print_env) {
     for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
-                             "ROLE_RANK", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS"}) {
+                             "ROLE_RANK", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS",
+                             "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE"}) {
       const char* v = std::getenv(name);
       std::printf("env %s=%s\n", name, v ? v : "<unset>");
     }

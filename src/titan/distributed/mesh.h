@@ -8,12 +8,14 @@
 #pragma once
 
 #include "titan/distributed/parallel_dims.h"
+#include "titan/common/error.h"
 #include "titan/distributed/process_group.h"
 
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <string>
@@ -24,22 +26,39 @@ namespace titan::dist {
 // bytes[group][op] (or calls[group][op])
 using CommBytes = std::map<std::string, std::map<std::string, int64_t>>;
 
+class Group;
+
+// A collective that failed: timed out (a rank stopped answering) or broken (a rank died). The message
+// names the mesh dimension, the operation and its number on that dimension, the error of the
+// backend, and what every other member of the group was doing: each member whose collective failed
+// too reports it through the store within a few seconds; the members that report nothing are the
+// ranks that did not arrive (stopped, killed, or busy outside any collective).
+struct CollectiveError : UserError {
+  using UserError::UserError;
+};
+
 // A handle on an asynchronous collective. wait() blocks until it is done (and, on CUDA, makes the
-// current stream wait). A default handle is already complete.
+// current stream wait); a failure throws CollectiveError. A default handle is already complete.
 class Work {
  public:
   Work() = default;
-  explicit Work(c10::intrusive_ptr<c10d::Work> w) : work_(std::move(w)) {}
+  Work(c10::intrusive_ptr<c10d::Work> w, Group* group, const char* op, int64_t seq)
+      : work_(std::move(w)), group_(group), op_(op), seq_(seq) {}
   void wait();
 
  private:
   c10::intrusive_ptr<c10d::Work> work_;
+  Group* group_ = nullptr;
+  const char* op_ = "";
+  int64_t seq_ = 0;
 };
 
 class Group {
  public:
+  // store: where members report a failed collective to each other (null: the report names no ranks).
   Group(std::string name, std::vector<int> ranks, int rank, c10::intrusive_ptr<c10d::Backend> backend,
-        CommBytes* bytes, CommBytes* calls);
+        CommBytes* bytes, CommBytes* calls, c10::intrusive_ptr<c10d::Store> store = {},
+        std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
   const std::string& name() const { return name_; }
   int size() const { return static_cast<int>(ranks_.size()); }
   int rank() const { return rank_; }                        // index of this process in the group
@@ -54,15 +73,22 @@ class Group {
   void barrier();
   // How long a collective of this group may wait for the others before it fails.
   void set_timeout(std::chrono::milliseconds timeout);
+  // Throws the CollectiveError of collective `op` number `seq` of this group, which failed with
+  // `backend_error` (after gathering the other members' reports; see CollectiveError).
+  [[noreturn]] void fail(const char* op, int64_t seq, const std::string& backend_error);
 
  private:
   void count(const char* op, const at::Tensor& t);
+  Work issue(c10::intrusive_ptr<c10d::Work> w, const char* op) { return Work(std::move(w), this, op, ++seq_); }
   std::string name_;
   std::vector<int> ranks_;
   int rank_;
   c10::intrusive_ptr<c10d::Backend> backend_;  // null for a group of one
   CommBytes* bytes_;
   CommBytes* calls_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::chrono::milliseconds timeout_;
+  int64_t seq_ = 0;  // collectives issued on this group
 };
 
 class Mesh {

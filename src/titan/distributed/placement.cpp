@@ -106,11 +106,11 @@ double global_grad_norm(const std::vector<PlacedTensor>& params, Mesh& mesh) {
   return total_norm(params, mesh, grads).item<double>();
 }
 
-double clip_grad_norm(const std::vector<PlacedTensor>& params, double max_norm, Mesh& mesh) {
+at::Tensor clip_grad_norm(const std::vector<PlacedTensor>& params, double max_norm, Mesh& mesh) {
   std::vector<at::Tensor> grads;
   at::Tensor total = total_norm(params, mesh, grads);
   scale_grads_to_norm(grads, total, max_norm);
-  return total.item<double>();
+  return total;
 }
 
 at::Tensor gather_full(const PlacedTensor& t, Mesh& mesh) {

@@ -68,8 +68,9 @@ Shard chunk(const std::string& mesh_dim, int64_t tensor_dim, int64_t size, int r
 double global_grad_norm(const std::vector<PlacedTensor>& params, Mesh& mesh);
 
 // Gradient clipping like torch.nn.utils.clip_grad_norm_ (coefficient max_norm / (norm + 1e-6),
-// clamped to 1) with the global norm above. Returns the norm before clipping; max_norm <= 0 only measures.
-double clip_grad_norm(const std::vector<PlacedTensor>& params, double max_norm, Mesh& mesh);
+// clamped to 1) with the global norm above; max_norm <= 0 only measures. Returns the norm before
+// clipping as a scalar tensor on the mesh's device (read it when needed), equal on every rank.
+at::Tensor clip_grad_norm(const std::vector<PlacedTensor>& params, double max_norm, Mesh& mesh);
 
 // The full tensor of `t` (unpadded, global shape), all-gathered over its shard groups; collective
 // over those groups (every rank holding a piece must call it in the same order).

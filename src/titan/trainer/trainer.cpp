@@ -2,6 +2,7 @@
 
 #include "titan/common/autocast.h"
 #include "titan/common/error.h"
+#include "titan/common/fault_injection.h"
 #include "titan/common/memory_tracker.h"
 #include "titan/common/tensor_storage.h"
 #include "titan/components/checkpoint/safetensors.h"
@@ -20,6 +21,7 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <limits>
 #include <sstream>
 
 #include <time.h>    // clock_gettime(CLOCK_BOOTTIME)
@@ -50,6 +52,12 @@ double seconds_since_process_start() {
 
 void Trainer::log_info(const std::string& msg) const {
   if (env_.rank == 0) std::cout << metrics::log_prefix() << msg << std::endl;
+}
+
+std::string Trainer::restart_note() const {
+  const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  const int n = attempt ? std::atoi(attempt) : 0;
+  return n > 0 ? "Restart " + std::to_string(n) + ": " : "";
 }
 
 // Ranks from the launcher's environment, the degrees, the device of this rank and every process
@@ -99,6 +107,7 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   mem::install_cpu_tracking();  // before any tensor: the CPU memory figures count every one
 
   // ---- processes, mesh, device, seed, determinism, precision
+  fault::check_environment();
   set_up_distributed();
   const uint64_t seed = static_cast<uint64_t>(cfg_.debug.seed.value_or(0));
   at::manual_seed(seed);
@@ -276,7 +285,9 @@ StepResult Trainer::train_step() {
   const double local_tokens = static_cast<double>(grad_accum_steps_ * tr.local_batch_size * tr.seq_len);
   const double global_tokens = local_tokens * static_cast<double>(dims_->dp_size());
   at::Tensor loss_sum = at::zeros({}, at::TensorOptions().device(device_).dtype(at::kFloat));
+  const int64_t step = step_ + 1;  // the step this call computes (1-based)
   for (int64_t micro = 0; micro < grad_accum_steps_; ++micro) {
+    fault::point("data", step);
     const auto t0 = Clock::now();
     data::Batch batch = dataloader_->next();
     data_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
@@ -285,9 +296,17 @@ StepResult Trainer::train_step() {
     {
       CudaBf16Autocast autocast(bf16_autocast_);
       at::Tensor logits_BSV = model_->forward(inputs_BS);
+      fault::point("forward", step);
+      if (fault::enabled())
+        logits_BSV.register_hook([step](const at::Tensor& g) {
+          fault::point("backward", step);  // backward has begun; the model's gradients have not
+          return g;
+        });
       // Chunked: no fp32 copy of the whole batch's logits, no fp32 log-softmax saved (docs/memory.md).
       // Under loss parallel the logits are this rank's vocabulary slice (the loss combines them).
       loss = parallelized_.loss_sum(logits_BSV.flatten(0, 1), labels_BS.flatten(0, 1)) / global_tokens;
+      fault::point("loss", step);
+      if (fault::nan_loss(step)) loss = loss * std::numeric_limits<float>::quiet_NaN();
     }
     const bool last = micro == grad_accum_steps_ - 1;  // its backward completes the reductions
     data_parallel_->before_backward(last);
@@ -297,16 +316,22 @@ StepResult Trainer::train_step() {
     ntokens_seen_ += labels_BS.numel();
   }
   // The global norm: sharded gradients add their squares over the groups their placements name.
-  r.grad_norm = dist::clip_grad_norm(params_, tr.max_norm, *mesh_);
-  optimizer_->step();
-  ++step_;
-  ++lr_step_;
+  at::Tensor grad_norm = dist::clip_grad_norm(params_, tr.max_norm, *mesh_);
   // Global average loss (sum over ranks) and the largest local average.
   at::Tensor local_avg = loss_sum * (global_tokens / local_tokens);
   (*mesh_)["dp"].all_reduce(loss_sum).wait();
   (*mesh_)["dp"].all_reduce(local_avg, c10d::ReduceOp::MAX).wait();
+  // A non-finite loss or gradient norm (the same on every rank: both are reduced) never updates the
+  // model. Decided on the device: the optimizer's kernels read the flag, no host synchronization.
+  at::Tensor nonfinite = at::logical_not(at::isfinite(grad_norm.to(loss_sum.device())) & at::isfinite(loss_sum));
+  fault::point("optimizer", step);
+  optimizer_->step(nonfinite.to(at::kFloat));
+  ++step_;
+  ++lr_step_;
   r.loss = loss_sum.item<double>();
   r.max_loss = local_avg.item<double>();
+  r.grad_norm = grad_norm.item<double>();
+  r.skipped = !std::isfinite(r.loss) || !std::isfinite(r.grad_norm);
   return r;
 }
 
@@ -324,8 +349,7 @@ std::vector<double> Trainer::train() {
       mesh_->set_timeout(std::chrono::seconds(cfg_.comm.train_timeout_seconds));
       timeout_set_ = true;
     }
-    TITAN_USER_CHECK(std::isfinite(r.loss), "the loss became ", r.loss, " at step ", step_,
-                     ": lower optimizer.lr or check the data");
+    if (r.skipped) on_nonfinite_step(r);
     losses.push_back(r.loss);
     metrics_->on_step(step_);
     if (metrics_->should_log(step_)) {
@@ -349,6 +373,7 @@ std::vector<double> Trainer::train() {
       data_seconds_ = 0;
     }
     if (checkpointer_ && checkpointer_->should_save(step_, tr.steps)) save_checkpoint_at_step();
+    if (step_callback_) step_callback_(step_);
   }
   if (checkpointer_) checkpointer_->wait();
   log_info("Training completed");
@@ -361,6 +386,27 @@ std::vector<double> Trainer::train() {
     }
   }
   return losses;
+}
+
+void Trainer::on_nonfinite_step(const StepResult& r) {
+  ++skipped_steps_;
+  char what[160];
+  std::snprintf(what, sizeof what, "step %lld: the loss is %g and the gradient norm %g (not finite), so the model "
+                "was not updated", static_cast<long long>(step_), r.loss, r.grad_norm);
+  if (cfg_.training.nan_policy == "skip") {
+    log_info(std::string("Warning: ") + what + "; training goes on with the next batch (training.nan_policy = skip; " +
+             std::to_string(skipped_steps_) + " step(s) skipped so far)");
+    return;
+  }
+  std::string last_checkpoint = "no checkpoint was saved";
+  if (checkpointer_) {
+    checkpointer_->wait();  // a save of an earlier, good step completes
+    if (auto s = checkpointer_->latest_step()) last_checkpoint = "the last checkpoint (step " + std::to_string(*s) + ", " +
+                                                                 checkpointer_->step_dir(*s) + ") is intact";
+  }
+  throw UserError(std::string(what) + "; the run stops (training.nan_policy = stop) and " + last_checkpoint +
+                  ". Lower optimizer.lr or raise lr_scheduler.warmup_steps, check the data around this step, or set "
+                  "training.nan_policy = \"skip\" to skip such steps");
 }
 
 int run_training(const JobConfig& cfg) {

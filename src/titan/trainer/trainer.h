@@ -18,6 +18,7 @@
 
 #include <c10/core/Device.h>
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -29,6 +30,7 @@ struct StepResult {
   double max_loss = 0;  // largest local average loss among the data-parallel ranks
   double grad_norm = 0;
   double lr = 0;
+  bool skipped = false;  // the loss or gradient norm was not finite: the model was not updated
 };
 
 class Trainer {
@@ -39,6 +41,9 @@ class Trainer {
 
   // Runs training.steps steps, logging every metrics.log_freq steps. Returns the per-step losses.
   std::vector<double> train();
+
+  // Called by train() after each step (its log line and checkpoint save issued), with the step.
+  void set_step_callback(std::function<void(int64_t)> callback) { step_callback_ = std::move(callback); }
 
   // One optimizer step over gradient_accumulation_steps() micro-batches of local_batch_size.
   StepResult train_step();
@@ -63,8 +68,13 @@ class Trainer {
 
  private:
   void log_info(const std::string& msg) const;  // rank 0 only
+  // "Restart N: " in a job restarted after a failure (TORCHELASTIC_RESTART_COUNT = N > 0), else "".
+  std::string restart_note() const;
   void set_up_distributed();
   void set_up_checkpointing();
+  // After a step whose loss or gradient norm was not finite: a warning (nan_policy skip) or the error
+  // that ends the run (stop), once a background save of an earlier step has completed.
+  void on_nonfinite_step(const StepResult& r);
   void save_checkpoint_at_step();  // the periodic save, or the last one (model only / Hugging Face)  // the checkpointer, then the resume (or initial load) if there is one
   // The tensors of a checkpoint by checkpoint name: "model.<param>", "optimizer.<param>.exp_avg", ...
   std::vector<dist::PlacedTensor> checkpoint_tensors(const std::vector<std::string>& parts);
@@ -100,7 +110,9 @@ class Trainer {
   int64_t lr_step_ = 0;  // the learning-rate schedule's step: step_, unless a resume restored them apart
   int64_t ntokens_seen_ = 0;
   double data_seconds_ = 0;  // time spent waiting for batches since the last log
-  bool timeout_set_ = false;  // comm.train_timeout_seconds applied (after this run's first step)
+  bool timeout_set_ = false;
+  int64_t skipped_steps_ = 0;
+  std::function<void(int64_t)> step_callback_;  // steps whose update a non-finite loss or gradient norm skipped  // comm.train_timeout_seconds applied (after this run's first step)
 };
 
 // `titan train`: trains with `cfg`, printing torchtitan's log lines. Returns the process exit code.

@@ -185,7 +185,12 @@ void Trainer::set_up_checkpointing() {
     TITAN_USER_CHECK(has(kParts, part), "checkpoint.exclude_from_loading: unknown part '", part,
                      "'; the parts are model, optimizer, lr_scheduler, dataloader, train_state, rng");
   }
-  if (!c.enable && c.initial_load_path.empty()) return;
+  if (!c.enable && c.initial_load_path.empty()) {
+    if (!restart_note().empty())
+      log_info(restart_note() + "checkpoint.enable is false, so nothing was saved to resume from: training starts "
+               "again from step 1");
+    return;
+  }
 
   // A run id shared by all ranks keeps the store keys of this run apart from a restarted one's.
   at::Tensor id = at::zeros({1}, at::TensorOptions().dtype(at::kLong).device(device_));
@@ -215,10 +220,12 @@ void Trainer::set_up_checkpointing() {
     load_checkpoint(*reader, parts, reader->state(), /*allow_cast=*/false);
     std::string loaded;
     for (const auto& p : parts) loaded += (loaded.empty() ? "" : ", ") + p;
-    log_info("Checkpoint: resumed from " + dir + " (" + loaded + "), saved by " +
+    log_info(restart_note() + "Checkpoint: resumed from " + dir + " (" + loaded + "), saved by " +
              reader->info().at("layout").get<std::string>() + "; continuing at step " + std::to_string(step_ + 1));
     return;
   }
+  if (!restart_note().empty() && c.initial_load_path.empty())
+    log_info(restart_note() + "no complete checkpoint in " + folder + ": training starts again from step 1");
   if (c.initial_load_path.empty()) return;
   // No checkpoint in the folder yet: start from initial_load_path (a titan checkpoint or a Hugging Face folder).
   std::vector<std::string> parts = {"model"};

@@ -26,7 +26,13 @@ using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 const std::string kTitan = std::string(TITAN_BINARY_DIR) + "/titan";
 
+// Node 0's launcher binds the rendezvous port: tests that give none take a free one, so that tests
+// running at the same time do not compete for the default 29500.
 test::ProcessResult launch(std::vector<std::string> args, const std::map<std::string, std::string>& env = {}) {
+  const bool port_given = std::any_of(args.begin(), args.end(), [](const std::string& a) {
+    return a.rfind("--master", 0) == 0 || a == "--standalone";
+  });
+  if (!port_given) args.insert(args.begin(), {"--master-port", "0"});
   args.insert(args.begin(), {kTitan, "launch"});
   return test::run_process(args, env, 60s);
 }
@@ -216,6 +222,33 @@ TEST(Launcher, SigkillAfterTheGracePeriod) {
   expect_all_gone(values(r.output, "pid"));
 }
 
+// --max-restarts: every attempt starts all workers again with the next TORCHELASTIC_RESTART_COUNT; a
+// worker that keeps failing ends the job after the last restart with its exit code.
+TEST(Launcher, MaxRestartsRestartsAllWorkersThenGivesUp) {
+  auto r = launch({"--nproc-per-node", "2", "--max-restarts", "2", "--", "debug-worker", "--print-env", "--fail-rank",
+                   "1", "--exit-code", "3", "--sleep-ms", "100"});
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  for (const std::string attempt : {"1", "2"})
+    EXPECT_NE(r.output.find("titan launch: restarting all workers (restart " + attempt + " of 2) after rank 1 (node 0) "
+                            "failed with exit code 3"),
+              std::string::npos)
+        << r.output;
+  EXPECT_NE(r.output.find("no restarts left (--max-restarts 2); the job failed"), std::string::npos) << r.output;
+  for (const std::string attempt : {"0", "1", "2"}) {
+    EXPECT_NE(r.output.find("[rank 0]: env TORCHELASTIC_RESTART_COUNT=" + attempt), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("[rank 1]: env TORCHELASTIC_RESTART_COUNT=" + attempt), std::string::npos) << r.output;
+  }
+  EXPECT_EQ(r.output.find("TORCHELASTIC_RESTART_COUNT=3"), std::string::npos) << r.output;
+  EXPECT_EQ(values(r.output, "env TORCHELASTIC_USE_AGENT_STORE").at(0), "True");
+}
+
+TEST(Launcher, NoRestartAfterASignalToTheLauncher) {
+  auto r = launch({"--nproc-per-node", "1", "--max-restarts", "3", "--timeout-seconds", "1", "--", "debug-worker",
+                   "--sleep-ms", "30000"});
+  EXPECT_EQ(r.exit_code, 124) << r.output;
+  EXPECT_EQ(r.output.find("restarting"), std::string::npos) << r.output;
+}
+
 TEST(Launcher, TimeoutStopsEveryone) {
   const auto start = Clock::now();
   auto r = launch({"--nproc-per-node", "2", "--timeout-seconds", "1.5", "--", "debug-worker", "--print-pid",
@@ -230,7 +263,7 @@ TEST(Launcher, TimeoutStopsEveryone) {
 
 // Starts the launcher in the background (output to `log`), waits until all `n` workers printed their pid.
 pid_t start_launcher(const std::vector<std::string>& args, const std::string& log, int n) {
-  std::vector<std::string> argv{kTitan, "launch"};
+  std::vector<std::string> argv{kTitan, "launch", "--master-port", "0"};
   argv.insert(argv.end(), args.begin(), args.end());
   const pid_t pid = fork();
   if (pid == 0) {
@@ -334,6 +367,8 @@ TEST(LaunchOptions, Errors) {
       {{"--nproc-per-node", "x", "--", "train"}, "--nproc-per-node takes a whole number, got 'x'"},
       {{"--nproc-per-node", "gpu", "--", "train"}, "'gpu' is not supported"},
       {{"--nproc-per-node", "0", "--", "train"}, "--nproc-per-node must be between 1"},
+      {{"--nproc-per-node", "2", "--max-restarts", "-1", "--", "train"}, "--max-restarts must be between 0"},
+      {{"--nproc-per-node", "2", "--max_restarts", "many", "--", "train"}, "--max-restarts takes a whole number"},
       {{"--nproc-per-node", "2", "--nnodes", "1:4", "--", "train"}, "elastic ranges like 1:4 are not supported"},
       {{"--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "2", "--master-addr", "h0", "--", "train"},
        "--node-rank 2 is not below --nnodes 2"},

@@ -429,7 +429,8 @@ TEST(CheckpointCrash, KillDuringASaveKeepsThePreviousCheckpoint) {
     auto args = base_args(dir.path(), 12);
     argv.insert(argv.end(), args.begin(), args.end());
     argv.insert(argv.end(), {"--training.local_batch_size", "6", "--checkpoint.interval", "8"});
-    auto r = test::run_process(argv, {{"TITAN_CHECKPOINT_CRASH_AT", phase}, {"OMP_NUM_THREADS", "1"}},
+    auto r = test::run_process(argv, {{"TITAN_FAULT_INJECT", "action=kill,point=checkpoint_" + phase + ",step=8,rank=any"},
+                                {"OMP_NUM_THREADS", "1"}},
                                std::chrono::seconds(300));
     EXPECT_NE(r.exit_code, 0) << phase << ": " << r.output;
     auto complete = checkpoint::list_checkpoints(dir / "checkpoint");

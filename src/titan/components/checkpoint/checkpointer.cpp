@@ -99,6 +99,12 @@ Checkpointer::~Checkpointer() {
 
 std::string Checkpointer::step_dir(int64_t step) const { return (fs::path(folder_) / ("step-" + std::to_string(step))).string(); }
 
+std::optional<int64_t> Checkpointer::latest_step() const {
+  auto all = list_checkpoints(folder_);
+  if (all.empty()) return std::nullopt;
+  return all.rbegin()->first;
+}
+
 bool Checkpointer::should_save(int64_t step, int64_t last_step) const {
   if (!cfg_.enable || cfg_.load_only) return false;
   return step % cfg_.interval == 0 || step == last_step || (step == 1 && cfg_.enable_first_step_checkpoint);
@@ -108,12 +114,14 @@ void Checkpointer::save(int64_t step, Snapshot snap) {
   wait();  // the previous save completes first (and its failure stops the run)
   const std::string dir = step_dir(step);
   if (cfg_.async_mode == "disabled") {
+    SavingStep saving(step);
     write(dir, snap, *coord_);
     finish_save(step);
   } else {
     // The snapshot is owned by the worker; async_with_pinned_mem gets its buffers back afterwards.
     worker_ = std::thread([this, dir, step, snap = std::move(snap)]() mutable {
       try {
+        SavingStep saving(step);
         write(dir, snap, *coord_);
         finish_save(step);
       } catch (...) {

@@ -31,6 +31,8 @@ class Checkpointer {
 
   const std::string& folder() const { return folder_; }
   std::string step_dir(int64_t step) const;
+  // The latest complete checkpoint in the folder, if any.
+  std::optional<int64_t> latest_step() const;
   // Whether training step `step` (1-based) ends with a save: every interval steps, after the first step
   // with enable_first_step_checkpoint, and after the last step. Never with load_only or enable false.
   bool should_save(int64_t step, int64_t last_step) const;

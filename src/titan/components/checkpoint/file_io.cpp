@@ -1,6 +1,7 @@
 #include "titan/components/checkpoint/file_io.h"
 
 #include "titan/common/error.h"
+#include "titan/common/fault_injection.h"
 
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
@@ -64,10 +65,14 @@ void rename_or_throw(const std::string& from, const std::string& to) {
 
 }  // namespace
 
-void crash_point(const char* phase) {
-  const char* at = std::getenv("TITAN_CHECKPOINT_CRASH_AT");
-  if (at && std::string(at) == phase) ::kill(::getpid(), SIGKILL);
+namespace {
+thread_local int64_t t_saving_step = -1;
 }
+
+SavingStep::SavingStep(int64_t step) : previous_(t_saving_step) { t_saving_step = step; }
+SavingStep::~SavingStep() { t_saving_step = previous_; }
+
+void crash_point(const char* phase) { fault::point((std::string("checkpoint_") + phase).c_str(), t_saving_step); }
 
 uint32_t tensor_crc32(const at::Tensor& t) {
   TITAN_ASSERT(t.is_contiguous() && t.device().is_cpu());

@@ -65,10 +65,18 @@ uint32_t tensor_crc32(const at::Tensor& t);  // CRC-32 (zlib's) of a contiguous 
 uint32_t file_crc32(const std::string& path);
 uint32_t string_crc32(const std::string& text);
 
-// Testing hook for crash safety: TITAN_CHECKPOINT_CRASH_AT=<phase> makes the process kill itself
-// (SIGKILL, like kill -9) when a save reaches `phase`: "data" (half of a file written), "index" (every
-// file written, no index yet), "rename" (index written, folder not yet renamed).
+// Fault-injection points of a save (titan/common/fault_injection.h): "data" (half of a file written),
+// "index" (every file written, no index yet), "rename" (index written, folder not yet renamed), as
+// points checkpoint_<phase> of the step that the enclosing SavingStep names on this thread.
 void crash_point(const char* phase);
+class SavingStep {
+ public:
+  explicit SavingStep(int64_t step);
+  ~SavingStep();
+
+ private:
+  int64_t previous_;
+};
 
 // Replaces `path` with `contents` atomically (temporary file, fsync, rename).
 void write_file_atomically(const std::string& path, const std::string& contents);

@@ -45,11 +45,12 @@ void Optimizer::zero_grad() {
   for (auto& s : params_) s.param.mutable_grad() = at::Tensor();
 }
 
-void Optimizer::step() {
+void Optimizer::step(const std::optional<at::Tensor>& skip) {
   at::NoGradGuard no_grad;
   ensure_state();
   ++steps_;
   if (opts_.implementation == "for-loop") {
+    if (skip && skip->item<float>() != 0) return;  // this implementation reads the step on the host anyway
     for (auto& s : params_)
       if (s.param.grad().defined()) step_for_loop(s);
     return;
@@ -58,10 +59,10 @@ void Optimizer::step() {
   std::map<std::pair<std::string, at::ScalarType>, std::vector<ParamState*>> groups;
   for (auto& s : params_)
     if (s.param.grad().defined()) groups[{s.param.device().str(), s.param.scalar_type()}].push_back(&s);
-  for (auto& [key, group] : groups) step_fused(group);
+  for (auto& [key, group] : groups) step_fused(group, skip);
 }
 
-void Optimizer::step_fused(std::vector<ParamState*>& group) {
+void Optimizer::step_fused(std::vector<ParamState*>& group, const std::optional<at::Tensor>& skip) {
   std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
   for (auto* s : group) {
     s->step.add_(1);  // the kernels read the already incremented step, as PyTorch's optimizer does
@@ -71,13 +72,19 @@ void Optimizer::step_fused(std::vector<ParamState*>& group) {
     exp_avg_sqs.push_back(s->exp_avg_sq);
     steps.push_back(s->step);
   }
+  // found_inf (1.0: skip) is read by the kernels on the device, so skipping costs no host sync.
+  std::optional<at::Tensor> found_inf;
+  if (skip) found_inf = skip->to(params.front().device(), at::kFloat);
   if (decoupled_) {
     at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr_, opts_.beta1,
-                      opts_.beta2, opts_.weight_decay, opts_.eps, /*amsgrad=*/false, /*maximize=*/false);
+                      opts_.beta2, opts_.weight_decay, opts_.eps, /*amsgrad=*/false, /*maximize=*/false,
+                      /*grad_scale=*/std::nullopt, found_inf);
   } else {
     at::_fused_adam_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr_, opts_.beta1,
-                     opts_.beta2, opts_.weight_decay, opts_.eps, /*amsgrad=*/false, /*maximize=*/false);
+                     opts_.beta2, opts_.weight_decay, opts_.eps, /*amsgrad=*/false, /*maximize=*/false,
+                     /*grad_scale=*/std::nullopt, found_inf);
   }
+  if (found_inf) at::_foreach_sub_(steps, at::TensorList(std::vector<at::Tensor>(steps.size(), *found_inf)));
 }
 
 void Optimizer::step_for_loop(ParamState& s) {

@@ -10,6 +10,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -31,7 +32,9 @@ class Optimizer {
   Optimizer(std::vector<std::pair<std::string, at::Tensor>> named_params, OptimizerOptions opts);
 
   // One update of every parameter that has a gradient, at the current learning rate.
-  void step();
+  // skip: a float scalar (any device); 1 leaves parameters, moments and step counts unchanged. The
+  // fused kernels read it on the device, so deciding to skip needs no host synchronization.
+  void step(const std::optional<at::Tensor>& skip = std::nullopt);
   void zero_grad();  // drops the gradients (set to undefined), like set_to_none=True
 
   double lr() const { return lr_; }
@@ -51,7 +54,7 @@ class Optimizer {
     at::Tensor param, exp_avg, exp_avg_sq, step;  // step: fp32 scalar on the parameter's device
   };
   void ensure_state() const;
-  void step_fused(std::vector<ParamState*>& group);
+  void step_fused(std::vector<ParamState*>& group, const std::optional<at::Tensor>& skip);
   void step_for_loop(ParamState& s);
 
   OptimizerOptions opts_;
