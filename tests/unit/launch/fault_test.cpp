@@ -265,7 +265,8 @@ TEST(FaultInjection, AStoppedRankIsDetectedAndNamed) {
                            "Timed out");
     EXPECT_TRUE(std::regex_search(out, error)) << out;
     EXPECT_NE(out.find("[rank 0]:   ranks that did not arrive: 1 "), std::string::npos) << out;
-    EXPECT_LT(seconds, uninterrupted().result.seconds + 5 + 10) << out;
+    // The timeout, the report's window and the stop, with room for a loaded machine: bounded, not forever.
+    EXPECT_LT(seconds, uninterrupted().result.seconds + 5 + 20) << out;
     EXPECT_FALSE(anything_left_running(dir.path()));
   }
 }
