@@ -1,6 +1,7 @@
 #include "titan/components/checkpoint/file_io.h"
 
 #include "titan/common/error.h"
+#include "titan/common/json_integer.h"
 #include "titan/common/fault_injection.h"
 
 #include <ATen/ATen.h>
@@ -15,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -122,6 +124,14 @@ WrittenFile write_safetensors(const std::string& path, const std::vector<Safeten
 SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
   fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
   TITAN_USER_CHECK(fd_ >= 0, "cannot open ", path_, ": ", why());
+  // A corrupt file throws below, and a constructor that throws runs no destructor: close it here.
+  struct CloseOnThrow {
+    int& fd;
+    bool armed = true;
+    ~CloseOnThrow() {
+      if (armed) ::close(std::exchange(fd, -1));
+    }
+  } close_on_throw{fd_};
   struct stat st {};
   ::fstat(fd_, &st);
   const uint64_t size = static_cast<uint64_t>(st.st_size);
@@ -142,10 +152,19 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
       }
       Entry entry;
       entry.dtype = dtype_from_name(e.at("dtype").get<std::string>());
-      entry.shape = e.at("shape").get<std::vector<int64_t>>();
-      const auto off = e.at("data_offsets").get<std::vector<uint64_t>>();
-      TITAN_USER_CHECK(off.size() == 2 && off[0] <= off[1] && 8 + header_len + off[1] <= size, path_, ": tensor '",
+      entry.shape = json_integers<int64_t>(e.at("shape"));
+      const auto off = json_integers<uint64_t>(e.at("data_offsets"));
+      TITAN_USER_CHECK(off.size() == 2 && off[0] <= off[1] && off[1] <= size - 8 - header_len, path_, ": tensor '",
                        name, "' lies outside the file: the file is truncated or corrupt");
+      // The shape and dtype must account for exactly the bytes the offsets give (checked here, before
+      // read() allocates the tensor: a corrupt shape must not ask for terabytes).
+      uint64_t nbytes = c10::elementSize(entry.dtype);
+      for (int64_t d : entry.shape) {
+        TITAN_USER_CHECK(d >= 0 && !__builtin_mul_overflow(nbytes, static_cast<uint64_t>(d), &nbytes), path_,
+                         ": tensor '", name, "' has an invalid shape: the file is corrupt");
+      }
+      TITAN_USER_CHECK(off[1] - off[0] == nbytes, path_, ": tensor '", name, "' holds ", off[1] - off[0],
+                       " bytes but its shape and dtype need ", nbytes, ": the file is corrupt");
       entry.begin = 8 + header_len + off[0];
       entry.end = 8 + header_len + off[1];
       entries_.emplace(name, std::move(entry));
@@ -153,6 +172,7 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
   } catch (const nlohmann::json::exception& e) {
     throw UserError(path_ + " is corrupt: its safetensors header is not valid JSON (" + e.what() + ")");
   }
+  close_on_throw.armed = false;
 }
 
 SafetensorsFile::~SafetensorsFile() {
