@@ -144,6 +144,9 @@ int main(int argc, char** argv) {
     if (command == "estimate") return run_estimate(args);
     const titan::JobConfig cfg = titan::parse_config(args);
     return titan::run_training(cfg);
+  } catch (const titan::RunStopped& e) {
+    std::fprintf(stderr, "titan %s: error: %s\n", command.c_str(), e.what());
+    return titan::kExitStopped;
   } catch (const titan::UserError& e) {
     std::fprintf(stderr, "titan %s: error: %s\n", command.c_str(), e.what());
     return 1;

@@ -16,6 +16,14 @@ struct UserError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A run stopped because training itself went wrong (a non-finite loss under training.nan_policy =
+// stop): the process exits with kExitStopped, which `titan launch --max-restarts` does not restart,
+// since the same checkpoint and data would lead to the same step again.
+struct RunStopped : UserError {
+  using UserError::UserError;
+};
+constexpr int kExitStopped = 65;  // sysexits' EX_DATAERR
+
 struct InternalError : std::logic_error {
   using std::logic_error::logic_error;
 };

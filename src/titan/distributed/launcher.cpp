@@ -226,7 +226,8 @@ void report_failure(c10d::Store* store, int attempt, const std::string& what) {
   }
 }
 
-// A failure another node's launcher recorded for this attempt ("" when none).
+// A failure another node's launcher recorded for this attempt ("" when none; node 0's launcher gone
+// before this node finished counts as one).
 std::string remote_failure(c10d::Store* store, int attempt) {
   if (!store) return "";
   try {
@@ -234,7 +235,7 @@ std::string remote_failure(c10d::Store* store, int attempt) {
     const auto v = store->get(failure_key(attempt));
     return std::string(v.begin(), v.end());
   } catch (const std::exception& e) {
-    return std::string("the store on node 0 cannot be reached (") + e.what() + ")";
+    return std::string("node 0's launcher, which holds the store, cannot be reached (") + e.what() + ")";
   }
 }
 
@@ -244,12 +245,6 @@ int launch_workers(const LaunchOptions& o) {
   const std::string exe = self_exe();
   const int world_size = o.nproc_per_node * o.nnodes;
 
-  TITAN_USER_CHECK(pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) == 0, "cannot create a pipe: ", std::strerror(errno));
-  struct sigaction sa {};
-  sa.sa_handler = on_signal;
-  sigemptyset(&sa.sa_mask);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) sigaction(sig, &sa, nullptr);
-  signal(SIGPIPE, SIG_IGN);
 
   // The rendezvous store lives in node 0's launcher, as torchrun's agent store does: it outlives
   // workers (a stopped or restarted rank 0 does not take it along), and restarted workers' keys are
@@ -262,9 +257,25 @@ int launch_workers(const LaunchOptions& o) {
                            std::chrono::seconds(900));
     port = store_port(store);
   } else if (o.max_restarts > 0) {
+    // Before the signal handlers: until there are workers, SIGTERM or Ctrl-C end the launcher at once.
     store = make_tcp_store(o.master_addr, static_cast<uint16_t>(o.master_port), /*is_server=*/false,
                            std::chrono::seconds(900));
   }
+  if (o.nnodes > 1 && o.max_restarts > 0) {
+    // Every launcher must restart the same number of times, or one would wait for the others forever.
+    const std::string mine = std::to_string(o.max_restarts);
+    const auto agreed = store->compareSet("/launch/max_restarts", {}, std::vector<uint8_t>(mine.begin(), mine.end()));
+    const std::string theirs(agreed.begin(), agreed.end());
+    TITAN_USER_CHECK(theirs == mine, "--max-restarts ", mine, " on node ", o.node_rank, " but ", theirs,
+                     " on another node: give every node's launcher the same --max-restarts");
+  }
+
+  TITAN_USER_CHECK(pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) == 0, "cannot create a pipe: ", std::strerror(errno));
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) sigaction(sig, &sa, nullptr);
+  signal(SIGPIPE, SIG_IGN);
 
   std::map<std::string, std::string> common = {
       {"WORLD_SIZE", std::to_string(world_size)},      {"LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node)},
@@ -301,7 +312,7 @@ int launch_workers(const LaunchOptions& o) {
     // worker has exited and, with several nodes, every node's workers succeeded or one failed.
     Attempt outcome;
     bool stopping = false, killed = false, local_done = false;
-    Clock::time_point kill_at{};
+    Clock::time_point kill_at{}, done_at{};
     auto stop = [&](Attempt::Kind kind, int code) {
       stopping = true;
       outcome.kind = kind;
@@ -369,7 +380,7 @@ int launch_workers(const LaunchOptions& o) {
         say("stopping the other " + std::to_string(running) + " worker(s)");
         stop(Attempt::kFailed, first.exit_code());
       }
-      if (!stopping && coord) {
+      if (!stopping && coord && !local_done) {
         const std::string remote = remote_failure(coord, attempt);
         if (!remote.empty()) {
           outcome.failure = remote;
@@ -397,14 +408,36 @@ int launch_workers(const LaunchOptions& o) {
         std::vector<std::string> keys;
         for (int n = 0; n < o.nnodes; ++n) keys.push_back(done_key(attempt, n));
         bool all_done = false;
+        std::string remote;
         try {
-          if (!local_done) coord->set(done_key(attempt, o.node_rank), std::vector<uint8_t>{1});
+          if (!local_done) {
+            coord->set(done_key(attempt, o.node_rank), std::vector<uint8_t>{1});
+            say("the workers of this node finished; waiting for the other nodes");
+            done_at = Clock::now();
+          }
           local_done = true;
           all_done = coord->check(keys);
+          if (!all_done && coord->check({failure_key(attempt)})) {
+            const auto v = coord->get(failure_key(attempt));
+            remote.assign(v.begin(), v.end());
+          }
         } catch (const std::exception&) {
-          all_done = true;  // node 0 is gone: it finished (its launcher ends after its workers did)
+          all_done = true;  // node 0's launcher is gone: it ends only once every node finished
         }
         if (all_done) break;
+        if (remote.empty() && Clock::now() - done_at > std::chrono::seconds(120)) {
+          // The workers of a training job end within moments of each other (their last collectives).
+          say("the other nodes did not report finishing within 120 s after this node's workers did (does every "
+              "launcher have the same --max-restarts?); ending");
+          break;
+        }
+        if (!remote.empty()) {  // another node failed after ours finished: everyone restarts
+          outcome.kind = Attempt::kFailed;
+          outcome.code = 1;
+          outcome.failure = remote;
+          say("another node reports: " + remote);
+          break;
+        }
       }
     }
 
@@ -430,12 +463,20 @@ int launch_workers(const LaunchOptions& o) {
     const Attempt a = run_attempt(attempt);
     result = a.code;
     if (a.kind != Attempt::kFailed) break;
+    // A job that stopped itself (the failure of another node included) is not restarted.
+    if (a.code == kExitStopped ||
+        a.failure.find("failed with exit code " + std::to_string(kExitStopped)) != std::string::npos) {
+      if (o.max_restarts > 0)
+        say("not restarting: the job stopped itself (exit code " + std::to_string(kExitStopped) +
+            ", e.g. a non-finite loss under training.nan_policy = stop), and would stop again at the same step");
+      break;
+    }
     if (attempt >= o.max_restarts) {
       if (o.max_restarts > 0) say("no restarts left (--max-restarts " + std::to_string(o.max_restarts) + "); the job failed");
       break;
     }
     say("restarting all workers (restart " + std::to_string(attempt + 1) + " of " + std::to_string(o.max_restarts) +
-        ") after " + a.failure + "; they resume from the latest complete checkpoint");
+        ") after " + a.failure + "; a training job resumes from its latest complete checkpoint");
   }
   if (store && o.node_rank == 0 && coord) {
     // The other nodes' launchers may still read the last attempt's keys; give them a moment.

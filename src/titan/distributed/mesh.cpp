@@ -7,6 +7,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <algorithm>
+#include <cstdio>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -51,41 +52,59 @@ std::string join(const std::vector<int>& v) {
 
 }  // namespace
 
+// The dimension a report names ("... on mesh dimension 'tp'").
+static std::string dimension_of(const std::string& report) {
+  const size_t at = report.find(" on mesh dimension '");
+  return at == std::string::npos ? "" : report.substr(at);
+}
+
 void Group::fail(const char* op, int64_t seq, const std::string& backend_error) {
   const int me = ranks_[rank_];
   const std::string what = std::string(op) + " #" + std::to_string(seq) + " on mesh dimension '" + name_ + "'";
-  std::string msg = "collective " + what + " (ranks " + join(ranks_) + ") failed on rank " + std::to_string(me) +
-                    " after up to " + std::to_string(timeout_.count() / 1000) + " s (comm.train_timeout_seconds): " +
-                    first_line(backend_error);
+  std::string msg = "collective " + what + " (ranks " + join(ranks_) + ") failed on rank " + std::to_string(me) + ": " +
+                    first_line(backend_error) + " [collective timeout " + std::to_string(timeout_.count() / 1000) +
+                    " s, " + timeout_label_ + "]";
   if (!store_) throw CollectiveError(msg);
-  // Every member whose collective fails posts what it was waiting in; the others are waited for a
-  // few seconds (their timeouts began when they issued, a little apart). The store is asked from a
-  // thread with a deadline: if its host is the stopped rank, nothing must wait for it.
+  // Every rank whose collective fails posts what it was waiting in (and, after its window, the
+  // members that did not arrive) under its global rank; here the other members' posts are awaited
+  // for a few seconds (their timeouts began when they issued, a little apart). The store is asked
+  // from a thread with a deadline: if its host is the stopped rank, nothing may wait for it.
   const auto window = std::clamp<std::chrono::milliseconds>(timeout_ / 4, std::chrono::seconds(1), std::chrono::seconds(5));
   const auto deadline = std::chrono::steady_clock::now() + window;
-  auto reports = std::make_shared<std::map<int, std::string>>();
-  auto mutex = std::make_shared<std::mutex>();
+  struct Shared {
+    std::mutex mutex;
+    std::map<int, std::string> reports;  // member -> its post
+    bool finished = false;
+  };
+  auto shared = std::make_shared<Shared>();
   auto store = store_;
   const std::vector<int> members = ranks_;
-  std::thread([store, members, me, what, deadline, reports, mutex] {
+  auto key = [](int r) { return "collective_failure/" + std::to_string(r); };
+  std::thread([store, members, me, what, deadline, shared, key] {
     try {
-      const std::string mine = what;
-      store->set("collective_failure/" + std::to_string(me), std::vector<uint8_t>(mine.begin(), mine.end()));
-      while (std::chrono::steady_clock::now() < deadline) {
+      store->set(key(me), std::vector<uint8_t>(what.begin(), what.end()));
+      // Until the deadline: every member's post. Then, for a moment longer, the final posts (with
+      // their missing ranks) of members blocked elsewhere, which finish their own windows.
+      const auto final_deadline = deadline + std::chrono::milliseconds(1500);
+      while (std::chrono::steady_clock::now() < final_deadline) {
         bool all = true;
         for (int r : members) {
           if (r == me) continue;
+          std::string known;
           {
-            std::lock_guard<std::mutex> lock(*mutex);
-            if (reports->count(r)) continue;
+            std::lock_guard<std::mutex> lock(shared->mutex);
+            auto it = shared->reports.find(r);
+            if (it != shared->reports.end()) known = it->second;
           }
-          const std::string key = "collective_failure/" + std::to_string(r);
-          if (store->check({key})) {
-            const auto v = store->get(key);
-            std::lock_guard<std::mutex> lock(*mutex);
-            (*reports)[r] = std::string(v.begin(), v.end());
-          } else {
-            all = false;
+          const bool want_final = !known.empty() && known.find('\n') == std::string::npos &&
+                                  dimension_of(known) != dimension_of(what);
+          if (!known.empty() && !want_final) continue;
+          if (known.empty() && std::chrono::steady_clock::now() >= deadline) continue;
+          all = false;
+          if (store->check({key(r)})) {
+            const auto v = store->get(key(r));
+            std::lock_guard<std::mutex> lock(shared->mutex);
+            shared->reports[r] = std::string(v.begin(), v.end());
           }
         }
         if (all) break;
@@ -93,39 +112,67 @@ void Group::fail(const char* op, int64_t seq, const std::string& backend_error) 
       }
     } catch (const std::exception&) {
     }
+    std::lock_guard<std::mutex> lock(shared->mutex);
+    shared->finished = true;
   }).detach();
-  while (std::chrono::steady_clock::now() < deadline) {
+  auto snapshot = [&] {
+    std::lock_guard<std::mutex> lock(shared->mutex);
+    return shared->reports;
+  };
+  while (std::chrono::steady_clock::now() < deadline && snapshot().size() + 1 < members.size())
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  std::vector<int> missing;
+  for (int r : members)
+    if (r != me && !snapshot().count(r)) missing.push_back(r);
+  // Post the missing members for the others' reports, then wait for the final posts of members
+  // blocked on other dimensions (the reporting thread ends by itself).
+  try {
+    if (!missing.empty()) {
+      const std::string final_post = what + "\n" + join(missing);
+      std::thread([store, me, final_post, key] {
+        try {
+          store->set(key(me), std::vector<uint8_t>(final_post.begin(), final_post.end()));
+        } catch (const std::exception&) {
+        }
+      }).detach();
+    }
+  } catch (const std::exception&) {
+  }
+  const auto final_deadline = deadline + std::chrono::milliseconds(1600);
+  while (std::chrono::steady_clock::now() < final_deadline) {
     {
-      std::lock_guard<std::mutex> lock(*mutex);
-      if (reports->size() + 1 == members.size()) break;
+      std::lock_guard<std::mutex> lock(shared->mutex);
+      if (shared->finished) break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  std::vector<int> missing, same, elsewhere;
+  std::vector<int> same;
   std::string details;
-  {
-    std::lock_guard<std::mutex> lock(*mutex);
-    for (int r : members) {
-      if (r == me) continue;
-      auto it = reports->find(r);
-      if (it == reports->end()) {
-        missing.push_back(r);
-      } else if (it->second == what) {
-        same.push_back(r);
-      } else {
-        elsewhere.push_back(r);
-        details += "\n  rank " + std::to_string(r) + " was waiting in " + it->second + " instead";
-      }
+  bool disagree = false;
+  for (const auto& [r, post] : snapshot()) {
+    const size_t nl = post.find('\n');
+    const std::string where = post.substr(0, nl);
+    if (where == what) {
+      same.push_back(r);
+      continue;
+    }
+    if (dimension_of(where) == dimension_of(what)) {
+      disagree = true;
+      details += "\n  rank " + std::to_string(r) + " was waiting in " + where + " instead";
+    } else {
+      details += "\n  rank " + std::to_string(r) + " is blocked in " + where;
+      if (nl != std::string::npos) details += ", where rank(s) " + post.substr(nl + 1) + " did not arrive";
     }
   }
   if (!same.empty()) msg += "\n  ranks waiting in the same collective: " + join(same);
   msg += details;
-  if (!missing.empty())
-    msg += "\n  ranks that did not arrive: " + join(missing) +
-           " (no report within " + std::to_string(window.count() / 1000.0).substr(0, 4) +
+  if (!missing.empty()) {
+    char secs[16];
+    std::snprintf(secs, sizeof secs, "%.2g", std::chrono::duration<double>(window).count());
+    msg += "\n  ranks that did not arrive: " + join(missing) + " (no report within " + secs +
            " s: stopped, killed, or busy outside any collective; see their logs)";
-  if (!elsewhere.empty())
-    msg += "\n  ranks disagree on the order of collectives: a rank took another code path";
+  }
+  if (disagree) msg += "\n  ranks disagree on the order of collectives on this dimension: a rank took another code path";
   throw CollectiveError(msg);
 }
 
@@ -182,13 +229,14 @@ void Group::barrier() {
   if (size() > 1) issue(backend_->barrier(), "barrier").wait();
 }
 
-void Group::set_timeout(std::chrono::milliseconds timeout) {
+void Group::set_timeout(std::chrono::milliseconds timeout, const std::string& label) {
   if (backend_) backend_->setTimeout(timeout);
   timeout_ = timeout;
+  if (!label.empty()) timeout_label_ = label;
 }
 
-void Mesh::set_timeout(std::chrono::milliseconds timeout) {
-  for (auto& [name, group] : groups_) group->set_timeout(timeout);
+void Mesh::set_timeout(std::chrono::milliseconds timeout, const std::string& label) {
+  for (auto& [name, group] : groups_) group->set_timeout(timeout, label);
 }
 
 Mesh::Mesh(const ParallelDims& dims, int rank, const c10::intrusive_ptr<c10d::Store>& store, BackendKind backend,

@@ -71,8 +71,9 @@ class Group {
   Work all_reduce(at::Tensor& t, c10d::ReduceOp op = c10d::ReduceOp::SUM);
   Work broadcast(at::Tensor& t, int root);  // root: index in the group
   void barrier();
-  // How long a collective of this group may wait for the others before it fails.
-  void set_timeout(std::chrono::milliseconds timeout);
+  // How long a collective of this group may wait for the others before it fails; `label` names the
+  // setting in errors (e.g. "comm.train_timeout_seconds").
+  void set_timeout(std::chrono::milliseconds timeout, const std::string& label = "");
   // Throws the CollectiveError of collective `op` number `seq` of this group, which failed with
   // `backend_error` (after gathering the other members' reports; see CollectiveError).
   [[noreturn]] void fail(const char* op, int64_t seq, const std::string& backend_error);
@@ -88,6 +89,7 @@ class Group {
   CommBytes* calls_;
   c10::intrusive_ptr<c10d::Store> store_;
   std::chrono::milliseconds timeout_;
+  std::string timeout_label_ = "comm.init_timeout_seconds";
   int64_t seq_ = 0;  // collectives issued on this group
 };
 
@@ -107,8 +109,8 @@ class Mesh {
   const CommBytes& bytes() const { return bytes_; }
   const CommBytes& calls() const { return calls_; }
   // The collective timeout of every group (comm.train_timeout_seconds after the first step; the
-  // groups are created with comm.init_timeout_seconds).
-  void set_timeout(std::chrono::milliseconds timeout);
+  // groups are created with comm.init_timeout_seconds); `label` names the setting in errors.
+  void set_timeout(std::chrono::milliseconds timeout, const std::string& label = "");
   // Clears the byte and call counts.
   void reset_bytes() {
     bytes_.clear();

@@ -80,7 +80,8 @@ std::vector<std::string> shard_groups(const Placement& p) {
   return out;
 }
 
-at::Tensor total_norm(const std::vector<PlacedTensor>& params, Mesh& mesh, std::vector<at::Tensor>& grads) {
+at::Tensor total_norm(const std::vector<PlacedTensor>& params, Mesh& mesh, std::vector<at::Tensor>& grads,
+                      const at::Tensor& poison = {}) {
   // Gradients grouped by the set of groups they are sharded over; each group's sum of squares is
   // all-reduced over those groups (a replicated gradient counts once, as its copies are equal).
   std::map<std::vector<std::string>, std::vector<at::Tensor>> by_groups;
@@ -93,10 +94,12 @@ at::Tensor total_norm(const std::vector<PlacedTensor>& params, Mesh& mesh, std::
   at::Tensor sum_sq;
   for (auto& [groups, gs] : by_groups) {
     at::Tensor s = grad_sum_of_squares(gs).to(mesh.device());  // CPU-offloaded gradients, NCCL groups
+    if (poison.defined()) s = s + poison.to(s.device(), s.scalar_type());  // 0, or inf: spread by the reductions
     for (const auto& name : groups) mesh[name].all_reduce(s).wait();
     sum_sq = sum_sq.defined() ? sum_sq + s : s;
   }
-  return sum_sq.defined() ? sum_sq.sqrt() : at::zeros({}, at::kDouble);
+  if (!sum_sq.defined()) sum_sq = poison.defined() ? poison.to(at::kDouble) : at::zeros({}, at::kDouble);
+  return sum_sq.sqrt();
 }
 
 }  // namespace
@@ -106,9 +109,10 @@ double global_grad_norm(const std::vector<PlacedTensor>& params, Mesh& mesh) {
   return total_norm(params, mesh, grads).item<double>();
 }
 
-at::Tensor clip_grad_norm(const std::vector<PlacedTensor>& params, double max_norm, Mesh& mesh) {
+at::Tensor clip_grad_norm(const std::vector<PlacedTensor>& params, double max_norm, Mesh& mesh,
+                          const at::Tensor& poison) {
   std::vector<at::Tensor> grads;
-  at::Tensor total = total_norm(params, mesh, grads);
+  at::Tensor total = total_norm(params, mesh, grads, poison);
   scale_grads_to_norm(grads, total, max_norm);
   return total;
 }

@@ -70,7 +70,11 @@ double global_grad_norm(const std::vector<PlacedTensor>& params, Mesh& mesh);
 // Gradient clipping like torch.nn.utils.clip_grad_norm_ (coefficient max_norm / (norm + 1e-6),
 // clamped to 1) with the global norm above; max_norm <= 0 only measures. Returns the norm before
 // clipping as a scalar tensor on the mesh's device (read it when needed), equal on every rank.
-at::Tensor clip_grad_norm(const std::vector<PlacedTensor>& params, double max_norm, Mesh& mesh);
+// poison (a scalar, 0 or +inf) is added to every partial sum before it is reduced, so that a value
+// one rank found bad (a non-finite loss) makes the norm infinite on every rank that rank's gradient
+// sums reach, with no extra collective.
+at::Tensor clip_grad_norm(const std::vector<PlacedTensor>& params, double max_norm, Mesh& mesh,
+                          const at::Tensor& poison = {});
 
 // The full tensor of `t` (unpadded, global shape), all-gathered over its shard groups; collective
 // over those groups (every rank holding a piece must call it in the same order).

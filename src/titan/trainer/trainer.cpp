@@ -315,14 +315,17 @@ StepResult Trainer::train_step() {
     loss_sum += loss.detach();
     ntokens_seen_ += labels_BS.numel();
   }
-  // The global norm: sharded gradients add their squares over the groups their placements name.
-  at::Tensor grad_norm = dist::clip_grad_norm(params_, tr.max_norm, *mesh_);
+  // The global norm: sharded gradients add their squares over the groups their placements name. A
+  // non-finite local loss makes it infinite wherever this rank's gradient sums are reduced (tensor
+  // parallel and FSDP peers); the loss itself is then reduced over the data-parallel ranks.
+  const at::Tensor bad_loss = at::where(at::isfinite(loss_sum), 0.0, std::numeric_limits<double>::infinity());
+  at::Tensor grad_norm = dist::clip_grad_norm(params_, tr.max_norm, *mesh_, bad_loss);
   // Global average loss (sum over ranks) and the largest local average.
   at::Tensor local_avg = loss_sum * (global_tokens / local_tokens);
   (*mesh_)["dp"].all_reduce(loss_sum).wait();
   (*mesh_)["dp"].all_reduce(local_avg, c10d::ReduceOp::MAX).wait();
-  // A non-finite loss or gradient norm (the same on every rank: both are reduced) never updates the
-  // model. Decided on the device: the optimizer's kernels read the flag, no host synchronization.
+  // A non-finite loss or gradient norm (so decided alike on every rank) never updates the model.
+  // Decided on the device: the optimizer's kernels read the flag, no host synchronization.
   at::Tensor nonfinite = at::logical_not(at::isfinite(grad_norm.to(loss_sum.device())) & at::isfinite(loss_sum));
   fault::point("optimizer", step);
   optimizer_->step(nonfinite.to(at::kFloat));
@@ -346,7 +349,7 @@ std::vector<double> Trainer::train() {
     // The first step may wait long (start-up of every rank, first allocations, a slow first data
     // read): collectives get comm.init_timeout_seconds until it is done, then train_timeout_seconds.
     if (!timeout_set_) {
-      mesh_->set_timeout(std::chrono::seconds(cfg_.comm.train_timeout_seconds));
+      mesh_->set_timeout(std::chrono::seconds(cfg_.comm.train_timeout_seconds), "comm.train_timeout_seconds");
       timeout_set_ = true;
     }
     if (r.skipped) on_nonfinite_step(r);
@@ -404,7 +407,7 @@ void Trainer::on_nonfinite_step(const StepResult& r) {
     if (auto s = checkpointer_->latest_step()) last_checkpoint = "the last checkpoint (step " + std::to_string(*s) + ", " +
                                                                  checkpointer_->step_dir(*s) + ") is intact";
   }
-  throw UserError(std::string(what) + "; the run stops (training.nan_policy = stop) and " + last_checkpoint +
+  throw RunStopped(std::string(what) + "; the run stops (training.nan_policy = stop) and " + last_checkpoint +
                   ". Lower optimizer.lr or raise lr_scheduler.warmup_steps, check the data around this step, or set "
                   "training.nan_policy = \"skip\" to skip such steps");
 }

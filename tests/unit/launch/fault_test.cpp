@@ -63,8 +63,8 @@ std::map<int, std::string> logged_losses(const std::string& output) {
 
 // `titan launch` with 2 workers (FSDP 2) and `launch_args`; the final weights come from rank 0.
 JobRun launch(const std::string& dump, std::vector<std::string> launch_args, const std::string& faults,
-           std::vector<std::string> extra = {}) {
-  std::vector<std::string> argv = {kTitan, "launch", "--nproc-per-node", "2", "--master-port", "0"};
+              std::vector<std::string> extra = {}, int nproc = 2) {
+  std::vector<std::string> argv = {kTitan, "launch", "--nproc-per-node", std::to_string(nproc), "--master-port", "0"};
   argv.insert(argv.end(), launch_args.begin(), launch_args.end());
   argv.push_back("--");
   auto args = train_args(dump, std::move(extra));
@@ -246,25 +246,35 @@ TEST(FaultInjection, WithoutALauncherTheSurvivorExitsOnItsOwn) {
 }
 
 // A rank that stops answering: the others' collective times out after comm.train_timeout_seconds, and
-// the error names the mesh dimension, the operation and the rank that did not arrive.
+// the error names the mesh dimension, the operation and the rank that did not arrive. With two
+// dimensions (TP 2 x FSDP 2), ranks blocked behind a blocked peer say so, and name the stopped rank.
 TEST(FaultInjection, AStoppedRankIsDetectedAndNamed) {
-  for (const auto& [layout, dim] : std::vector<std::pair<std::vector<std::string>, std::string>>{
-           {{}, "dp_shard_cp"}, {{"--parallelism.tensor_parallel_degree", "2"}, "tp"}}) {
-    SCOPED_TRACE(dim);
+  struct Case {
+    std::vector<std::string> layout;
+    int nproc;
+    std::string dim;
+  };
+  for (const Case& c : std::vector<Case>{{{}, 2, "dp_shard_cp"},
+                                         {{"--parallelism.tensor_parallel_degree", "2"}, 2, "tp"},
+                                         {{"--parallelism.tensor_parallel_degree", "2"}, 4, "tp"}}) {
+    SCOPED_TRACE(c.dim + " " + std::to_string(c.nproc));
     test::TempDir dir;
-    auto extra = layout;
-    extra.insert(extra.end(), {"--comm.train_timeout_seconds", "5", "--checkpoint.enable", "false"});
+    auto extra = c.layout;
+    extra.insert(extra.end(), {"--comm.train_timeout_seconds", "5", "--checkpoint.enable", "false",
+                               "--training.local_batch_size", std::to_string(8 / c.nproc)});
     const auto start = std::chrono::steady_clock::now();
-    JobRun run = launch(dir.path(), {}, "action=stop,point=forward,step=3,rank=1", extra);
+    JobRun run = launch(dir.path(), {}, "action=stop,point=forward,step=3,rank=1", extra, c.nproc);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const std::string& out = run.result.output;
     EXPECT_NE(run.result.exit_code, 0) << out;
     EXPECT_NE(out.find("fault injection: rank 1 sends itself SIGSTOP at forward of step 3"), std::string::npos) << out;
-    const std::regex error("\\[rank 0\\]: titan train: error: collective \\w+ #\\d+ on mesh dimension '" + dim +
-                           "' \\(ranks 0, 1\\) failed on rank 0 after up to 5 s \\(comm.train_timeout_seconds\\): "
-                           "Timed out");
+    // Rank 0 shares a group of this dimension with rank 1 in every layout here.
+    const std::regex error("\\[rank 0\\]: titan train: error: collective \\w+ #\\d+ on mesh dimension '" + c.dim +
+                           "' \\(ranks 0, 1\\) failed on rank 0: Timed out .*\\[collective timeout 5 s, "
+                           "comm.train_timeout_seconds\\]");
     EXPECT_TRUE(std::regex_search(out, error)) << out;
     EXPECT_NE(out.find("[rank 0]:   ranks that did not arrive: 1 "), std::string::npos) << out;
+    EXPECT_EQ(out.find("disagree"), std::string::npos) << out;
     // The timeout, the report's window and the stop, with room for a loaded machine: bounded, not forever.
     EXPECT_LT(seconds, uninterrupted().result.seconds + 5 + 20) << out;
     EXPECT_FALSE(anything_left_running(dir.path()));

@@ -66,9 +66,12 @@ TEST(Soak, NoGrowthOfMemoryOrFileDescriptorsAfterWarmUp) {
     if (step % interval == interval / 2) samples.push_back(sample(step));
   });
   t.train();
-  // Warm-up: the first two cycles (first allocations, the first background saves, the data loader's
-  // buffers, TensorBoard's file).
-  samples.erase(samples.begin(), samples.begin() + 2);
+  // Warm-up: the first quarter of the run, at least two cycles (first allocations, the first
+  // background saves, the data loader's buffers, TensorBoard's file, and the tokenizer's word cache,
+  // which fills up to its bound of 65,536 words over the first ~2,000 steps).
+  const int64_t warm_up = std::max<int64_t>(2 * interval, steps / 4);
+  samples.erase(std::remove_if(samples.begin(), samples.end(), [&](const Sample& s) { return s.step < warm_up; }),
+                samples.end());
   ASSERT_GE(samples.size(), 4u);
   const Sample& first = samples.front();
   std::printf("soak: %lld steps, checkpoint every %lld (async), samples after warm-up:\n", static_cast<long long>(steps),
@@ -83,7 +86,7 @@ TEST(Soak, NoGrowthOfMemoryOrFileDescriptorsAfterWarmUp) {
     EXPECT_EQ(s.tensors, first.tensors) << "live CPU tensor bytes changed at step " << s.step;
   }
   // Resident memory: allow the allocator's noise (a few MiB: arenas of the save threads, page reuse),
-  // not growth; a leak of 1 KiB per step shows after ~5,000 steps, of 16 KiB per step within 500.
+  // not growth; a leak of 1 KiB per step shows over the long run's 7,500 steps, of 32 KiB within 375.
   const double growth_mib = (samples.back().rss - first.rss) / 1048576.0;
   const double spread_mib = (max_rss - first.rss) / 1048576.0;
   std::printf("soak: resident memory %+.2f MiB from step %lld to %lld (highest sample %+.2f MiB)\n", growth_mib,

@@ -38,7 +38,8 @@ class BytePairEncoder {
     int32_t id;  // id of the merged token
   };
   static constexpr size_t kMaxCachedWordBytes = 128;
-  static constexpr size_t kMaxCacheEntries = 1 << 18;
+  // ~10 MB at most (an entry is ~150 bytes); Hugging Face's tokenizers keep 10,000 words.
+  static constexpr size_t kMaxCacheEntries = 1 << 16;
 
   // tokenizer.json style. `tokens`: raw token bytes -> id (every single byte must be present);
   // `merges`: pair_key(left id, right id) -> Merge.
