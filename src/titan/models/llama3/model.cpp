@@ -18,7 +18,8 @@ void LanguageModelImpl::init_weights(uint64_t seed) {
 std::vector<int64_t> LanguageModelImpl::global_shape(const std::string& name) const {
   auto it = global_shapes_.find(name);
   if (it != global_shapes_.end()) return it->second;
-  const at::Tensor* param = named_parameters().find(name);
+  const auto params = named_parameters();  // find() points into it: it must outlive `param`
+  const at::Tensor* param = params.find(name);
   TITAN_ASSERT(param, "the model has no parameter '", name, "'");
   return param->sizes().vec();
 }
