@@ -1,5 +1,6 @@
 // Damaged token shard folders found by fuzzing (tests/fuzz/regressions/token_shards/): counts that
-// overflow the size arithmetic, and token ids beyond the vocabulary, are UserErrors naming the shard.
+// overflow the size arithmetic, token ids beyond the vocabulary and incomplete manifest entries are
+// UserErrors naming the shard or the manifest, and leave no file open.
 #include "fuzz_regressions.h"
 #include "test_util.h"
 
@@ -7,6 +8,8 @@
 #include "titan/components/data/token_shards.h"
 
 #include <gtest/gtest.h>
+
+#include <filesystem>
 
 namespace titan::data {
 namespace {
@@ -53,6 +56,26 @@ TEST(DataShardsCorrupt, ATokenIdBeyondTheVocabularyNamesTheShard) {
     EXPECT_NE(std::string(e.what()).find("shard-00000.bin' holds token id 5000, outside the tokenizer's vocabulary of 2048"),
               std::string::npos) << e.what();
   }
+}
+
+int open_fds() {
+  int n = 0;
+  for (auto it = std::filesystem::directory_iterator("/proc/self/fd"); it != std::filesystem::directory_iterator(); ++it) ++n;
+  return n;
+}
+
+TEST(DataShardsCorrupt, AShardEntryWithoutItsDocumentCountLeavesNoFileOpen) {
+  test::TempDir dir;
+  write_folder(dir, "shard_entry_without_num_documents");
+  Vocab2048 tok;
+  const int fds = open_fds();
+  try {
+    ShardWindowSource source(dir.path(), tok, 7);
+    FAIL() << "a manifest entry without num_documents was accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("key 'num_documents' not found"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(open_fds(), fds) << "the shard opened before the manifest entry was rejected stayed open";
 }
 
 }  // namespace

@@ -198,12 +198,12 @@ ShardWindowSource::ShardWindowSource(const std::string& dir, const Tokenizer& to
     for (const auto& s : m.at("shards")) {
       const std::string path = (fs::path(dir) / s.at("file").get<std::string>()).string();
       const uint64_t n = json_integer<uint64_t>(s.at("num_tokens"));
+      const uint64_t docs = json_integer<uint64_t>(s.at("num_documents"));  // before open(): this may throw
       int fd = ::open(path.c_str(), O_RDONLY);
       TITAN_USER_CHECK(fd >= 0, "cannot open token shard '", path, "': ", std::strerror(errno));
       struct stat st {};
       ::fstat(fd, &st);
       const size_t bytes = static_cast<size_t>(st.st_size);
-      const uint64_t docs = json_integer<uint64_t>(s.at("num_documents"));
       // The manifest's counts are compared with the file's size before any arithmetic on them could overflow.
       const bool fits = n <= bytes / 4 && docs <= bytes / 8 && doc_index_offset(n) + 8 * docs <= bytes;
       if (!fits) ::close(fd);
