@@ -122,21 +122,21 @@ void Group::fail(const char* op, int64_t seq, const std::string& backend_error) 
   while (std::chrono::steady_clock::now() < deadline && snapshot().size() + 1 < members.size())
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   std::vector<int> missing;
-  for (int r : members)
-    if (r != me && !snapshot().count(r)) missing.push_back(r);
+  {
+    const auto arrived = snapshot();
+    for (int r : members)
+      if (r != me && !arrived.count(r)) missing.push_back(r);
+  }
   // Post the missing members for the others' reports, then wait for the final posts of members
   // blocked on other dimensions (the reporting thread ends by itself).
-  try {
-    if (!missing.empty()) {
-      const std::string final_post = what + "\n" + join(missing);
-      std::thread([store, me, final_post, key] {
-        try {
-          store->set(key(me), std::vector<uint8_t>(final_post.begin(), final_post.end()));
-        } catch (const std::exception&) {
-        }
-      }).detach();
-    }
-  } catch (const std::exception&) {
+  if (!missing.empty()) {
+    const std::string final_post = what + "\n" + join(missing);
+    std::thread([store, me, final_post, key] {
+      try {
+        store->set(key(me), std::vector<uint8_t>(final_post.begin(), final_post.end()));
+      } catch (const std::exception&) {
+      }
+    }).detach();
   }
   const auto final_deadline = deadline + std::chrono::milliseconds(1600);
   while (std::chrono::steady_clock::now() < final_deadline) {
