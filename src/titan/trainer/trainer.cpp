@@ -225,6 +225,7 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   mo.device = device_;
   mo.rank = env_.rank;
   mo.non_data_parallel_size = dims_->non_data_parallel_size();
+  if (const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT")) mo.restart = std::atoll(attempt);
   metrics_ = std::make_unique<metrics::MetricsLogger>(mo);
 
   // ---- what this run is, for the log; the resolved config goes to dump_folder

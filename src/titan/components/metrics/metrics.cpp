@@ -4,15 +4,33 @@
 #include "titan/components/metrics/format.h"
 #include "titan/components/metrics/peak_flops.h"
 
+#include <nlohmann/json.hpp>
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <cstring>
 #include <ctime>
 #include <iostream>
 
 namespace titan::metrics {
+
+namespace {
+
+// A float for the metrics file: JSON has no NaN or infinity, so those are the strings "nan", "inf", "-inf".
+nlohmann::ordered_json number(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  return v;
+}
+
+double unix_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
 
 bool default_color(bool disable_color_printing) {
   if (disable_color_printing || isatty(STDOUT_FILENO) != 1) return false;
@@ -54,6 +72,22 @@ MetricsLogger::MetricsLogger(MetricsOptions options)
     tensorboard_ = std::make_unique<TensorBoardWriter>(tensorboard_run_dir(
         options_.dump_folder, options_.save_tb_folder, options_.save_for_all_ranks, options_.rank));
   }
+  if (!options_.metrics_file.empty() && is_metrics_rank()) {
+    metrics_file_path_ = (std::filesystem::path(options_.dump_folder) / options_.metrics_file).string();
+    std::filesystem::create_directories(std::filesystem::path(metrics_file_path_).parent_path());
+    metrics_file_ = std::make_unique<std::ofstream>(metrics_file_path_, std::ios::app);
+    TITAN_USER_CHECK(metrics_file_->good(), "cannot open the metrics file ", metrics_file_path_,
+                     " for appending: check that job.dump_folder is writable");
+    append_record(nlohmann::ordered_json{{"kind", "start"}, {"time", unix_seconds()}, {"restart", options_.restart}}.dump());
+  }
+}
+
+void MetricsLogger::append_record(const std::string& json_line) {
+  if (!metrics_file_) return;
+  *metrics_file_ << json_line << '\n';
+  metrics_file_->flush();  // a crash loses no logged step
+  TITAN_USER_CHECK(metrics_file_->good(), "writing the metrics file ", metrics_file_path_,
+                   " failed (disk full or removed?)");
 }
 
 bool MetricsLogger::should_log(int64_t step) const { return step == 1 || step % options_.log_freq == 0; }
@@ -119,9 +153,62 @@ const LoggedMetrics& MetricsLogger::log(const StepStats& s, const Scalars& extra
     out_ << (options_.log_prefix ? log_prefix() : std::string()) << m.line << std::endl;  // endl: flush per line
     progress_.update(s.step);
   }
+  if (metrics_file_) {
+    nlohmann::ordered_json j{{"kind", "train"},       {"step", s.step},           {"time", unix_seconds()},
+                     {"loss", number(s.loss)}, {"max_loss", number(s.max_loss)}, {"grad_norm", number(s.grad_norm)},
+                     {"lr", number(s.lr)},     {"tps", number(m.tps)},     {"tflops", number(m.tflops)},
+                     {"mfu_pct", m.mfu_pct ? number(*m.mfu_pct) : nlohmann::ordered_json()},
+                     {"memory_gib", number(m.memory.max_reserved_gib)},
+                     {"memory_pct", number(m.memory.max_reserved_pct)},
+                     {"memory_active_gib", number(m.memory.max_active_gib)}};
+    if (s.ntokens_seen) j["tokens_seen"] = *s.ntokens_seen;
+    append_record(j.dump());
+  }
   memory_.reset_peak_stats();
   last_ = std::move(m);
   return last_;
+}
+
+void MetricsLogger::log_validation(const ValidationStats& v) {
+  TITAN_ASSERT(v.seconds > 0, "validation seconds = ", v.seconds);
+  const MemoryStats mem = memory_.peak_stats();
+  const double tps = static_cast<double>(v.tokens) / (v.seconds * static_cast<double>(options_.non_data_parallel_size));
+  const double perplexity = std::exp(v.loss);
+  if (tensorboard_) {
+    tensorboard_->add_scalars(v.step, {{"validation_metrics/loss", v.loss},
+                                       {"validation_metrics/perplexity", perplexity},
+                                       {"validation_metrics/throughput(tps)", tps},
+                                       {"validation_metrics/memory/max_active(GiB)", mem.max_active_gib},
+                                       {"validation_metrics/memory/max_active(%)", mem.max_active_pct},
+                                       {"validation_metrics/memory/max_reserved(GiB)", mem.max_reserved_gib},
+                                       {"validation_metrics/memory/max_reserved(%)", mem.max_reserved_pct}});
+  }
+  if (is_metrics_rank()) {
+    // torchtitan's line: validate step: {step:2}  loss: {loss:7.4f}  memory: {:5.2f}GiB({:.2f}%)  tps: {round:,}
+    const bool c = options_.color;
+    char step[32];
+    std::snprintf(step, sizeof step, "%2lld", static_cast<long long>(v.step));
+    std::string line = std::string(c ? ansi::kYellow : "") + "validate step: " + step +
+                       "  " + (c ? ansi::kGreen : "") + "loss: " + format_fixed(v.loss, 4, 7) + "  " +
+                       (c ? ansi::kTurquoise : "") + "memory: " + format_fixed(mem.max_reserved_gib, 2, 5) + "GiB(" +
+                       format_fixed(mem.max_reserved_pct, 2) + "%)  " + (c ? ansi::kBlue : "") + "tps: " +
+                       (std::isfinite(tps) ? format_thousands(round_half_even(tps)) : std::string("nan")) + "  " +
+                       (c ? ansi::kMagenta : "") + "perplexity: " + format_fixed(perplexity, 2, 0, true) +
+                       (c ? ansi::kReset : "");
+    progress_.clear();
+    out_ << (options_.log_prefix ? log_prefix() : std::string()) << line << std::endl;
+    progress_.update(v.step);
+  }
+  append_record(nlohmann::ordered_json{{"kind", "validation"},
+                               {"step", v.step},
+                               {"time", unix_seconds()},
+                               {"loss", number(v.loss)},
+                               {"perplexity", number(perplexity)},
+                               {"tps", number(tps)},
+                               {"memory_gib", number(mem.max_reserved_gib)},
+                               {"memory_pct", number(mem.max_reserved_pct)}}
+                    .dump());
+  memory_.reset_peak_stats();
 }
 
 }  // namespace titan::metrics

@@ -11,6 +11,9 @@
 //   tflops = flops_per_token * tps / 1e12
 //   mfu    = 100 * flops_per_token * tps / peak_flops   (peak: peak_flops.h; "N/A" when unknown, e.g. CPU)
 //
+// The metrics rank also appends every logged figure to <dump_folder>/metrics.jsonl (one JSON object
+// per line, kinds "start", "train" and "validation"; docs/metrics.md), which `titan report` reads.
+//
 // Usage in a training loop:
 //   MetricsLogger metrics(options);
 //   for (step = 1..steps) { ...train...; metrics.on_step(step);
@@ -24,6 +27,7 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <fstream>
 #include <iosfwd>
 #include <memory>
 #include <optional>
@@ -48,6 +52,8 @@ struct MetricsOptions {
   c10::Device device = c10::Device(c10::kCPU);  // the training device, for memory and peak FLOP/s
   int64_t non_data_parallel_size = 1;     // product of the non-data-parallel degrees (tp * cp * pp)
   std::ostream* out = nullptr;            // where lines go; nullptr: std::cout
+  std::string metrics_file = "metrics.jsonl";  // under dump_folder, appended by the metrics rank; "" for none
+  int64_t restart = 0;                    // the launcher's restart count (TORCHELASTIC_RESTART_COUNT), recorded
 };
 
 // The values of one logged step, measured by the trainer.
@@ -63,6 +69,14 @@ struct StepStats {
   double flops_per_token = 0;         // training FLOPs per token of the model, > 0
   std::optional<int64_t> ntokens_seen;            // tokens seen by all ranks since the start (TensorBoard)
   std::optional<double> data_loading_seconds;     // time spent waiting for batches in the interval
+};
+
+// The figures of one evaluation on the validation set (torchtitan's validate step).
+struct ValidationStats {
+  int64_t step = 0;       // the training step after which it ran
+  double loss = 0;        // average loss over every validation token of every data-parallel rank
+  int64_t tokens = 0;     // tokens this rank's data-parallel replica evaluated
+  double seconds = 0;     // wall-clock length of the evaluation, > 0
 };
 
 // Colors unless disabled ([metrics] disable_color_printing), stdout is not a terminal, NO_COLOR is
@@ -98,6 +112,10 @@ class MetricsLogger {
   // TensorBoard scalars plus `extra` ones, and resets the memory peaks. Returns the figures.
   const LoggedMetrics& log(const StepStats& stats, const Scalars& extra = {});
 
+  // Logs one evaluation: torchtitan's "validate step" line (with the perplexity, exp(loss), appended),
+  // its TensorBoard scalars (validation_metrics/...) and a metrics-file line; resets the memory peaks.
+  void log_validation(const ValidationStats& stats);
+
   // The last log() result.
   const LoggedMetrics& last() const { return last_; }
 
@@ -107,15 +125,20 @@ class MetricsLogger {
 
   // The TensorBoard event file ("" when this rank writes none).
   std::string tensorboard_path() const { return tensorboard_ ? tensorboard_->path() : std::string(); }
+  // The metrics file this rank appends to ("" when none).
+  const std::string& metrics_file_path() const { return metrics_file_path_; }
 
  private:
   bool is_metrics_rank() const { return options_.rank == options_.metrics_rank; }
+  void append_record(const std::string& json_line);  // one line to the metrics file, flushed
 
   MetricsOptions options_;
   std::ostream& out_;
   MemoryMonitor memory_;
   std::optional<double> peak_flops_;
   std::unique_ptr<TensorBoardWriter> tensorboard_;
+  std::string metrics_file_path_;
+  std::unique_ptr<std::ofstream> metrics_file_;
   ProgressLine progress_;
   LoggedMetrics last_;
   int64_t seen_alloc_retries_ = 0, seen_ooms_ = 0;
