@@ -5,6 +5,7 @@
 //   titan estimate  [--world-size N] [--device cuda|cpu] [...]       per-rank memory, FLOPs, communication
 //   titan tokenize  --output DIR [...]                                pre-tokenize the dataset to shards
 //   titan convert   to-hf|from-hf SRC DST [...]                       checkpoint <-> Hugging Face folder
+//   titan report    DUMP_FOLDER... [--output F] | --check RUN_A RUN_B  metrics page; compare loss curves
 #include "titan/common/error.h"
 #include "titan/components/data/dataloader.h"
 #include "titan/components/data/token_shards.h"
@@ -13,6 +14,7 @@
 #include "titan/distributed/launcher.h"
 #include "titan/tools/convert.h"
 #include "titan/tools/estimate.h"
+#include "titan/tools/report.h"
 #include "titan/trainer/trainer.h"
 
 #include <c10/util/Exception.h>
@@ -37,6 +39,9 @@ const char* kUsage =
     "             binary shards; train on them with --training.dataset_path DIR\n"
     "  convert    to-hf CHECKPOINT_STEP_DIR OUT_DIR | from-hf HF_DIR OUT_CHECKPOINT_DIR: a titan checkpoint\n"
     "             to a Hugging Face model folder (transformers) and back; see titan convert --help\n"
+    "  report     DUMP_FOLDER [DUMP_FOLDER ...]: one HTML page plotting the runs' metrics (loss, lr, MFU, ...)\n"
+    "             and their config differences; --check RUN_A RUN_B compares two loss curves step by step;\n"
+    "             see titan report --help\n"
     "Options of every command: titan <command> --help\n";
 
 const char* kEstimateUsage =
@@ -128,6 +133,7 @@ int main(int argc, char** argv) {
   try {
     if (command == "launch") return titan::dist::run_launcher(args);  // its own options, then a command
     if (command == "convert") return titan::run_convert(args);       // positional folders, then options
+    if (command == "report") return titan::report::run_report(args);  // its own options; exit 2 on bad input
     if (command != "train" && command != "estimate" && command != "tokenize") {
       std::fprintf(stderr, "titan: unknown command '%s'\n%s", command.c_str(), kUsage);
       return 2;

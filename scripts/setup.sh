@@ -27,6 +27,7 @@ APT_PACKAGES=(
   libsentencepiece-dev libgtest-dev libgmock-dev libbenchmark-dev libgloo-dev
   python3-venv procps
   clang libclang-rt-14-dev   # the fuzz targets (scripts/fuzz.sh): clang's libFuzzer and sanitizers
+  chromium                   # headless browser: the test of titan report's HTML page (tests/unit/tools/report_test.cpp)
 )
 if [[ "${TITAN_SKIP_APT:-0}" != 1 ]]; then
   missing=()
