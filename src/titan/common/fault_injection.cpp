@@ -2,6 +2,8 @@
 
 #include "titan/common/error.h"
 
+#include <c10/util/Exception.h>
+
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -30,7 +32,7 @@ int env_int(const char* name) {
 }
 
 std::vector<Fault> parse(const std::string& spec) {
-  static const std::set<std::string> actions = {"kill", "stop", "nan"};
+  static const std::set<std::string> actions = {"kill", "stop", "nan", "oom"};
   static const std::set<std::string> points = {"data",   "forward",         "loss",
                                                "backward", "optimizer",     "checkpoint_data",
                                                "checkpoint_index", "checkpoint_rename"};
@@ -56,7 +58,7 @@ std::vector<Fault> parse(const std::string& spec) {
         return std::stoi(v);
       };
       if (k == "action") {
-        TITAN_USER_CHECK(actions.count(v), "TITAN_FAULT_INJECT: unknown action '", v, "' (kill, stop or nan)", usage);
+        TITAN_USER_CHECK(actions.count(v), "TITAN_FAULT_INJECT: unknown action '", v, "' (kill, stop, nan or oom)", usage);
         f.action = v;
       } else if (k == "point") {
         TITAN_USER_CHECK(points.count(v), "TITAN_FAULT_INJECT: unknown point '", v,
@@ -125,6 +127,10 @@ void point(const char* name, int64_t step) {
   if (!env || !*env) return;
   const auto f = find(name, step);
   if (!f || f->action == "nan") return;
+  if (f->action == "oom") {
+    TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory (fault injection at ", name, " of step ", step,
+                     ": TITAN_FAULT_INJECT)");
+  }
   const int sig = f->action == "kill" ? SIGKILL : SIGSTOP;
   std::fprintf(stderr, "fault injection: rank %d sends itself %s at %s of step %lld\n", env_int("RANK"),
                sig == SIGKILL ? "SIGKILL" : "SIGSTOP", name, static_cast<long long>(step));

@@ -6,7 +6,9 @@
 //
 //   action   kill: the process sends itself SIGKILL (like kill -9);
 //            stop: SIGSTOP (a rank that stops answering, as a hung one does);
-//            nan:  the loss of that rank becomes NaN (point loss).
+//            nan:  the loss of that rank becomes NaN (point loss);
+//            oom:  throws the out-of-memory error the CUDA caching allocator throws (c10::OutOfMemoryError),
+//                  so the out-of-memory path (its memory snapshot and message) runs on any machine.
 //   point    data (before the micro-batch is read), forward (after the model's forward), loss,
 //            backward (inside backward, before the model's first gradient), optimizer (after the
 //            gradient norm, before the update), checkpoint_data (half of a checkpoint file written),

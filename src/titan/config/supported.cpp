@@ -38,14 +38,13 @@ const Gate kGates[] = {
    [](const JobConfig& c, int64_t) { return c.activation_checkpoint.mode == "memory_budget"; }},
   {"compile.enable", "graph compilation", "--compile.enable false",
    [](const JobConfig& c, int64_t) { return c.compile.enable; }},
-  {"profiling.enable_profiling", "profiler traces", "--profiling.enable_profiling false",
-   [](const JobConfig& c, int64_t) { return c.profiling.enable_profiling; }},
-  {"profiling.enable_memory_snapshot", "memory snapshots", "--profiling.enable_memory_snapshot false",
-   [](const JobConfig& c, int64_t) { return c.profiling.enable_memory_snapshot; }},
-  {"metrics.enable_wandb", "Weights & Biases logging", "--metrics.enable_wandb false",
+  // No C++ client of W&B exists; the same figures go to TensorBoard and to metrics.jsonl, which
+  // `titan report` draws.
+  {"metrics.enable_wandb", "Weights & Biases logging",
+   "--metrics.enable_wandb false; the same metrics go to TensorBoard files (--metrics.enable_tensorboard true, "
+   "under <dump_folder>/<save_tb_folder>) and to <dump_folder>/metrics.jsonl, which `titan report DUMP_FOLDER` "
+   "draws as one HTML page",
    [](const JobConfig& c, int64_t) { return c.metrics.enable_wandb; }},
-  {"validation.enable", "validation during training", "--validation.enable false",
-   [](const JobConfig& c, int64_t) { return c.validation.enable; }},
   {"fault_tolerance.enable", "fault-tolerant training", "--fault_tolerance.enable false",
    [](const JobConfig& c, int64_t) { return c.fault_tolerance.enable; }},
   {"comm.mode", "fake or local-tensor communication modes", "--comm.mode default",

@@ -60,6 +60,11 @@ void validate_config(const JobConfig& cfg) {
   positive(cfg.profiling.profile_freq, "profiling.profile_freq");
   positive(cfg.profiling.profiler_active, "profiling.profiler_active");
   TITAN_USER_CHECK(cfg.profiling.profiler_warmup >= 0, "profiling.profiler_warmup must not be negative");
+  TITAN_USER_CHECK(!cfg.profiling.enable_profiling ||
+                       cfg.profiling.profile_freq >= cfg.profiling.profiler_warmup + cfg.profiling.profiler_active,
+                   "profiling.profile_freq (", cfg.profiling.profile_freq, ") must be at least profiler_warmup + "
+                   "profiler_active (", cfg.profiling.profiler_warmup, " + ", cfg.profiling.profiler_active,
+                   "): every cycle of profile_freq steps ends with the warm-up and the recorded steps");
 
   const auto& p = cfg.parallelism;
   TITAN_USER_CHECK(p.data_parallel_shard_degree == -1 || p.data_parallel_shard_degree >= 1,

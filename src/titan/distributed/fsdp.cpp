@@ -2,6 +2,7 @@
 
 #include "titan/common/error.h"
 #include "titan/common/tensor_storage.h"
+#include "titan/common/trace.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/StorageImpl.h>
@@ -89,8 +90,13 @@ struct FSDP::Unit {
     }
   }
 
+  // The unit's name in traces: its module prefix without the final dot ("layers.0"), "root" for the
+  // outermost unit.
+  std::string label() const { return prefix.empty() ? "root" : prefix.substr(0, prefix.size() - (prefix.back() == '.')); }
+
   void start_unshard() {
     if (state != State::Sharded) return;
+    TraceRange range(mem::Phase::Communication, "FSDP::all_gather (", label(), ")");
     at::NoGradGuard no_grad;
     const at::ScalarType dtype = options().param_dtype;
     gather_in_pooled = !(flat_shard.device() == device && dtype == at::kFloat);
@@ -108,6 +114,7 @@ struct FSDP::Unit {
   void finish_unshard() {
     if (state == State::Unsharded) return;
     start_unshard();
+    TraceRange range(mem::Phase::Communication, "FSDP::all_gather_wait (", label(), ")");
     at::NoGradGuard no_grad;
     gather.wait();
     full_buf = fsdp->acquire(full_numel, options().param_dtype, device);
@@ -177,6 +184,7 @@ struct FSDP::Unit {
   void reduce_grads() {
     for (auto& other : fsdp->units_)
       if (other.get() != this) other->complete_reduce_scatter();
+    TraceRange range(mem::Phase::Communication, "FSDP::reduce_scatter (", label(), ")");
     at::NoGradGuard no_grad;
     const int64_t n = group().size();
     rs_in = fsdp->acquire(padded_numel(), options().reduce_dtype, device);
@@ -210,6 +218,7 @@ struct FSDP::Unit {
   // replicas (waited for in finish_backward), else adds it to the gradients.
   void complete_reduce_scatter() {
     if (!reducing) return;
+    TraceRange range(mem::Phase::Communication, "FSDP::reduce_scatter_wait (", label(), ")");
     reduce_scatter.wait();
     fsdp->release(rs_in);
     reducing = false;

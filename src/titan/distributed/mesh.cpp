@@ -1,6 +1,7 @@
 #include "titan/distributed/mesh.h"
 
 #include "titan/common/error.h"
+#include "titan/common/trace.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -17,6 +18,7 @@ namespace titan::dist {
 void Work::wait() {
   if (!work_) return;
   auto w = std::move(work_);
+  TraceRange range("c10d::wait ", op_, " [", group_ ? group_->name() : std::string(), "]");
   try {
     w->wait();
   } catch (const std::exception& e) {
@@ -184,6 +186,7 @@ void Group::count(const char* op, const at::Tensor& t) {
 
 Work Group::all_gather(at::Tensor& out, const at::Tensor& in) {
   TITAN_ASSERT(out.is_contiguous() && out.numel() == in.numel() * size(), "all_gather: output must hold size x input");
+  TraceRange range(mem::Phase::Communication, "c10d::all_gather [", name_, "]");
   count("all_gather", out);
   if (size() == 1) {
     out.view(in.sizes()).copy_(in);
@@ -196,6 +199,7 @@ Work Group::all_gather(at::Tensor& out, const at::Tensor& in) {
 
 Work Group::reduce_scatter(at::Tensor& out, const at::Tensor& in) {
   TITAN_ASSERT(in.is_contiguous() && in.numel() == out.numel() * size(), "reduce_scatter: input must hold size x output");
+  TraceRange range(mem::Phase::Communication, "c10d::reduce_scatter [", name_, "]");
   count("reduce_scatter", in);
   if (size() == 1) {
     out.copy_(in.view(out.sizes()));
@@ -208,6 +212,7 @@ Work Group::reduce_scatter(at::Tensor& out, const at::Tensor& in) {
 }
 
 Work Group::all_reduce(at::Tensor& t, c10d::ReduceOp op) {
+  TraceRange range(mem::Phase::Communication, "c10d::all_reduce [", name_, "]");
   count("all_reduce", t);
   if (size() == 1) return Work();
   std::vector<at::Tensor> ts{t};
@@ -217,6 +222,7 @@ Work Group::all_reduce(at::Tensor& t, c10d::ReduceOp op) {
 }
 
 Work Group::broadcast(at::Tensor& t, int root) {
+  TraceRange range(mem::Phase::Communication, "c10d::broadcast [", name_, "]");
   count("broadcast", t);
   if (size() == 1) return Work();
   std::vector<at::Tensor> ts{t};

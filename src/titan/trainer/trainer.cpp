@@ -5,6 +5,7 @@
 #include "titan/common/fault_injection.h"
 #include "titan/common/memory_tracker.h"
 #include "titan/common/tensor_storage.h"
+#include "titan/common/trace.h"
 #include "titan/components/checkpoint/safetensors.h"
 #include "titan/components/metrics/format.h"
 #include "titan/config/field.h"
@@ -105,6 +106,7 @@ std::string config_changes(const JobConfig& cfg) {
 Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   const auto& tr = cfg_.training;
   mem::install_cpu_tracking();  // before any tensor: the CPU memory figures count every one
+  mem::PhaseScope setup_phase(mem::Phase::Setup);  // parameters, buffers, data structures
 
   // ---- processes, mesh, device, seed, determinism, precision
   fault::check_environment();
@@ -141,7 +143,9 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
     // rows of a unit while sharding it, the other layouts each rank's local tensor (a TP shard or
     // the whole parameter) when the data-parallel layer finishes.
     DeferAllocation defer;
-    model_ = spec.build(cfg_.model.flavor, at::TensorOptions().device(device_).dtype(param_dtype), tr.seq_len);
+    // Long enough for the validation sequences too (the RoPE table is built per sequence length).
+    const int64_t max_seq_len = std::max(tr.seq_len, cfg_.validation.enable ? cfg_.validation.seq_len : int64_t{0});
+    model_ = spec.build(cfg_.model.flavor, at::TensorOptions().device(device_).dtype(param_dtype), max_seq_len);
   }
   const int64_t vocab = model_->vocab_size();
   TITAN_USER_CHECK(tokenizer_->vocab_size() <= vocab, "the tokenizer at ", cfg_.model.hf_assets_path, " has ",
@@ -228,6 +232,24 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   if (const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT")) mo.restart = std::atoll(attempt);
   metrics_ = std::make_unique<metrics::MetricsLogger>(mo);
 
+  // ---- profiler traces and memory snapshots at the configured steps
+  const auto& pr = cfg_.profiling;
+  if (pr.enable_profiling || pr.enable_memory_snapshot) {
+    metrics::ProfilerOptions po;
+    po.traces = pr.enable_profiling;
+    po.traces_dir = (std::filesystem::path(cfg_.job.dump_folder) / pr.save_traces_folder).string();
+    po.freq = pr.profile_freq;
+    po.warmup = pr.profiler_warmup;
+    po.active = pr.profiler_active;
+    po.memory_snapshots = pr.enable_memory_snapshot;
+    po.snapshot_dir = (std::filesystem::path(cfg_.job.dump_folder) / pr.save_memory_snapshot_folder).string();
+    po.snapshot_freq = pr.profile_freq;
+    po.rank = env_.rank;
+    po.device = device_;
+    po.log = [this](const std::string& line) { log_info(line); };
+    profiler_ = std::make_unique<metrics::Profiler>(po);
+  }
+
   // ---- what this run is, for the log; the resolved config goes to dump_folder
   std::filesystem::create_directories(cfg_.job.dump_folder);
   const std::string saved = cfg_.job.dump_folder + "/" +
@@ -266,6 +288,8 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
            ", global batch " + std::to_string(global_batch) + ", gradient accumulation steps " +
            std::to_string(grad_accum_steps_) + ", sequence length " + std::to_string(tr.seq_len));
 
+  set_up_validation();
+
   // ---- checkpoints: resume from the latest one in the folder (or the initial load)
   set_up_checkpointing();
   std::snprintf(buf, sizeof buf, "Start-up: %.2f s (model built and initialized in %.2f s)",
@@ -290,11 +314,17 @@ StepResult Trainer::train_step() {
   for (int64_t micro = 0; micro < grad_accum_steps_; ++micro) {
     fault::point("data", step);
     const auto t0 = Clock::now();
-    data::Batch batch = dataloader_->next();
+    at::Tensor inputs_BS, labels_BS;
+    {
+      TraceRange range(mem::Phase::Data, "data_loading");
+      data::Batch batch = dataloader_->next();
+      inputs_BS = batch.inputs.to(device_);
+      labels_BS = batch.labels.to(device_);
+    }
     data_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
-    at::Tensor inputs_BS = batch.inputs.to(device_), labels_BS = batch.labels.to(device_);
     at::Tensor loss;
     {
+      TraceRange range(mem::Phase::Forward, "forward");
       CudaBf16Autocast autocast(bf16_autocast_);
       at::Tensor logits_BSV = model_->forward(inputs_BS);
       fault::point("forward", step);
@@ -310,12 +340,17 @@ StepResult Trainer::train_step() {
       if (fault::nan_loss(step)) loss = loss * std::numeric_limits<float>::quiet_NaN();
     }
     const bool last = micro == grad_accum_steps_ - 1;  // its backward completes the reductions
-    data_parallel_->before_backward(last);
-    loss.backward();
-    data_parallel_->after_backward(last);
+    {
+      TraceRange range(mem::Phase::Backward, "backward");
+      data_parallel_->before_backward(last);
+      loss.backward();
+      data_parallel_->after_backward(last);
+    }
     loss_sum += loss.detach();
     ntokens_seen_ += labels_BS.numel();
   }
+  std::optional<TraceRange> optimizer_range;  // clipping, the loss's reductions and the update
+  optimizer_range.emplace(mem::Phase::Optimizer, "optimizer");
   // The global norm: sharded gradients add their squares over the groups their placements name. A
   // non-finite local loss makes it infinite wherever this rank's gradient sums are reduced (tensor
   // parallel and FSDP peers); the loss itself is then reduced over the data-parallel ranks.
@@ -330,6 +365,7 @@ StepResult Trainer::train_step() {
   at::Tensor nonfinite = at::logical_not(at::isfinite(grad_norm.to(loss_sum.device())) & at::isfinite(loss_sum));
   fault::point("optimizer", step);
   optimizer_->step(nonfinite.to(at::kFloat));
+  optimizer_range.reset();
   ++step_;
   ++lr_step_;
   r.loss = loss_sum.item<double>();
@@ -346,7 +382,18 @@ std::vector<double> Trainer::train() {
   int64_t tokens_at_last_log = ntokens_seen_, step_at_last_log = step_;  // after a resume too
   while (step_ < tr.steps) {
     if (checkpointer_) checkpointer_->check();  // a failed background save stops the run
-    StepResult r = train_step();
+    if (profiler_) profiler_->step_begin(step_ + 1);
+    StepResult r;
+    try {
+      r = train_step();
+    } catch (const c10::OutOfMemoryError& e) {
+      throw_out_of_memory(e);
+    }
+    if (profiler_) {  // a trace or snapshot written here is not the step's time
+      const auto profiler_start = Clock::now();
+      profiler_->step_end(step_);
+      interval_start += Clock::now() - profiler_start;
+    }
     // The first step may wait long (start-up of every rank, first allocations, a slow first data
     // read): collectives get comm.init_timeout_seconds until it is done, then train_timeout_seconds.
     if (!timeout_set_) {
@@ -376,9 +423,17 @@ std::vector<double> Trainer::train() {
       step_at_last_log = step_;
       data_seconds_ = 0;
     }
+    // torchtitan's rule: at step 1 and every validation.freq steps. Its time is not the training's.
+    if (val_loader_ && (step_ == 1 || step_ % cfg_.validation.freq == 0)) {
+      const auto validation_start = Clock::now();
+      TraceRange range(mem::Phase::Validation, "validation");
+      metrics_->log_validation(validate());
+      interval_start += Clock::now() - validation_start;
+    }
     if (checkpointer_ && checkpointer_->should_save(step_, tr.steps)) save_checkpoint_at_step();
     if (step_callback_) step_callback_(step_);
   }
+  if (profiler_) profiler_->finish(step_);
   if (checkpointer_) checkpointer_->wait();
   log_info("Training completed");
   // Debugging aid (docs/parallelism.md): the trained weights and per-step losses, to compare layouts.
@@ -390,6 +445,19 @@ std::vector<double> Trainer::train() {
     }
   }
   return losses;
+}
+
+void Trainer::throw_out_of_memory(const c10::OutOfMemoryError& e) {
+  std::string what = e.what_without_backtrace();
+  const std::string path = profiler_ ? profiler_->write_oom_snapshot(step_ + 1) : "";
+  std::string advice = path.empty() ? "set profiling.enable_memory_snapshot = true for a memory snapshot at the failure, "
+                                      "or run `titan estimate` with this config to see the per-rank peak"
+                                    : std::string("memory snapshot: ") + path +
+                                          (device_.is_cuda() ? " (open it at https://pytorch.org/memory_viz)" : "");
+  throw UserError("out of memory at step " + std::to_string(step_ + 1) + ": " + what.substr(0, what.find('\n')) +
+                  "\n  " + advice +
+                  "\n  lower training.local_batch_size or seq_len, turn on activation checkpointing, or shard more "
+                  "(FSDP, TP)");
 }
 
 void Trainer::on_nonfinite_step(const StepResult& r) {

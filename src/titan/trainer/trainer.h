@@ -5,6 +5,7 @@
 #include "titan/components/checkpoint/checkpointer.h"
 #include "titan/components/data/dataloader.h"
 #include "titan/components/metrics/metrics.h"
+#include "titan/components/metrics/profiler.h"
 #include "titan/components/optimizer/lr_scheduler.h"
 #include "titan/components/optimizer/optimizer.h"
 #include "titan/components/tokenizer/tokenizer.h"
@@ -48,6 +49,13 @@ class Trainer {
   // One optimizer step over gradient_accumulation_steps() micro-batches of local_batch_size.
   StepResult train_step();
 
+  // ---- validation (trainer_validate.cpp): with validation.enable, train() evaluates at step 1 and
+  // every validation.freq steps. Evaluates the loss on validation.steps batches of the validation set
+  // (all of one pass with -1), the same batches every time, without gradients; collective over all
+  // ranks. Returns the average loss over every validation token of all data-parallel ranks.
+  metrics::ValidationStats validate();
+  bool validation_enabled() const { return val_loader_ != nullptr; }
+
   int64_t step() const { return step_; }
   const dist::LaunchEnv& launch_env() const { return env_; }
   // The full, unsharded parameters (fp32, CPU) by name; collective over the shard groups.
@@ -72,9 +80,13 @@ class Trainer {
   std::string restart_note() const;
   void set_up_distributed();
   void set_up_checkpointing();
+  void set_up_validation();  // the validation data loader (checked at start-up), when enabled
   // After a step whose loss or gradient norm was not finite: a warning (nan_policy skip) or the error
   // that ends the run (stop), once a background save of an earlier step has completed.
   void on_nonfinite_step(const StepResult& r);
+  // After an out-of-memory error in a step: writes the memory snapshot (when configured) and throws
+  // the UserError that names the step, the snapshot and what to change.
+  [[noreturn]] void throw_out_of_memory(const c10::OutOfMemoryError& e);
   void save_checkpoint_at_step();  // the periodic save, or the last one (model only / Hugging Face)  // the checkpointer, then the resume (or initial load) if there is one
   // The tensors of a checkpoint by checkpoint name: "model.<param>", "optimizer.<param>.exp_avg", ...
   std::vector<dist::PlacedTensor> checkpoint_tensors(const std::vector<std::string>& parts);
@@ -102,7 +114,10 @@ class Trainer {
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<LRSchedule> lr_schedule_;
   std::unique_ptr<data::DataLoader> dataloader_;
+  std::unique_ptr<data::DataLoader> val_loader_;  // null unless validation.enable
+  std::string val_start_state_;                   // its position at the start: every evaluation reads the same batches
   std::unique_ptr<metrics::MetricsLogger> metrics_;
+  std::unique_ptr<metrics::Profiler> profiler_;  // null unless [profiling] traces or memory snapshots are on
   std::unique_ptr<checkpoint::Checkpointer> checkpointer_;
   std::vector<dist::PlacedTensor> params_;
   int64_t grad_accum_steps_ = 1;

@@ -19,15 +19,13 @@ TEST(ConfigSupported, EachGatedFeatureIsAnErrorNamingItsKey) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"--parallelism.pipeline_parallel_degree", "2"}, "--parallelism.pipeline_parallel_degree 1"},
       {{"--parallelism.context_parallel_degree", "2"}, "--parallelism.context_parallel_degree 1"},
-      {{"--profiling.enable_profiling"}, "--profiling.enable_profiling false"},
-      {{"--profiling.enable_memory_snapshot"}, "profiling.enable_memory_snapshot"},
       {{"--activation_checkpoint.mode", "memory_budget"}, "activation_checkpoint.mode = \"memory_budget\""},
       {{"--model.converters", "float8"}, "model.converters = [\"quantize.linear.float8\"]"},
       {{"--float8.enable_float8_linear"}, "--model.converters="},
       {{"--compile.enable"}, "--compile.enable false"},
       {{"--training.compile"}, "compile.enable = true"},
-      {{"--validation.enable"}, "--validation.enable false"},
-      {{"--metrics.enable_wandb"}, "--metrics.enable_wandb false"},
+      {{"--metrics.enable_wandb"}, "--metrics.enable_wandb false; the same metrics go to TensorBoard files"},
+      {{"--metrics.enable_wandb"}, "`titan report DUMP_FOLDER`"},
       {{"--fault_tolerance.enable"}, "fault_tolerance.enable"},
       {{"--experimental.custom_import", "my.models"}, "experimental.custom_import = \"my.models\""},
   };
@@ -42,11 +40,17 @@ TEST(ConfigSupported, EachGatedFeatureIsAnErrorNamingItsKey) {
 }
 
 TEST(ConfigSupported, AllProblemsAreListedAtOnce) {
-  const JobConfig cfg = parse({"--compile.enable", "--profiling.enable_profiling", "--activation_checkpoint.mode",
+  const JobConfig cfg = parse({"--compile.enable", "--fault_tolerance.enable", "--activation_checkpoint.mode",
                                "memory_budget"});
   const std::string e = user_error([&] { check_supported(cfg); });
-  for (const char* key : {"activation_checkpoint.mode", "compile.enable", "profiling.enable_profiling"})
+  for (const char* key : {"activation_checkpoint.mode", "compile.enable", "fault_tolerance.enable"})
     EXPECT_NE(e.find(key), std::string::npos) << key;
+}
+
+TEST(ConfigSupported, ProfilingMemorySnapshotsAndValidationAreSupported) {
+  EXPECT_NO_THROW(check_supported(parse({"--profiling.enable_profiling", "--profiling.enable_memory_snapshot",
+                                         "--validation.enable"}),
+                                  2));
 }
 
 TEST(ConfigSupported, TensorParallelismIsSupported) {

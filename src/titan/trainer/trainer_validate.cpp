@@ -1,0 +1,68 @@
+// Validation: the loss on held-out data, evaluated without gradients under whatever layout trains
+// (FSDP gathers, TP's collectives and loss parallel run as in the training forward).
+#include "titan/common/autocast.h"
+#include "titan/common/error.h"
+#include "titan/trainer/trainer.h"
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+
+namespace titan {
+
+void Trainer::set_up_validation() {
+  const auto& v = cfg_.validation;
+  if (!v.enable) return;
+  if (dims_->tp() > 1) dist::check_sequence_length(v.seq_len, dims_->tp(), tensor_parallel_->options().sequence_parallel);
+  data::DataConfig dc;
+  dc.dp_rank = (*mesh_)["dp"].rank();
+  dc.dp_world = static_cast<int>(dims_->dp_size());
+  dc.dataset = v.dataset;
+  dc.dataset_path = v.dataset_path;
+  dc.local_batch_size = v.local_batch_size;
+  dc.seq_len = v.seq_len;
+  try {
+    val_loader_ = data::make_dataloader(dc, *tokenizer_);
+  } catch (const UserError& e) {
+    // The data layer's advice names the training keys; here the validation ones are meant.
+    std::string what = e.what();
+    for (size_t at = 0; (at = what.find("training.dataset", at)) != std::string::npos; at += 10) what.replace(at, 8, "validation");
+    throw UserError("validation data: " + what);
+  }
+  val_start_state_ = val_loader_->state();
+  log_info("Validation: " + val_loader_->description() + "; every " + std::to_string(v.freq) + " steps, " +
+           (v.steps < 0 ? std::string("one pass over the data") : std::to_string(v.steps) + " batches") + " of " +
+           std::to_string(v.local_batch_size) + " x " + std::to_string(v.seq_len) + " tokens per data-parallel rank");
+}
+
+metrics::ValidationStats Trainer::validate() {
+  TITAN_ASSERT(val_loader_, "validate() without validation.enable");
+  const auto& v = cfg_.validation;
+  const auto start = std::chrono::steady_clock::now();
+  at::NoGradGuard no_grad;
+  val_loader_->load_state(val_start_state_);
+  // Sums in float64: the average over many batches does not depend on the order of the additions
+  // beyond float64 rounding, so every layout reports the same figure.
+  at::Tensor loss_sum = at::zeros({}, at::TensorOptions().device(device_).dtype(at::kDouble));
+  int64_t batches = 0, tokens = 0;
+  // With steps = -1, one pass: every batch that starts in the first pass over the data (the stream is
+  // global, so every rank stops at the same batch).
+  while (v.steps < 0 ? batches == 0 || val_loader_->epoch() == 0 : batches < v.steps) {
+    data::Batch batch = val_loader_->next();
+    at::Tensor inputs_BS = batch.inputs.to(device_), labels_BS = batch.labels.to(device_);
+    CudaBf16Autocast autocast(bf16_autocast_);
+    at::Tensor logits_BSV = model_->forward(inputs_BS);
+    loss_sum += parallelized_.loss_sum(logits_BSV.flatten(0, 1), labels_BS.flatten(0, 1)).to(at::kDouble);
+    tokens += labels_BS.numel();
+    ++batches;
+  }
+  (*mesh_)["dp"].all_reduce(loss_sum).wait();
+  metrics::ValidationStats s;
+  s.step = step_;
+  s.loss = loss_sum.item<double>() / static_cast<double>(tokens * dims_->dp_size());
+  s.tokens = tokens;
+  s.seconds = std::max(1e-9, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  return s;
+}
+
+}  // namespace titan
