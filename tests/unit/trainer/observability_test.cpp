@@ -321,6 +321,41 @@ TEST(Validation, EqualAcrossLayouts) {
   }
 }
 
+// validation.steps = -1 evaluates one pass over the set: every batch that starts in the first pass,
+// and no more (the loop ends; the stream is global, so every rank stops at the same batch).
+TEST(Validation, WholeSetIsOnePass) {
+  test::TempDir dir;
+  {
+    std::ofstream f(dir / "held_out.jsonl");
+    for (int i = 0; i < 12; ++i)
+      f << "{\"text\": \"Held-out document number " << i << ": the quick brown fox jumps over the lazy dog, again and "
+        << "again, while the validation loop counts its batches.\"}\n";
+  }
+  auto a = train_args(dir.path(), 1,
+                      {"--training.local_batch_size", "8", "--validation.enable", "true", "--validation.dataset_path",
+                       dir / "held_out.jsonl", "--validation.steps", "-1", "--validation.local_batch_size", "2",
+                       "--validation.seq_len", "32"});
+  Trainer t(parse_config(a));
+  const metrics::ValidationStats v = t.validate();
+  ASSERT_GT(v.tokens, 0);
+  ASSERT_EQ(v.tokens % 64, 0);
+  const int64_t batches = v.tokens / 64;
+  EXPECT_GT(batches, 1);
+  data::DataConfig dc;
+  dc.dataset = "c4_test";
+  dc.dataset_path = dir / "held_out.jsonl";
+  dc.local_batch_size = 2;
+  dc.seq_len = 32;
+  auto tokenizer = load_tokenizer(kSource + "/assets/tokenizer");
+  auto loader = data::make_dataloader(dc, *tokenizer);
+  for (int64_t b = 0; b < batches; ++b) {
+    EXPECT_EQ(loader->epoch(), 0) << "batch " << b << " starts after the first pass";
+    loader->next();
+  }
+  EXPECT_GT(loader->epoch(), 0) << "one more batch would still be in the first pass";
+  EXPECT_EQ(t.validate().tokens, v.tokens);
+}
+
 TEST(Validation, BadSettingsAreClearErrors) {
   test::TempDir dir;
   auto a = train_args(dir.path(), 1, {"--validation.enable", "true", "--validation.dataset", "c4_validation"});
