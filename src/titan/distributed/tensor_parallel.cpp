@@ -350,8 +350,8 @@ at::Tensor matmul_reduce_scatter(const at::Tensor& x_BSF, const at::Tensor& weig
 
 // ---- styles
 
-void check_sequence_length(int64_t seq_len, int64_t tp, bool sequence_parallel) {
-  TITAN_USER_CHECK(!sequence_parallel || tp <= 1 || seq_len % tp == 0, "training.seq_len ", seq_len,
+void check_sequence_length(int64_t seq_len, int64_t tp, bool sequence_parallel, const char* key) {
+  TITAN_USER_CHECK(!sequence_parallel || tp <= 1 || seq_len % tp == 0, key, " ", seq_len,
                    " is not divisible by parallelism.tensor_parallel_degree ", tp,
                    ": sequence parallelism splits every sequence evenly across the tensor-parallel ranks; choose "
                    "a multiple of ", tp, " or set parallelism.enable_sequence_parallel false");

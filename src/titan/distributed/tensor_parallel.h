@@ -91,7 +91,7 @@ struct TensorParallelOptions {
 };
 
 // A UserError when sequence parallel cannot split sequences of seq_len tokens over tp ranks.
-void check_sequence_length(int64_t seq_len, int64_t tp, bool sequence_parallel);
+void check_sequence_length(int64_t seq_len, int64_t tp, bool sequence_parallel, const char* key = "training.seq_len");
 
 // Applies the styles above over `group`. Each style replaces the parameters it shards (a parameter
 // with values keeps its slice; one built without storage gets only the shard's shape, to be filled

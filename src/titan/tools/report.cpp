@@ -112,6 +112,10 @@ RunMetrics parse_metrics(const std::string& text, const std::string& file) {
     if (kind == "start") {
       ++run.starts;
       after_start = run.starts > 1;
+      // The step the process started from (0: a fresh run, S: resumed after step S). Records of later
+      // steps belong to an earlier run in the same folder that went further: a new run replaces them.
+      if (auto s = j.find("step"); s != j.end() && s->is_number_integer())
+        for (auto& [record_kind, by_step] : run.records) by_step.erase(by_step.upper_bound(s->get<int64_t>()), by_step.end());
       continue;
     }
     auto step_it = j.find("step");
@@ -289,6 +293,7 @@ CheckResult check(const RunMetrics& a, const RunMetrics& b, const CheckOptions& 
                    "' is not one of loss, validation_loss");
   const Series sa = check_series(a, options.metric), sb = check_series(b, options.metric);
   CheckResult r;
+  r.missing_counts = !options.common_steps_only;
   for (const auto& [step, va] : sa) {
     auto it = sb.find(step);
     if (it == sb.end()) {
@@ -323,10 +328,13 @@ CheckResult check(const RunMetrics& a, const RunMetrics& b, const CheckOptions& 
 std::string format_check(const CheckResult& r, const RunMetrics& a, const RunMetrics& b, const CheckOptions& o) {
   std::ostringstream os;
   const std::string tol = "rtol " + num(o.rtol, 3) + ", atol " + num(o.atol, 3);
-  if (r.agree()) {
+  if (r.differing_steps == 0) {
     os << o.metric << ": " << a.folder << " and " << b.folder << " agree at all " << r.common_steps
        << " common steps within " << tol << "; largest relative difference " << num(r.max_rel_diff, 3) << " (step "
        << r.max_rel_step << ")\n";
+    if (!r.agree())
+      os << o.metric << ": the runs differ in the steps they logged (one stopped early, or they logged at other "
+         << "steps); --common-steps-only compares the common steps alone\n";
   } else {
     os << o.metric << ": " << a.folder << " and " << b.folder << " differ at " << r.differing_steps << " of "
        << r.common_steps << " common steps (" << tol << ")\n"
@@ -334,10 +342,11 @@ std::string format_check(const CheckResult& r, const RunMetrics& a, const RunMet
        << ", relative difference " << num(relative_difference(r.first_a, r.first_b), 3) << ")\n"
        << "  largest relative difference: " << num(r.max_rel_diff, 3) << " (step " << r.max_rel_step << ")\n";
   }
+  const char* what = r.missing_counts ? ": " : ", not compared: ";
   if (!r.only_in_a.empty())
-    os << "  " << r.only_in_a.size() << " step(s) only in " << a.folder << ", not compared: " << step_list(r.only_in_a) << "\n";
+    os << "  " << r.only_in_a.size() << " step(s) only in " << a.folder << what << step_list(r.only_in_a) << "\n";
   if (!r.only_in_b.empty())
-    os << "  " << r.only_in_b.size() << " step(s) only in " << b.folder << ", not compared: " << step_list(r.only_in_b) << "\n";
+    os << "  " << r.only_in_b.size() << " step(s) only in " << b.folder << what << step_list(r.only_in_b) << "\n";
   return os.str();
 }
 
@@ -354,13 +363,15 @@ std::string report_usage() {
          "them (one run: its settings that differ from titan's defaults). A metric that no run recorded\n"
          "(validation off, MFU on CPU) is a one-line note instead of a plot.\n"
          "  --output FILE, -o FILE   where to write the page (default: report.html in the first folder)\n\n"
-         "With --check: compares the two runs' curves at the steps both logged. A step agrees when\n"
-         "|a - b| <= atol + rtol * |b| (b: RUN_B, the reference), or when both are the same non-finite value.\n"
+         "With --check: compares the two runs' curves step by step. A step agrees when\n"
+         "|a - b| <= atol + rtol * |b| (b: RUN_B, the reference), or when both are the same non-finite value;\n"
+         "a step that only one run logged is a difference too (a run that stopped early does not pass).\n"
          "Prints the first differing step, how many differ and the largest relative difference.\n"
          "  --rtol R                 relative tolerance (default 1e-5: what data-parallel layouts keep from the\n"
          "                           single process in fp32; 0 asks for bit-identical losses)\n"
          "  --atol A                 absolute tolerance (default 0)\n"
-         "  --metric M               loss (training, default) or validation_loss\n\n"
+         "  --metric M               loss (training, default) or validation_loss\n"
+         "  --common-steps-only      compare only the steps both runs logged (e.g. other log_freq)\n\n"
          "Exit status: 0 page written / curves agree; 1 the curves differ; 2 bad usage or unreadable input\n"
          "(a missing folder or file, a malformed line: named as file:line, no common step).\n"
          "See docs/metrics.md, section \"titan report\".\n";
@@ -382,7 +393,7 @@ double parse_tolerance(const std::string& name, const std::string& text) {
 }
 
 int run(const std::vector<std::string>& args) {
-  bool check_mode = false;
+  bool check_mode = false, common_only = false;
   std::optional<std::string> output, rtol, atol, metric;
   std::vector<std::string> folders;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -401,6 +412,8 @@ int run(const std::vector<std::string>& args) {
     };
     if (a == "--check") {
       check_mode = true;
+    } else if (a == "--common-steps-only") {
+      common_only = true;
     } else if (value(output, "--output") || value(rtol, "--rtol") || value(atol, "--atol") ||
                value(metric, "--metric")) {
     } else if (a.size() > 1 && a[0] == '-') {
@@ -417,6 +430,7 @@ int run(const std::vector<std::string>& args) {
     if (rtol) o.rtol = parse_tolerance("--rtol", *rtol);
     if (atol) o.atol = parse_tolerance("--atol", *atol);
     if (metric) o.metric = *metric;
+    o.common_steps_only = common_only;
     const RunMetrics a = read_metrics(folders[0]), b = read_metrics(folders[1]);
     const CheckResult r = check(a, b, o);
     std::cout << format_check(r, a, b, o);

@@ -78,6 +78,7 @@ struct CheckOptions {
   std::string metric = "loss";  // "loss" (train) or "validation_loss"
   double rtol = 1e-5;
   double atol = 0;
+  bool common_steps_only = false;  // steps logged by one run only do not count as a difference
 };
 struct CheckResult {
   int64_t common_steps = 0;
@@ -87,7 +88,8 @@ struct CheckResult {
   double max_rel_diff = 0;                  // largest |a - b| / |b| over common steps (inf: b == 0 != a, or non-finite)
   int64_t max_rel_step = -1;
   std::vector<int64_t> only_in_a, only_in_b;
-  bool agree() const { return differing_steps == 0; }
+  bool missing_counts = true;  // a step logged by one run only is a difference (not --common-steps-only)
+  bool agree() const { return differing_steps == 0 && (!missing_counts || (only_in_a.empty() && only_in_b.empty())); }
 };
 // Throws UserError when the runs have no step of the metric in common.
 CheckResult check(const RunMetrics& a, const RunMetrics& b, const CheckOptions& options);

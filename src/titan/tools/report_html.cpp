@@ -244,12 +244,18 @@ const char* kScript = R"JS(
     var raw = (hi - lo) / n, step = Math.pow(10, Math.floor(Math.log10(raw))), f = raw / step;
     step *= f >= 7.5 ? 10 : f >= 3.5 ? 5 : f >= 1.5 ? 2 : 1;
     if (integer && step < 1) step = 1;
-    var out = [];
-    for (var i = Math.ceil(lo / step - 1e-9); i * step <= hi + step * 1e-9; i++) out.push(parseFloat((i * step).toPrecision(12)));
+    var out = [], first = Math.ceil(lo / step - 1e-9);
+    // Bounded: a span of a few ulps makes lo / step huge, where adding 1 no longer moves the index.
+    for (var k = 0; k <= n + 2; k++) {
+      var v = (first + k) * step;
+      if (v > hi + step * 1e-9) break;
+      out.push(parseFloat(v.toPrecision(12)));
+    }
     return out;
   }
   function domain(lo, hi, pad) {
-    if (lo === hi) { var d = Math.abs(lo) * 0.05 || 1; return [lo - d, hi + d]; }
+    // Equal, or equal but for float rounding: a band around the value.
+    if (hi - lo <= 1e-12 * Math.max(Math.abs(lo), Math.abs(hi))) { var d = Math.abs(lo) * 0.05 || 1; return [lo - d, hi + d]; }
     var p = (hi - lo) * pad;
     return [lo - p, hi + p];
   }

@@ -254,7 +254,6 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   std::filesystem::create_directories(cfg_.job.dump_folder);
   const std::string saved = cfg_.job.dump_folder + "/" +
                             (cfg_.job.save_config_file.empty() ? "config.toml" : cfg_.job.save_config_file);
-  if (env_.rank == 0) std::ofstream(saved) << to_toml(cfg_);
   log_info("Starting job: " + cfg_.job.description);
   log_info("Processes: " + dist::describe(env_) + "; parallelism " + dims_->describe() +
            (data_parallel_->kind() != "none" ? " (" + data_parallel_->kind() + ")" : "") +
@@ -292,6 +291,10 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
 
   // ---- checkpoints: resume from the latest one in the folder (or the initial load)
   set_up_checkpointing();
+  // Set up: the run's config and the start of its records (a run that fails before this leaves the
+  // folder's earlier records alone).
+  if (env_.rank == 0) std::ofstream(saved) << to_toml(cfg_);
+  metrics_->record_start(step_);
   std::snprintf(buf, sizeof buf, "Start-up: %.2f s (model built and initialized in %.2f s)",
                 seconds_since_process_start(), model_seconds);
   log_info(buf);
@@ -387,12 +390,12 @@ std::vector<double> Trainer::train() {
     try {
       r = train_step();
     } catch (const c10::OutOfMemoryError& e) {
-      throw_out_of_memory(e);
+      throw_out_of_memory(e, step_ + 1);
     }
-    if (profiler_) {  // a trace or snapshot written here is not the step's time
-      const auto profiler_start = Clock::now();
-      profiler_->step_end(step_);
-      interval_start += Clock::now() - profiler_start;
+    if (profiler_) {  // the peak breakdown of this step's window, before the log resets it
+      const auto snapshot_start = Clock::now();
+      profiler_->snapshot_step(step_);
+      interval_start += Clock::now() - snapshot_start;
     }
     // The first step may wait long (start-up of every rank, first allocations, a slow first data
     // read): collectives get comm.init_timeout_seconds until it is done, then train_timeout_seconds.
@@ -427,8 +430,17 @@ std::vector<double> Trainer::train() {
     if (val_loader_ && (step_ == 1 || step_ % cfg_.validation.freq == 0)) {
       const auto validation_start = Clock::now();
       TraceRange range(mem::Phase::Validation, "validation");
-      metrics_->log_validation(validate());
+      try {
+        metrics_->log_validation(validate());
+      } catch (const c10::OutOfMemoryError& e) {
+        throw_out_of_memory(e, step_);
+      }
       interval_start += Clock::now() - validation_start;
+    }
+    if (profiler_) {  // a recorded window ends after the step's evaluation; writing it is not training time
+      const auto profiler_start = Clock::now();
+      profiler_->step_end(step_);
+      interval_start += Clock::now() - profiler_start;
     }
     if (checkpointer_ && checkpointer_->should_save(step_, tr.steps)) save_checkpoint_at_step();
     if (step_callback_) step_callback_(step_);
@@ -447,14 +459,14 @@ std::vector<double> Trainer::train() {
   return losses;
 }
 
-void Trainer::throw_out_of_memory(const c10::OutOfMemoryError& e) {
+void Trainer::throw_out_of_memory(const c10::OutOfMemoryError& e, int64_t step) {
   std::string what = e.what_without_backtrace();
-  const std::string path = profiler_ ? profiler_->write_oom_snapshot(step_ + 1) : "";
+  const std::string path = profiler_ ? profiler_->write_oom_snapshot(step) : "";
   std::string advice = path.empty() ? "set profiling.enable_memory_snapshot = true for a memory snapshot at the failure, "
                                       "or run `titan estimate` with this config to see the per-rank peak"
                                     : std::string("memory snapshot: ") + path +
                                           (device_.is_cuda() ? " (open it at https://pytorch.org/memory_viz)" : "");
-  throw UserError("out of memory at step " + std::to_string(step_ + 1) + ": " + what.substr(0, what.find('\n')) +
+  throw UserError("out of memory at step " + std::to_string(step) + ": " + what.substr(0, what.find('\n')) +
                   "\n  " + advice +
                   "\n  lower training.local_batch_size or seq_len, turn on activation checkpointing, or shard more "
                   "(FSDP, TP)");

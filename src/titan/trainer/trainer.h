@@ -86,7 +86,7 @@ class Trainer {
   void on_nonfinite_step(const StepResult& r);
   // After an out-of-memory error in a step: writes the memory snapshot (when configured) and throws
   // the UserError that names the step, the snapshot and what to change.
-  [[noreturn]] void throw_out_of_memory(const c10::OutOfMemoryError& e);
+  [[noreturn]] void throw_out_of_memory(const c10::OutOfMemoryError& e, int64_t step);
   void save_checkpoint_at_step();  // the periodic save, or the last one (model only / Hugging Face)  // the checkpointer, then the resume (or initial load) if there is one
   // The tensors of a checkpoint by checkpoint name: "model.<param>", "optimizer.<param>.exp_avg", ...
   std::vector<dist::PlacedTensor> checkpoint_tensors(const std::vector<std::string>& parts);

@@ -7,6 +7,7 @@
 //   state: train_state {step, ntokens_seen}, lr_scheduler {step}, dataloader (global stream position)
 // Every piece is global (placements, the global sample stream), so any layout resumes any checkpoint.
 #include "titan/common/error.h"
+#include "titan/common/trace.h"
 #include "titan/components/checkpoint/file_io.h"
 #include "titan/components/checkpoint/hf.h"
 #include "titan/trainer/trainer.h"
@@ -78,6 +79,7 @@ nlohmann::json Trainer::checkpoint_state() {
 
 void Trainer::save_checkpoint(bool model_only, std::optional<at::ScalarType> cast) {
   TITAN_ASSERT(checkpointer_, "save_checkpoint without checkpoint.enable");
+  TraceRange range(mem::Phase::Checkpoint, "checkpoint_save");
   const std::vector<std::string> parts = model_only ? std::vector<std::string>{"model"} : kParts;
   // With async_mode the copy off the live tensors is all that blocks training; a synchronous save
   // writes the CPU tensors themselves.
@@ -145,6 +147,7 @@ void Trainer::on_every_rank(const std::function<void()>& f, const std::string& w
 
 void Trainer::load_checkpoint(checkpoint::Source& source, std::vector<std::string> parts, const nlohmann::json& state,
                               bool allow_cast) {
+  TraceRange range(mem::Phase::Checkpoint, "checkpoint_load");
   // Read and check everything first; nothing is modified unless every rank succeeded.
   checkpoint::Staged staged;
   std::optional<int64_t> step, tokens, lr_step;

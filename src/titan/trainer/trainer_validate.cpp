@@ -13,7 +13,8 @@ namespace titan {
 void Trainer::set_up_validation() {
   const auto& v = cfg_.validation;
   if (!v.enable) return;
-  if (dims_->tp() > 1) dist::check_sequence_length(v.seq_len, dims_->tp(), tensor_parallel_->options().sequence_parallel);
+  if (dims_->tp() > 1)
+    dist::check_sequence_length(v.seq_len, dims_->tp(), tensor_parallel_->options().sequence_parallel, "validation.seq_len");
   data::DataConfig dc;
   dc.dp_rank = (*mesh_)["dp"].rank();
   dc.dp_world = static_cast<int>(dims_->dp_size());

@@ -194,6 +194,27 @@ TEST(ReportPage, AMetricNoRunRecordedIsANoteInsteadOfAPlot) {
   EXPECT_EQ(config.find("optimizer.lr"), std::string::npos) << "8e-4 is the default";
 }
 
+// Values equal but for the last bit of a double (a float64 validation loss of two layouts) make an
+// axis of zero width at a magnitude where adding 1 to a tick index no longer changes it: the axis
+// must still draw (bounded ticks), not loop or drop the plot.
+TEST(ReportPage, ValuesOneUlpApartStillDraw) {
+  test::TempDir dir;
+  const std::string a = make_run(dir, "a", 8e-4, 3, /*validation=*/false, /*mfu=*/true);
+  const std::string b = make_run(dir, "b", 8e-4, 3, /*validation=*/false, /*mfu=*/true);
+  std::ofstream(a + "/" + report::kMetricsFile, std::ios::app) << "{\"kind\":\"validation\",\"step\":2,\"loss\":7.9851}\n";
+  std::ofstream(b + "/" + report::kMetricsFile, std::ios::app)
+      << "{\"kind\":\"validation\",\"step\":2,\"loss\":7.985100000000001}\n";
+  auto r = titan({"report", a, b});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto start = std::chrono::steady_clock::now();
+  const std::string dom = browser_dom(a + "/report.html");
+  ASSERT_FALSE(dom.empty());
+  EXPECT_EQ(attribute(dom, "data-errors"), "");
+  EXPECT_EQ(attribute(dom, "data-rendered"), "7");
+  EXPECT_NE(element(dom, "<svg[^>]*data-metric=\"validation_loss\"", "</svg>").find("class=\"series\""), std::string::npos);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 30.0);
+}
+
 // ---------------------------------------------------------------------------------------------
 // metrics.jsonl
 
@@ -212,6 +233,29 @@ TEST(ReportMetrics, AResumedRunsLaterLinesSupersedeEarlierOnesOfTheSameStep) {
   EXPECT_EQ(r.resumed_at, std::vector<int64_t>{2});
   EXPECT_EQ(*r.first_time, 100);
   EXPECT_EQ(*r.last_time, 202);
+}
+
+// A start line names the step the process began after: a fresh run (step 0) in a folder that an
+// earlier, longer run used replaces all of that run's steps; a resume after step 4 keeps steps 1-4.
+TEST(ReportMetrics, AFreshRunInAReusedFolderReplacesTheOldRunsLaterSteps) {
+  const std::string old_run =
+      "{\"kind\":\"start\",\"time\":100,\"restart\":0,\"step\":0}\n"
+      "{\"kind\":\"train\",\"step\":1,\"loss\":8.0}\n{\"kind\":\"train\",\"step\":2,\"loss\":7.5}\n"
+      "{\"kind\":\"validation\",\"step\":2,\"loss\":7.4}\n"
+      "{\"kind\":\"train\",\"step\":3,\"loss\":7.0}\n{\"kind\":\"train\",\"step\":4,\"loss\":6.5}\n"
+      "{\"kind\":\"train\",\"step\":5,\"loss\":6.0}\n{\"kind\":\"train\",\"step\":6,\"loss\":5.5}\n";
+  const RunMetrics fresh = report::parse_metrics(
+      old_run + "{\"kind\":\"start\",\"time\":200,\"restart\":0,\"step\":0}\n"
+                "{\"kind\":\"train\",\"step\":1,\"loss\":8.1}\n{\"kind\":\"train\",\"step\":2,\"loss\":7.9}\n",
+      "m.jsonl");
+  EXPECT_EQ(fresh.series("train", "loss"), (report::Series{{1, 8.1}, {2, 7.9}}));
+  EXPECT_TRUE(fresh.series("validation", "loss").empty());
+  const RunMetrics resumed = report::parse_metrics(
+      old_run + "{\"kind\":\"start\",\"time\":200,\"restart\":1,\"step\":4}\n"
+                "{\"kind\":\"train\",\"step\":5,\"loss\":6.1}\n",
+      "m.jsonl");
+  EXPECT_EQ(resumed.series("train", "loss"), (report::Series{{1, 8.0}, {2, 7.5}, {3, 7.0}, {4, 6.5}, {5, 6.1}}));
+  EXPECT_EQ(resumed.series("validation", "loss"), (report::Series{{2, 7.4}}));
 }
 
 TEST(ReportMetrics, UnknownKindsAndFieldsAreIgnoredAndNonFiniteStringsRead) {
@@ -290,18 +334,29 @@ TEST(ReportCheck, NonFiniteValuesAgreeOnlyWithTheSameNonFiniteValue) {
   EXPECT_EQ(r.max_rel_diff, HUGE_VAL);
 }
 
-TEST(ReportCheck, OnlyCommonStepsAreComparedAndTheOthersReported) {
+TEST(ReportCheck, StepsOfOneRunOnlyAreADifferenceUnlessCommonStepsOnly) {
   const auto a = losses("runA", {{1, 8}, {2, 7.5}, {3, 7}, {4, 6.5}});
   const auto b = losses("runB", {{3, 7}, {4, 6.5}, {5, 6}, {6, 5.5}, {7, 5}});
+  // A run that stopped early (or logged other steps) does not pass.
   const auto r = report::check(a, b, {});
-  EXPECT_TRUE(r.agree());
+  EXPECT_FALSE(r.agree());
+  EXPECT_EQ(r.differing_steps, 0);
   EXPECT_EQ(r.common_steps, 2);
   EXPECT_EQ(r.only_in_a, (std::vector<int64_t>{1, 2}));
   EXPECT_EQ(r.only_in_b, (std::vector<int64_t>{5, 6, 7}));
-  const std::string text = report::format_check(r, a, b, {});
+  std::string text = report::format_check(r, a, b, {});
   EXPECT_NE(text.find("agree at all 2 common steps"), std::string::npos) << text;
+  EXPECT_NE(text.find("the runs differ in the steps they logged"), std::string::npos) << text;
+  EXPECT_NE(text.find("2 step(s) only in runA: 1, 2"), std::string::npos) << text;
+  EXPECT_NE(text.find("3 step(s) only in runB: 5, 6, 7"), std::string::npos) << text;
+  // --common-steps-only compares the common steps alone.
+  report::CheckOptions common;
+  common.common_steps_only = true;
+  const auto c = report::check(a, b, common);
+  EXPECT_TRUE(c.agree());
+  text = report::format_check(c, a, b, common);
   EXPECT_NE(text.find("2 step(s) only in runA, not compared: 1, 2"), std::string::npos) << text;
-  EXPECT_NE(text.find("3 step(s) only in runB, not compared: 5, 6, 7"), std::string::npos) << text;
+  EXPECT_EQ(text.find("the runs differ"), std::string::npos) << text;
   EXPECT_THROW(report::check(losses("a", {{1, 8}}), losses("b", {{2, 8}}), {}), UserError);
 }
 

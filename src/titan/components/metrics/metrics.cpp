@@ -78,8 +78,12 @@ MetricsLogger::MetricsLogger(MetricsOptions options)
     metrics_file_ = std::make_unique<std::ofstream>(metrics_file_path_, std::ios::app);
     TITAN_USER_CHECK(metrics_file_->good(), "cannot open the metrics file ", metrics_file_path_,
                      " for appending: check that job.dump_folder is writable");
-    append_record(nlohmann::ordered_json{{"kind", "start"}, {"time", unix_seconds()}, {"restart", options_.restart}}.dump());
   }
+}
+
+void MetricsLogger::record_start(int64_t step) {
+  append_record(nlohmann::ordered_json{{"kind", "start"}, {"time", unix_seconds()}, {"restart", options_.restart}, {"step", step}}
+                    .dump());
 }
 
 void MetricsLogger::append_record(const std::string& json_line) {

@@ -125,6 +125,11 @@ class MetricsLogger {
 
   // The TensorBoard event file ("" when this rank writes none).
   std::string tensorboard_path() const { return tensorboard_ ? tensorboard_->path() : std::string(); }
+  // Appends the "start" record of this process to the metrics file: `step` is the step training
+  // continues after (0 for a fresh run, S when resumed from step S). Readers drop the records of
+  // steps after it that an earlier run in the same folder left. Call once set-up has succeeded.
+  void record_start(int64_t step);
+
   // The metrics file this rank appends to ("" when none).
   const std::string& metrics_file_path() const { return metrics_file_path_; }
 

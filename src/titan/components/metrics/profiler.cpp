@@ -141,6 +141,9 @@ void Profiler::stop_and_save(int64_t step) {
 void Profiler::step_end(int64_t step) {
   step_range_.reset();
   if (state_ == State::Recording && (step % options_.freq == 0)) stop_and_save(step);
+}
+
+void Profiler::snapshot_step(int64_t step) {
   if (options_.memory_snapshots && step % options_.snapshot_freq == 0)
     write_snapshot("iteration_" + std::to_string(step), step);
 }

@@ -51,9 +51,13 @@ class Profiler {
   Profiler(const Profiler&) = delete;
   Profiler& operator=(const Profiler&) = delete;
 
-  // Call before training step `step` (1-based) starts, and after it ends (its update done).
+  // Call before training step `step` (1-based) starts, and after it ends (its update, log line and
+  // evaluation done): a recorded window that ends with `step` is written.
   void step_begin(int64_t step);
   void step_end(int64_t step);
+  // Call right after step `step`'s update, before the metrics log resets the peaks: the memory
+  // snapshot of the steps that take one.
+  void snapshot_step(int64_t step);
   // Writes a window still recording (the run ended inside it) as iteration_<last_step>.
   void finish(int64_t last_step);
   // After an out-of-memory error at `step`: writes the memory snapshot(s) under iteration_<step>_exit
