@@ -25,6 +25,18 @@ TEST(ConfigErrors, UnknownKeyNamesFileLineAndNearestKey) {
   EXPECT_NE(e.find("did you mean [training] seq_len?"), std::string::npos) << e;
 }
 
+// Every value must be writable back as TOML (config.toml in the dump folder): a command-line value
+// that is not UTF-8 is refused up front, valid multi-byte text is kept.
+TEST(ConfigErrors, CommandLineValuesMustBeUtf8) {
+  for (const std::string bad : {"mod\xed" "el", "\xff", "\xc0\xaf", "\xed\xa0\x80", "\xe2\x82"}) {
+    const std::string e = user_error([&] { parse({"--training.steps", "3", "--job.description", bad}); });
+    EXPECT_NE(e.find("command-line argument 4 is not valid UTF-8"), std::string::npos) << e;
+  }
+  const JobConfig cfg = parse({"--job.description", "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x9a\x80"});
+  EXPECT_EQ(cfg.job.description, "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x9a\x80");
+  EXPECT_EQ(parse_config_text(to_toml(cfg)).job.description, cfg.job.description);
+}
+
 TEST(ConfigErrors, OlderKeyInTheWrongTableSuggestsItsNewHome) {
   std::string e = error_of_file("[parallelism]\nbatch_size = 4\n");
   EXPECT_NE(e.find("at bad.toml:2:1"), std::string::npos) << e;
