@@ -1,0 +1,222 @@
+#include "titan/distributed/pipeline_schedule.h"
+
+#include "titan/common/error.h"
+
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <tuple>
+
+namespace titan::dist {
+
+std::string format_action(const PipeAction& a) {
+  return std::to_string(a.stage) + static_cast<char>(a.op) + std::to_string(a.microbatch);
+}
+
+namespace {
+
+std::string trim(const std::string& s) {
+  const size_t b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(" \t\r\n") - b + 1);
+}
+
+bool all_digits(const std::string& s) {
+  if (s.empty() || s.size() > 6) return false;
+  for (char c : s)
+    if (c < '0' || c > '9') return false;
+  return true;
+}
+
+}  // namespace
+
+std::optional<PipeAction> parse_action(const std::string& cell_in) {
+  const std::string cell = trim(cell_in);
+  if (cell.empty()) return std::nullopt;
+  const size_t op_at = cell.find_first_not_of("0123456789");
+  const std::string usage = "; a cell is empty (idle) or <stage><F|B|I|W><microbatch>, e.g. 2F0";
+  TITAN_USER_CHECK(op_at != std::string::npos && op_at > 0, "pipeline schedule: cannot read the action '", cell, "'",
+                   usage);
+  const std::string stage = cell.substr(0, op_at), rest = cell.substr(op_at);
+  for (const char* comm : {"UNSHARD", "RESHARD", "REDUCE_GRAD", "SEND_F", "RECV_F", "SEND_B", "RECV_B"})
+    TITAN_USER_CHECK(rest.rfind(comm, 0) != 0, "pipeline schedule: '", cell, "' is a communication action; titan reads "
+                     "compute-only schedules (F, B, I, W) and derives the sends, receives and FSDP's gathers itself",
+                     usage);
+  const char op = rest[0];
+  TITAN_USER_CHECK(op == 'F' || op == 'B' || op == 'I' || op == 'W', "pipeline schedule: unknown operation '", op,
+                   "' in '", cell, "'", usage);
+  const std::string mb = rest.substr(1);
+  TITAN_USER_CHECK(all_digits(stage) && all_digits(mb), "pipeline schedule: cannot read the action '", cell, "'",
+                   mb.empty() ? " (it names no microbatch)" : "", usage);
+  return PipeAction{std::stoi(stage), static_cast<PipeOp>(op), std::stoi(mb)};
+}
+
+PipelineOrder gpipe_order(int pp, int microbatches) {
+  TITAN_USER_CHECK(pp >= 1 && microbatches >= 1, "GPipe needs at least one stage and one microbatch");
+  PipelineOrder order(pp);
+  for (int r = 0; r < pp; ++r) {
+    for (int m = 0; m < microbatches; ++m) order[r].push_back(PipeAction{r, PipeOp::Forward, m});
+    for (int m = 0; m < microbatches; ++m) order[r].push_back(PipeAction{r, PipeOp::Backward, m});
+  }
+  return order;
+}
+
+PipelineOrder one_f_one_b_order(int pp, int microbatches) {
+  TITAN_USER_CHECK(pp >= 1 && microbatches >= 1, "1F1B needs at least one stage and one microbatch");
+  PipelineOrder order(pp);
+  for (int r = 0; r < pp; ++r) {
+    // Warm-up: the forwards that fill the pipeline below this rank (fewer microbatches: all of them),
+    // then alternate one forward and one backward, then drain the backwards.
+    const int warmup = std::min(pp - 1 - r, microbatches);
+    int f = 0, b = 0;
+    for (; f < warmup; ++f) order[r].push_back(PipeAction{r, PipeOp::Forward, f});
+    for (; f < microbatches; ++f, ++b) {
+      order[r].push_back(PipeAction{r, PipeOp::Forward, f});
+      order[r].push_back(PipeAction{r, PipeOp::Backward, b});
+    }
+    for (; b < microbatches; ++b) order[r].push_back(PipeAction{r, PipeOp::Backward, b});
+  }
+  return order;
+}
+
+std::string schedule_csv(const PipelineOrder& order) {
+  std::string out;
+  for (const auto& row : order) {
+    for (size_t i = 0; i < row.size(); ++i) {
+      if (i) out += ',';
+      if (row[i]) out += format_action(*row[i]);
+    }
+    out += '\n';
+  }
+  return out;
+}
+
+PipelineOrder parse_schedule_csv(const std::string& text, const std::string& source) {
+  PipelineOrder order;
+  std::istringstream in(text);
+  int line_no = 0;
+  for (std::string line; std::getline(in, line);) {
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    std::vector<std::optional<PipeAction>> row;
+    // Every cell, trailing empty ones (idle slots at the end of a row) included.
+    for (size_t begin = 0; !line.empty() && begin <= line.size();) {
+      size_t end = line.find(',', begin);
+      if (end == std::string::npos) end = line.size();
+      const std::string cell = line.substr(begin, end - begin);
+      begin = end + 1;
+      try {
+        row.push_back(parse_action(cell));
+      } catch (const UserError& e) {
+        throw UserError(source + ":" + std::to_string(line_no) + " (rank " + std::to_string(line_no - 1) + "): " + e.what());
+      }
+    }
+    order.push_back(std::move(row));
+  }
+  // A final empty line is the end of the file, not a rank.
+  while (!order.empty() && order.back().empty()) order.pop_back();
+  TITAN_USER_CHECK(!order.empty(), source, ": the pipeline schedule is empty (one row of actions per pipeline rank)");
+  return order;
+}
+
+PipelineOrder read_schedule_csv(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  TITAN_USER_CHECK(f.good(), "cannot read the pipeline schedule ", path,
+                   " (parallelism.pipeline_parallel_schedule_csv): check the path");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return parse_schedule_csv(ss.str(), path);
+}
+
+std::vector<int> stage_ranks(const PipelineOrder& order, int num_stages) {
+  TITAN_USER_CHECK(num_stages >= 1, "a pipeline needs at least one stage");
+  std::vector<int> rank_of(num_stages, -1);
+  for (size_t r = 0; r < order.size(); ++r)
+    for (const auto& a : order[r]) {
+      if (!a) continue;
+      TITAN_USER_CHECK(a->stage >= 0 && a->stage < num_stages, "pipeline schedule: rank ", r, " runs ",
+                       format_action(*a), ", but the model has stages 0..", num_stages - 1);
+      TITAN_USER_CHECK(rank_of[a->stage] < 0 || rank_of[a->stage] == static_cast<int>(r), "pipeline schedule: stage ",
+                       a->stage, " appears on rank ", rank_of[a->stage], " and on rank ", r,
+                       "; each stage lives on one rank");
+      rank_of[a->stage] = static_cast<int>(r);
+    }
+  for (int s = 0; s < num_stages; ++s)
+    TITAN_USER_CHECK(rank_of[s] >= 0, "pipeline schedule: no rank runs stage ", s, " (the model has ", num_stages,
+                     " stages)");
+  return rank_of;
+}
+
+void check_schedule(const PipelineOrder& order, int num_stages, int microbatches) {
+  TITAN_USER_CHECK(microbatches >= 1, "a pipeline schedule needs at least one microbatch");
+  (void)stage_ranks(order, num_stages);
+  // Every action once; B or I + W per (stage, microbatch).
+  std::map<std::tuple<int, char, int>, int> seen;
+  for (size_t r = 0; r < order.size(); ++r)
+    for (const auto& a : order[r]) {
+      if (!a) continue;
+      TITAN_USER_CHECK(a->microbatch >= 0 && a->microbatch < microbatches, "pipeline schedule: rank ", r, " runs ",
+                       format_action(*a), ", but a step has microbatches 0..", microbatches - 1);
+      const int times = ++seen[std::make_tuple(a->stage, static_cast<char>(a->op), a->microbatch)];
+      TITAN_USER_CHECK(times == 1, "pipeline schedule: ", format_action(*a), " appears more than once");
+    }
+  auto has = [&](int s, PipeOp op, int m) { return seen.count(std::make_tuple(s, static_cast<char>(op), m)) > 0; };
+  auto name = [](int s, PipeOp op, int m) { return format_action(PipeAction{s, op, m}); };
+  for (int s = 0; s < num_stages; ++s)
+    for (int m = 0; m < microbatches; ++m) {
+      TITAN_USER_CHECK(has(s, PipeOp::Forward, m), "pipeline schedule: stage ", s, " never runs the forward of "
+                       "microbatch ", m, " (", name(s, PipeOp::Forward, m), ")");
+      const bool full = has(s, PipeOp::Backward, m), input = has(s, PipeOp::BackwardInput, m),
+                 weight = has(s, PipeOp::BackwardWeight, m);
+      TITAN_USER_CHECK(full != (input || weight), "pipeline schedule: stage ", s, " microbatch ", m, " needs its "
+                       "backward once: either ", name(s, PipeOp::Backward, m), ", or ",
+                       name(s, PipeOp::BackwardInput, m), " and ", name(s, PipeOp::BackwardWeight, m),
+                       full ? " (it has B and a split backward)" : " (it has none)");
+      TITAN_USER_CHECK(full || (input && weight), "pipeline schedule: stage ", s, " microbatch ", m, " has ",
+                       input ? "I without W" : "W without I", "; a split backward needs both");
+    }
+  // Run it: each rank executes its next action once what it needs is done.
+  std::set<std::tuple<int, char, int>> done;
+  auto is_done = [&](int s, PipeOp op, int m) { return done.count({s, static_cast<char>(op), m}) > 0; };
+  auto input_grad_done = [&](int s, int m) { return is_done(s, PipeOp::Backward, m) || is_done(s, PipeOp::BackwardInput, m); };
+  auto ready = [&](const PipeAction& a) {
+    switch (a.op) {
+      case PipeOp::Forward:
+        return a.stage == 0 || is_done(a.stage - 1, PipeOp::Forward, a.microbatch);
+      case PipeOp::Backward:
+      case PipeOp::BackwardInput:
+        return is_done(a.stage, PipeOp::Forward, a.microbatch) &&
+               (a.stage == num_stages - 1 || input_grad_done(a.stage + 1, a.microbatch));
+      case PipeOp::BackwardWeight:
+        return is_done(a.stage, PipeOp::BackwardInput, a.microbatch);
+    }
+    return false;
+  };
+  std::vector<size_t> next(order.size(), 0);
+  auto skip_idle = [&](size_t r) {
+    while (next[r] < order[r].size() && !order[r][next[r]]) ++next[r];
+  };
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (size_t r = 0; r < order.size(); ++r) {
+      skip_idle(r);
+      while (next[r] < order[r].size() && ready(*order[r][next[r]])) {
+        const PipeAction& a = *order[r][next[r]];
+        done.insert({a.stage, static_cast<char>(a.op), a.microbatch});
+        ++next[r];
+        skip_idle(r);
+        progress = true;
+      }
+    }
+  }
+  std::string blocked;
+  for (size_t r = 0; r < order.size(); ++r)
+    if (next[r] < order[r].size())
+      blocked += "\n  rank " + std::to_string(r) + " waits at " + format_action(*order[r][next[r]]) + " (action " +
+                 std::to_string(next[r] + 1) + " of its row)";
+  TITAN_USER_CHECK(blocked.empty(), "pipeline schedule: the ranks deadlock: each waits for an action another rank has "
+                   "not run yet:", blocked);
+}
+
+}  // namespace titan::dist

@@ -1,0 +1,62 @@
+// Pipeline schedules as data: for every pipeline rank, the ordered list of compute actions it runs
+// in one training step. A schedule is generated (GPipe, 1F1B) or read from a CSV file in PyTorch's
+// compute-only format (torchtitan's parallelism.pipeline_parallel_schedule_csv), and checked before
+// anything runs: every stage's forward and backward of every microbatch exactly once, each stage on
+// one rank, and an order that cannot deadlock (a simulation of all ranks, each waiting for the
+// activations and gradients its next action needs).
+//
+// An action is "<stage><op><microbatch>", e.g. 2F0 (stage 2, forward of microbatch 0):
+//   F  forward
+//   B  full backward (input and weight gradients)
+//   I  backward of the input only (the gradient sent to the previous stage)
+//   W  backward of the weights only (after the stage's I of the same microbatch)
+// The CSV has one row per rank, one cell per time slot; an empty cell is an idle slot.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace titan::dist {
+
+enum class PipeOp : char { Forward = 'F', Backward = 'B', BackwardInput = 'I', BackwardWeight = 'W' };
+
+struct PipeAction {
+  int stage = 0;
+  PipeOp op = PipeOp::Forward;
+  int microbatch = 0;
+  bool operator==(const PipeAction&) const = default;
+};
+
+// "2F0".
+std::string format_action(const PipeAction& a);
+// Parses one cell: nullopt for an empty one (an idle slot); a UserError naming the cell otherwise.
+std::optional<PipeAction> parse_action(const std::string& cell);
+
+// rank -> its actions in execution order (idle slots, where a CSV has them, are kept as nullopt).
+using PipelineOrder = std::vector<std::vector<std::optional<PipeAction>>>;
+
+// PyTorch's schedules for one stage per rank (ScheduleGPipe, Schedule1F1B), with `pp` ranks and
+// `microbatches` microbatches: the same actions in the same order per rank.
+PipelineOrder gpipe_order(int pp, int microbatches);
+PipelineOrder one_f_one_b_order(int pp, int microbatches);
+
+// The CSV text of a schedule (one row per rank, comma-separated cells) and its reverse.
+std::string schedule_csv(const PipelineOrder& order);
+PipelineOrder parse_schedule_csv(const std::string& text, const std::string& source = "<csv>");
+PipelineOrder read_schedule_csv(const std::string& path);
+
+// The stage -> rank map a schedule implies, checked: every stage in [0, num_stages) on exactly one
+// rank. Throws UserError otherwise.
+std::vector<int> stage_ranks(const PipelineOrder& order, int num_stages);
+
+// Checks that `order` runs one step of `num_stages` stages over `microbatches` microbatches: every
+// (stage, microbatch) has one forward and either one B or one I and one W; nothing else; and the
+// ranks, each running its actions in order and waiting only for what the next one needs (the
+// previous stage's forward, the next stage's backward, its own forward before its backward, its
+// own I before its W), all finish. Throws UserError naming the first problem (for a deadlock, what
+// every rank is waiting for).
+void check_schedule(const PipelineOrder& order, int num_stages, int microbatches);
+
+}  // namespace titan::dist

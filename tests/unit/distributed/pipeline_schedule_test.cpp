@@ -1,0 +1,148 @@
+// Pipeline schedules as data: generated orders against PyTorch's schedules, PyTorch's multi-stage
+// schedules (interleaved, zero bubble, V-shaped) read back through the CSV format and accepted by
+// the checker, and the checker's refusals (incomplete, duplicated, misplaced, deadlocking).
+// Reference: tests/reference/pipeline_schedules.py (torch.distributed.pipelining's schedule classes).
+#include "test_util.h"
+
+#include "titan/common/error.h"
+#include "titan/distributed/pipeline_schedule.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <regex>
+
+namespace titan::dist {
+namespace {
+
+// {"<name> pp=P spr=S m=M": rank -> cells}
+const nlohmann::json& pytorch_orders() {
+  static const nlohmann::json orders = [] {
+    auto r = test::run_process({test::python(), std::string(TITAN_SOURCE_DIR) + "/tests/reference/pipeline_schedules.py"});
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return nlohmann::json::parse(r.output);
+  }();
+  return orders;
+}
+
+PipelineOrder from_json(const nlohmann::json& ranks) {
+  PipelineOrder order(ranks.size());
+  for (const auto& [rank, cells] : ranks.items())
+    for (const auto& c : cells) order[std::stoi(rank)].push_back(parse_action(c.get<std::string>()));
+  return order;
+}
+
+std::vector<std::string> cells(const std::vector<std::optional<PipeAction>>& row) {
+  std::vector<std::string> out;
+  for (const auto& a : row) out.push_back(a ? format_action(*a) : "");
+  return out;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(PipelineSchedule, GPipeIsPyTorchs) {
+  for (int pp : {2, 4})
+    for (int m : {4, 8}) {
+      const auto& ref = pytorch_orders().at("GPipe pp=" + std::to_string(pp) + " spr=1 m=" + std::to_string(m));
+      const PipelineOrder ours = gpipe_order(pp, m);
+      ASSERT_EQ(ours.size(), static_cast<size_t>(pp));
+      for (int r = 0; r < pp; ++r)
+        EXPECT_EQ(cells(ours[r]), ref.at(std::to_string(r)).get<std::vector<std::string>>()) << "pp " << pp << " m " << m;
+      EXPECT_NO_THROW(check_schedule(ours, pp, m));
+    }
+}
+
+// 1F1B: the same order as PyTorch on every rank but the last. PyTorch's description of the last
+// rank (its schedule IR, not what it executes) starts at F1 and ends at F<m>: it names a microbatch
+// that does not exist and leaves out F0, which the checker refuses; titan's last rank alternates
+// F0 B0 F1 B1 ..., what PyTorch's runtime does there.
+TEST(PipelineSchedule, OneFOneBIsPyTorchsAndItsLastRankIsComplete) {
+  for (int pp : {2, 4})
+    for (int m : {4, 8}) {
+      SCOPED_TRACE("pp " + std::to_string(pp) + " m " + std::to_string(m));
+      const auto& ref = pytorch_orders().at("1F1B pp=" + std::to_string(pp) + " spr=1 m=" + std::to_string(m));
+      const PipelineOrder ours = one_f_one_b_order(pp, m);
+      for (int r = 0; r + 1 < pp; ++r) EXPECT_EQ(cells(ours[r]), ref.at(std::to_string(r)).get<std::vector<std::string>>());
+      std::vector<std::string> last;
+      for (int i = 0; i < m; ++i) {
+        last.push_back(std::to_string(pp - 1) + "F" + std::to_string(i));
+        last.push_back(std::to_string(pp - 1) + "B" + std::to_string(i));
+      }
+      EXPECT_EQ(cells(ours[pp - 1]), last);
+      EXPECT_NO_THROW(check_schedule(ours, pp, m));
+      EXPECT_NE(error_of([&] { check_schedule(from_json(ref), pp, m); }).find("but a step has microbatches 0.."),
+                std::string::npos);
+      // Warm-up of pp - 1 - r forwards: rank 0 holds at most pp activations at once.
+      int alive = 0, most = 0;
+      for (const auto& a : ours[0]) {
+        alive += a->op == PipeOp::Forward ? 1 : -1;
+        most = std::max(most, alive);
+      }
+      EXPECT_EQ(most, std::min(pp, m));
+    }
+  EXPECT_NO_THROW(check_schedule(one_f_one_b_order(4, 2), 4, 2));  // fewer microbatches than stages
+}
+
+// PyTorch's multi-stage schedules, written as CSV and read back: the same cells, idle slots
+// included, and a complete, deadlock-free step for the checker (with the split backward I + W).
+TEST(PipelineSchedule, PyTorchsInterleavedAndZeroBubbleSchedulesRoundTripAndPass) {
+  int checked = 0;
+  for (const auto& [name, ranks] : pytorch_orders().items()) {
+    if (name.rfind("GPipe", 0) == 0 || name.rfind("1F1B", 0) == 0) continue;
+    SCOPED_TRACE(name);
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(name, m, std::regex("pp=(\\d+) spr=(\\d+) m=(\\d+)")));
+    const int pp = std::stoi(m[1]), stages = pp * std::stoi(m[2]), microbatches = std::stoi(m[3]);
+    const PipelineOrder order = from_json(ranks);
+    const PipelineOrder again = parse_schedule_csv(schedule_csv(order));
+    ASSERT_EQ(again.size(), order.size());
+    for (size_t r = 0; r < order.size(); ++r) EXPECT_EQ(cells(again[r]), cells(order[r]));
+    EXPECT_NO_THROW(check_schedule(order, stages, microbatches));
+    const auto ranks_of = stage_ranks(order, stages);
+    if (name.rfind("ZBV", 0) == 0) {
+      for (int s = 0; s < stages; ++s) EXPECT_EQ(ranks_of[s], s < pp ? s : stages - 1 - s) << "V shape";
+    } else {
+      for (int s = 0; s < stages; ++s) EXPECT_EQ(ranks_of[s], s % pp) << "looped";
+    }
+    ++checked;
+  }
+  EXPECT_EQ(checked, 12);
+}
+
+TEST(PipelineSchedule, BadSchedulesAreClearErrors) {
+  auto check = [](const std::string& csv, int stages, int m) {
+    return error_of([&] { check_schedule(parse_schedule_csv(csv, "s.csv"), stages, m); });
+  };
+  EXPECT_NE(check("0F0,0B0\n1B0,1F0\n", 2, 1).find("the ranks deadlock"), std::string::npos);
+  EXPECT_NE(check("0F0,0B0\n1B0,1F0\n", 2, 1).find("rank 1 waits at 1B0 (action 1 of its row)"), std::string::npos);
+  EXPECT_NE(check("0F0,0B0\n1F0\n", 2, 1).find("stage 1 microbatch 0 needs its backward once"), std::string::npos);
+  EXPECT_NE(check("0F0,0I0\n", 1, 1).find("I without W"), std::string::npos);
+  EXPECT_NE(check("0F0,0B0,0W0\n", 1, 1).find("(it has B and a split backward)"), std::string::npos);
+  EXPECT_NE(check("0F0,0F0,0B0\n", 1, 1).find("0F0 appears more than once"), std::string::npos);
+  EXPECT_NE(check("0F0,0B0\n0F1,0B1\n", 1, 2).find("stage 0 appears on rank 0 and on rank 1"), std::string::npos);
+  EXPECT_NE(check("0F0,0B0\n", 2, 1).find("no rank runs stage 1"), std::string::npos);
+  EXPECT_NE(check("0F0,0B0\n", 1, 2).find("never runs the forward of microbatch 1"), std::string::npos);
+  EXPECT_NE(check("0F0,0W0,0I0\n", 1, 1).find("deadlock"), std::string::npos);  // W before its I
+  EXPECT_EQ(check("0F0,0B0\n", 1, 1), "");
+  EXPECT_EQ(check("0F0,,0B0\n\n", 1, 1), "");  // idle slots and a trailing empty line are fine
+  EXPECT_NE(error_of([] { parse_schedule_csv("0F0,0SEND_F0\n", "s.csv"); }).find("s.csv:1 (rank 0): pipeline schedule: "
+                                                                                 "'0SEND_F0' is a communication action"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_schedule_csv("0F0\n1X0\n", "s.csv"); }).find("s.csv:2 (rank 1): pipeline schedule: "
+                                                                             "unknown operation 'X'"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { parse_schedule_csv("0F\n", "s.csv"); }).find("it names no microbatch"), std::string::npos);
+  EXPECT_NE(error_of([] { parse_schedule_csv("\n\n", "s.csv"); }).find("the pipeline schedule is empty"), std::string::npos);
+  EXPECT_NE(error_of([] { read_schedule_csv("/nonexistent/schedule.csv"); }).find("cannot read the pipeline schedule"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace titan::dist
