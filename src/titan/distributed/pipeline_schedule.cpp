@@ -80,6 +80,50 @@ PipelineOrder one_f_one_b_order(int pp, int microbatches) {
   return order;
 }
 
+PipelineOrder interleaved_order(int pp, int local_stages, int microbatches, bool zero_bubble) {
+  const char* name = zero_bubble ? "InterleavedZeroBubble" : "Interleaved1F1B";
+  TITAN_USER_CHECK(pp >= 1 && local_stages >= 1 && microbatches >= 1, name,
+                   " needs at least one rank, one stage per rank and one microbatch");
+  const int rounds = std::max(1, microbatches / pp);
+  TITAN_USER_CHECK(microbatches % rounds == 0, name, ": ", microbatches, " microbatches over ", pp,
+                   " pipeline ranks run in ", rounds, " rounds, so they must be a multiple of ", rounds,
+                   " (choose parallelism.pipeline_parallel_microbatch_size accordingly)");
+  const int per_round = microbatches / rounds;
+  const int total = local_stages * microbatches;  // forwards (and backwards) per rank
+  PipelineOrder order(pp);
+  for (int r = 0; r < pp; ++r) {
+    // Forwards before the first backward: enough to keep the last stage busy for the rounds of the
+    // rank's earlier local stages, and more the further the rank is from the last one.
+    const int warmup = std::min((local_stages - 1) * per_round + (zero_bubble ? 1 : 2) * (pp - 1 - r), total);
+    // Op k's forward runs local stage (k / per_round) mod local_stages (depth first: a round of
+    // microbatches goes through one local stage before the next); backwards go the other way.
+    auto forward_stage = [&](int k) { return ((k / per_round) % local_stages) * pp + r; };
+    auto backward_stage = [&](int k) { return (local_stages - 1 - ((k - warmup) / per_round) % local_stages) * pp + r; };
+    std::map<int, int> next_forward, next_backward, next_weight;  // per stage: its next microbatch
+    std::vector<int> weights_due;  // stages whose W comes next, in the order of their I
+    size_t weights_done = 0;
+    auto& row = order[r];
+    auto weight = [&] {
+      const int stage = weights_due[weights_done++];
+      row.push_back(PipeAction{stage, PipeOp::BackwardWeight, next_weight[stage]++});
+    };
+    for (int k = 0; k < total + warmup; ++k) {
+      if (k < total) {
+        const int stage = forward_stage(k);
+        row.push_back(PipeAction{stage, PipeOp::Forward, next_forward[stage]++});
+      }
+      if (k < warmup) continue;
+      const int stage = backward_stage(k);
+      row.push_back(PipeAction{stage, zero_bubble ? PipeOp::BackwardInput : PipeOp::Backward, next_backward[stage]++});
+      if (!zero_bubble) continue;
+      weights_due.push_back(stage);
+      if (k - warmup >= r) weight();  // rank r defers its weight gradients by r backwards
+    }
+    while (weights_done < weights_due.size()) weight();
+  }
+  return order;
+}
+
 std::string schedule_csv(const PipelineOrder& order) {
   std::string out;
   for (const auto& row : order) {

@@ -41,6 +41,12 @@ using PipelineOrder = std::vector<std::vector<std::optional<PipeAction>>>;
 // `microbatches` microbatches: the same actions in the same order per rank.
 PipelineOrder gpipe_order(int pp, int microbatches);
 PipelineOrder one_f_one_b_order(int pp, int microbatches);
+// Several stages per rank, looped (rank r holds stages r, r + pp, r + 2 pp, ...): PyTorch's
+// ScheduleInterleaved1F1B, or with `zero_bubble` its ScheduleInterleavedZeroBubble (backward split into
+// I and W, the W of each microbatch deferred to fill the bubbles). The same actions in the same order
+// per rank (idle slots are not generated: the order is what runs). Microbatches are taken in rounds
+// of max(1, microbatches / pp); microbatches must be a multiple of the number of rounds.
+PipelineOrder interleaved_order(int pp, int local_stages, int microbatches, bool zero_bubble);
 
 // The CSV text of a schedule (one row per rank, comma-separated cells) and its reverse.
 std::string schedule_csv(const PipelineOrder& order);

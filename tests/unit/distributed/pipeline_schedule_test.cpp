@@ -90,6 +90,41 @@ TEST(PipelineSchedule, OneFOneBIsPyTorchsAndItsLastRankIsComplete) {
   EXPECT_NO_THROW(check_schedule(one_f_one_b_order(4, 2), 4, 2));  // fewer microbatches than stages
 }
 
+// Interleaved 1F1B and interleaved zero bubble: the actions PyTorch's schedules run, in its order,
+// per rank (PyTorch's idle slots left out: titan generates only what runs).
+TEST(PipelineSchedule, InterleavedSchedulesArePyTorchs) {
+  for (const bool zb : {false, true})
+    for (int pp : {2, 4})
+      for (int m : {4, 8}) {
+        const std::string name = std::string(zb ? "InterleavedZeroBubble" : "Interleaved1F1B") + " pp=" +
+                                 std::to_string(pp) + " spr=2 m=" + std::to_string(m);
+        SCOPED_TRACE(name);
+        const auto& ref = pytorch_orders().at(name);
+        const PipelineOrder ours = interleaved_order(pp, 2, m, zb);
+        ASSERT_EQ(ours.size(), static_cast<size_t>(pp));
+        for (int r = 0; r < pp; ++r) {
+          std::vector<std::string> want;
+          for (const auto& c : ref.at(std::to_string(r)))
+            if (!c.get<std::string>().empty()) want.push_back(c.get<std::string>());
+          EXPECT_EQ(cells(ours[r]), want) << "rank " << r;
+        }
+        EXPECT_NO_THROW(check_schedule(ours, 2 * pp, m));
+      }
+  // Microbatches not a multiple of the rounds: 6 over 4 ranks is one round (fine), 10 over 4 is 2
+  // rounds (fine), 9 over 4 is 2 rounds (refused).
+  EXPECT_NO_THROW(check_schedule(interleaved_order(4, 2, 6, false), 8, 6));
+  EXPECT_NO_THROW(check_schedule(interleaved_order(4, 2, 10, true), 8, 10));
+  EXPECT_NE(error_of([] { interleaved_order(4, 2, 9, false); }).find("must be a multiple of 2"), std::string::npos);
+  for (int pp : {1, 3})
+    for (int spr : {1, 3})
+      for (int m : {1, 2, 3, 5, 6})
+        if (m % std::max(1, m / pp) == 0) {
+          SCOPED_TRACE("pp " + std::to_string(pp) + " spr " + std::to_string(spr) + " m " + std::to_string(m));
+          EXPECT_NO_THROW(check_schedule(interleaved_order(pp, spr, m, false), pp * spr, m));
+          EXPECT_NO_THROW(check_schedule(interleaved_order(pp, spr, m, true), pp * spr, m));
+        }
+}
+
 // PyTorch's multi-stage schedules, written as CSV and read back: the same cells, idle slots
 // included, and a complete, deadlock-free step for the checker (with the split backward I + W).
 TEST(PipelineSchedule, PyTorchsInterleavedAndZeroBubbleSchedulesRoundTripAndPass) {
