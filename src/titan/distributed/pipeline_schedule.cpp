@@ -124,6 +124,57 @@ PipelineOrder interleaved_order(int pp, int local_stages, int microbatches, bool
   return order;
 }
 
+PipelineOrder zbv_order(int pp, int microbatches) {
+  TITAN_USER_CHECK(pp >= 1 && microbatches >= 1, "ZBVZeroBubble needs at least one rank and one microbatch");
+  // The pattern is laid out for at least 2 pp - 1 microbatches; with fewer, the actions of the
+  // microbatches that do not exist are left out.
+  const int n = std::max(2 * pp - 1, microbatches);
+  PipelineOrder order(pp);
+  for (int r = 0; r < pp; ++r) {
+    const int down = r, up = 2 * pp - 1 - r;  // the V: stage r going down, 2 pp - 1 - r coming back
+    int f_down = 0, f_up = 0, i_down = 0, i_up = 0, w_down = 0, w_up = 0;
+    std::vector<PipeAction> ops;
+    auto F = [&](int stage, int& count) { ops.push_back(PipeAction{stage, PipeOp::Forward, count++}); };
+    auto I = [&](int stage, int& count) { ops.push_back(PipeAction{stage, PipeOp::BackwardInput, count++}); };
+    auto W = [&](int stage, int& count) { ops.push_back(PipeAction{stage, PipeOp::BackwardWeight, count++}); };
+    // Warm-up: fill the way down, then alternate up and down, then start the way back with each up
+    // forward's backward at once.
+    for (int k = 0; k < 2 * (pp - r) - 1; ++k) F(down, f_down);
+    for (int k = 0; k < r; ++k) {
+      F(up, f_up);
+      F(down, f_down);
+    }
+    for (int k = 0; k < pp - r; ++k) {
+      F(up, f_up);
+      I(up, i_up);
+      W(up, w_up);
+    }
+    // Steady state: one microbatch through both halves per round, weights right after their inputs.
+    while (f_up < f_down || f_down < n) {
+      if (f_down < n) F(down, f_down);
+      I(down, i_down);
+      W(down, w_down);
+      F(up, f_up);
+      I(up, i_up);
+      W(up, w_up);
+    }
+    // Cool-down: input gradients first, weight gradients fill the gaps and the end.
+    for (int k = 0; k < r; ++k) {
+      I(down, i_down);
+      I(up, i_up);
+    }
+    for (int k = 0; k < pp - r; ++k) {
+      I(down, i_down);
+      W(down, w_down);
+    }
+    while (w_up < i_up) W(up, w_up);
+    while (w_down < i_down) W(down, w_down);
+    for (const auto& a : ops)
+      if (a.microbatch < microbatches) order[r].push_back(a);
+  }
+  return order;
+}
+
 std::string schedule_csv(const PipelineOrder& order) {
   std::string out;
   for (const auto& row : order) {

@@ -1,5 +1,6 @@
 // Pipeline schedules as data: for every pipeline rank, the ordered list of compute actions it runs
-// in one training step. A schedule is generated (GPipe, 1F1B) or read from a CSV file in PyTorch's
+// in one training step. A schedule is generated (GPipe, 1F1B, Interleaved1F1B, InterleavedZeroBubble,
+// ZBVZeroBubble) or read from a CSV file in PyTorch's
 // compute-only format (torchtitan's parallelism.pipeline_parallel_schedule_csv), and checked before
 // anything runs: every stage's forward and backward of every microbatch exactly once, each stage on
 // one rank, and an order that cannot deadlock (a simulation of all ranks, each waiting for the
@@ -47,6 +48,9 @@ PipelineOrder one_f_one_b_order(int pp, int microbatches);
 // per rank (idle slots are not generated: the order is what runs). Microbatches are taken in rounds
 // of max(1, microbatches / pp); microbatches must be a multiple of the number of rounds.
 PipelineOrder interleaved_order(int pp, int local_stages, int microbatches, bool zero_bubble);
+// Two stages per rank in a V (rank r holds stages r and 2 pp - 1 - r), backward split into I and W:
+// PyTorch's ScheduleZBVZeroBubble, the same actions in the same order per rank.
+PipelineOrder zbv_order(int pp, int microbatches);
 
 // The CSV text of a schedule (one row per rank, comma-separated cells) and its reverse.
 std::string schedule_csv(const PipelineOrder& order);

@@ -125,6 +125,26 @@ TEST(PipelineSchedule, InterleavedSchedulesArePyTorchs) {
         }
 }
 
+TEST(PipelineSchedule, ZbvIsPyTorchs) {
+  for (int pp : {2, 4})
+    for (int m : {4, 8}) {  // pp 4 with 4 microbatches: fewer than 2 pp - 1
+      const std::string name = "ZBVZeroBubble pp=" + std::to_string(pp) + " spr=2 m=" + std::to_string(m);
+      SCOPED_TRACE(name);
+      const auto& ref = pytorch_orders().at(name);
+      const PipelineOrder ours = zbv_order(pp, m);
+      ASSERT_EQ(ours.size(), static_cast<size_t>(pp));
+      for (int r = 0; r < pp; ++r) {
+        std::vector<std::string> want;
+        for (const auto& c : ref.at(std::to_string(r)))
+          if (!c.get<std::string>().empty()) want.push_back(c.get<std::string>());
+        EXPECT_EQ(cells(ours[r]), want) << "rank " << r;
+      }
+      EXPECT_NO_THROW(check_schedule(ours, 2 * pp, m));
+    }
+  for (int pp : {1, 3})
+    for (int m : {1, 2, 5, 7}) EXPECT_NO_THROW(check_schedule(zbv_order(pp, m), 2 * pp, m)) << pp << " " << m;
+}
+
 // PyTorch's multi-stage schedules, written as CSV and read back: the same cells, idle slots
 // included, and a complete, deadlock-free step for the checker (with the split backward I + W).
 TEST(PipelineSchedule, PyTorchsInterleavedAndZeroBubbleSchedulesRoundTripAndPass) {
