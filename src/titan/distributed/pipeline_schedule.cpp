@@ -2,6 +2,8 @@
 
 #include "titan/common/error.h"
 
+#include <algorithm>
+#include <cctype>
 #include <fstream>
 #include <map>
 #include <set>
@@ -173,6 +175,103 @@ PipelineOrder zbv_order(int pp, int microbatches) {
       if (a.microbatch < microbatches) order[r].push_back(a);
   }
   return order;
+}
+
+PipelineOrder schedule_by_name(const std::string& name_in, int pp, int stages_per_rank, int microbatches) {
+  std::string name = name_in;
+  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  auto need = [&](int stages, const char* which) {
+    TITAN_USER_CHECK(stages_per_rank == stages, "parallelism.pipeline_parallel_schedule ", name_in, " runs ", which,
+                     " per rank, but the split gives ", stages_per_rank, " (set pipeline_parallel_layers_per_stage or "
+                     "pipeline_parallel_split_points accordingly, or choose ",
+                     stages == 1 ? "Interleaved1F1B or InterleavedZeroBubble" : "GPipe or 1F1B", ")");
+  };
+  if (name == "gpipe") {
+    need(1, "one stage");
+    return gpipe_order(pp, microbatches);
+  }
+  if (name == "1f1b") {
+    need(1, "one stage");
+    return one_f_one_b_order(pp, microbatches);
+  }
+  if (name == "interleaved1f1b") return interleaved_order(pp, stages_per_rank, microbatches, false);
+  if (name == "interleavedzerobubble") return interleaved_order(pp, stages_per_rank, microbatches, true);
+  if (name == "zbvzerobubble") {
+    need(2, "two stages");
+    return zbv_order(pp, microbatches);
+  }
+  throw UserError("unknown parallelism.pipeline_parallel_schedule '" + name_in + "': titan runs GPipe, 1F1B, "
+                  "Interleaved1F1B, InterleavedZeroBubble and ZBVZeroBubble, and any schedule in a CSV file "
+                  "(parallelism.pipeline_parallel_schedule_csv)");
+}
+
+double ScheduleTiming::bubble_fraction() const {
+  if (busy.empty() || step_time <= 0) return 0;
+  double idle = 0;
+  for (double b : busy) idle += 1 - b / step_time;
+  return idle / static_cast<double>(busy.size());
+}
+
+ScheduleTiming simulate_schedule(const PipelineOrder& order, int num_stages, const ActionCosts& costs) {
+  ScheduleTiming t;
+  t.busy.assign(order.size(), 0);
+  t.finish.assign(order.size(), 0);
+  std::map<std::tuple<int, char, int>, double> end;  // when each action ended
+  auto ended = [&](int s, PipeOp op, int m) -> std::optional<double> {
+    auto it = end.find(std::make_tuple(s, static_cast<char>(op), m));
+    if (it == end.end()) return std::nullopt;
+    return it->second;
+  };
+  // When what `a` needs is done (nullopt: not yet).
+  auto inputs_ready = [&](const PipeAction& a) -> std::optional<double> {
+    switch (a.op) {
+      case PipeOp::Forward:
+        return a.stage == 0 ? std::optional<double>(0) : ended(a.stage - 1, PipeOp::Forward, a.microbatch);
+      case PipeOp::Backward:
+      case PipeOp::BackwardInput: {
+        auto own = ended(a.stage, PipeOp::Forward, a.microbatch);
+        if (!own || a.stage == num_stages - 1) return own;
+        auto next = ended(a.stage + 1, PipeOp::Backward, a.microbatch);
+        if (!next) next = ended(a.stage + 1, PipeOp::BackwardInput, a.microbatch);
+        if (!next) return std::nullopt;
+        return std::max(*own, *next);
+      }
+      case PipeOp::BackwardWeight:
+        return ended(a.stage, PipeOp::BackwardInput, a.microbatch);
+    }
+    return std::nullopt;
+  };
+  auto cost = [&](PipeOp op) {
+    switch (op) {
+      case PipeOp::Forward: return costs.forward;
+      case PipeOp::Backward: return costs.backward;
+      case PipeOp::BackwardInput: return costs.backward_input;
+      case PipeOp::BackwardWeight: return costs.backward_weight;
+    }
+    return 0.0;
+  };
+  std::vector<size_t> next(order.size(), 0);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (size_t r = 0; r < order.size(); ++r) {
+      for (; next[r] < order[r].size(); ++next[r]) {
+        if (!order[r][next[r]]) continue;  // an idle slot of a CSV: the simulation waits only for inputs
+        const PipeAction& a = *order[r][next[r]];
+        const auto ready = inputs_ready(a);
+        if (!ready) break;
+        const double start = std::max(*ready, t.finish[r]);
+        t.finish[r] = start + cost(a.op);
+        t.busy[r] += cost(a.op);
+        end[std::make_tuple(a.stage, static_cast<char>(a.op), a.microbatch)] = t.finish[r];
+        progress = true;
+      }
+    }
+  }
+  for (size_t r = 0; r < order.size(); ++r) {
+    TITAN_USER_CHECK(next[r] == order[r].size(), "simulate_schedule: the schedule deadlocks (check_schedule says where)");
+    t.step_time = std::max(t.step_time, t.finish[r]);
+  }
+  return t;
 }
 
 std::string schedule_csv(const PipelineOrder& order) {

@@ -52,6 +52,27 @@ PipelineOrder interleaved_order(int pp, int local_stages, int microbatches, bool
 // PyTorch's ScheduleZBVZeroBubble, the same actions in the same order per rank.
 PipelineOrder zbv_order(int pp, int microbatches);
 
+// The schedule named by torchtitan's parallelism.pipeline_parallel_schedule (GPipe, 1F1B,
+// Interleaved1F1B, InterleavedZeroBubble, ZBVZeroBubble; case-insensitive) for `pp` ranks holding
+// `stages_per_rank` stages each. A name, or a number of stages per rank the schedule cannot run
+// (GPipe and 1F1B one, ZBVZeroBubble two), is a UserError that says what to change.
+PipelineOrder schedule_by_name(const std::string& name, int pp, int stages_per_rank, int microbatches);
+
+// The time one step of a schedule takes when every action of a kind costs the same and messages
+// are free: each rank runs its next action as soon as it is free and what the action needs is done.
+struct ActionCosts {
+  double forward = 1, backward = 2, backward_input = 1, backward_weight = 1;
+};
+struct ScheduleTiming {
+  double step_time = 0;           // when the last action ends
+  std::vector<double> busy;       // per rank: time spent in actions
+  std::vector<double> finish;     // per rank: when its last action ends
+  // The share of the step a rank spends idle, averaged over ranks: the pipeline bubble.
+  double bubble_fraction() const;
+};
+// Requires a schedule that check_schedule() accepts.
+ScheduleTiming simulate_schedule(const PipelineOrder& order, int num_stages, const ActionCosts& costs = {});
+
 // The CSV text of a schedule (one row per rank, comma-separated cells) and its reverse.
 std::string schedule_csv(const PipelineOrder& order);
 PipelineOrder parse_schedule_csv(const std::string& text, const std::string& source = "<csv>");

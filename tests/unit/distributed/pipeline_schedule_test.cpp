@@ -145,6 +145,48 @@ TEST(PipelineSchedule, ZbvIsPyTorchs) {
     for (int m : {1, 2, 5, 7}) EXPECT_NO_THROW(check_schedule(zbv_order(pp, m), 2 * pp, m)) << pp << " " << m;
 }
 
+// The schedules' bubbles, from a simulation with equal forward costs and backward = 2 forwards, against
+// the textbook figures: GPipe and 1F1B idle (p - 1) / (m + p - 1) of the step; interleaving v stages
+// per rank divides the fill and drain by v: (p - 1) / (v m + p - 1) (m a multiple of p); the
+// zero-bubble schedules, with F = I = W, idle less than 1F1B.
+TEST(PipelineSchedule, SimulatedBubblesAreTheTextbookOnes) {
+  for (int p : {2, 4})
+    for (int m : {4, 8, 16}) {
+      SCOPED_TRACE("p " + std::to_string(p) + " m " + std::to_string(m));
+      const double textbook = static_cast<double>(p - 1) / (m + p - 1);
+      for (const auto& order : {gpipe_order(p, m), one_f_one_b_order(p, m)}) {
+        const ScheduleTiming t = simulate_schedule(order, p);
+        EXPECT_DOUBLE_EQ(t.step_time, 3.0 * (m + p - 1));
+        for (int r = 0; r < p; ++r) EXPECT_DOUBLE_EQ(1 - t.busy[r] / t.step_time, textbook) << "rank " << r;
+        EXPECT_NEAR(t.bubble_fraction(), textbook, 1e-12);
+      }
+      const ScheduleTiming inter = simulate_schedule(interleaved_order(p, 2, m, false), 2 * p, {0.5, 1.0, 0.5, 0.5});
+      EXPECT_NEAR(inter.bubble_fraction(), static_cast<double>(p - 1) / (2 * m + p - 1), 1e-12);
+      const ActionCosts equal{1, 2, 1, 1};
+      const double one_f_one_b = simulate_schedule(one_f_one_b_order(p, m), p, equal).bubble_fraction();
+      for (const auto& order : {interleaved_order(p, 2, m, true), zbv_order(p, m)}) {
+        const double zb = simulate_schedule(order, 2 * p, {0.5, 1.0, 0.5, 0.5}).bubble_fraction();
+        EXPECT_LT(zb, one_f_one_b);
+      }
+    }
+  EXPECT_NE(error_of([] { simulate_schedule(parse_schedule_csv("0F0,0B0\n1B0,1F0\n"), 2); }).find("deadlocks"),
+            std::string::npos);
+}
+
+TEST(PipelineSchedule, ByNameWithTorchtitansNames) {
+  EXPECT_EQ(cells(schedule_by_name("1F1B", 4, 1, 8)[2]), cells(one_f_one_b_order(4, 8)[2]));
+  EXPECT_EQ(cells(schedule_by_name("gpipe", 2, 1, 4)[1]), cells(gpipe_order(2, 4)[1]));
+  EXPECT_EQ(cells(schedule_by_name("Interleaved1F1B", 2, 3, 4)[0]), cells(interleaved_order(2, 3, 4, false)[0]));
+  EXPECT_EQ(cells(schedule_by_name("InterleavedZeroBubble", 2, 2, 4)[1]), cells(interleaved_order(2, 2, 4, true)[1]));
+  EXPECT_EQ(cells(schedule_by_name("ZBVZeroBubble", 2, 2, 4)[0]), cells(zbv_order(2, 4)[0]));
+  EXPECT_NE(error_of([] { schedule_by_name("1F1B", 2, 2, 4); }).find("runs one stage per rank, but the split gives 2"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { schedule_by_name("ZBVZeroBubble", 2, 1, 4); }).find("runs two stages per rank"), std::string::npos);
+  EXPECT_NE(error_of([] { schedule_by_name("DualPipeV", 2, 2, 4); }).find("unknown parallelism.pipeline_parallel_schedule "
+                                                                         "'DualPipeV'"),
+            std::string::npos);
+}
+
 // PyTorch's multi-stage schedules, written as CSV and read back: the same cells, idle slots
 // included, and a complete, deadlock-free step for the checker (with the split backward I + W).
 TEST(PipelineSchedule, PyTorchsInterleavedAndZeroBubbleSchedulesRoundTripAndPass) {
