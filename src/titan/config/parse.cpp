@@ -1,5 +1,6 @@
 // parse_config: defaults, then the TOML file, then the command line.
 #include "titan/common/error.h"
+#include "titan/components/tokenizer/utf8.h"
 #include "titan/config/field.h"
 #include "titan/config/job_config.h"
 #include "titan/config/layer.h"
@@ -155,50 +156,12 @@ bool help_requested(const std::vector<std::string>& args) {
   return false;
 }
 
-namespace {
-
-// Whether `s` is well-formed UTF-8 (no overlong forms, surrogates or code points above U+10FFFF).
-bool valid_utf8(const std::string& s) {
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-  const auto* end = p + s.size();
-  while (p < end) {
-    const unsigned char c = *p;
-    int n = 0;
-    uint32_t cp = 0;
-    if (c < 0x80) {
-      ++p;
-      continue;
-    } else if ((c & 0xE0) == 0xC0) {
-      n = 1;
-      cp = c & 0x1F;
-    } else if ((c & 0xF0) == 0xE0) {
-      n = 2;
-      cp = c & 0x0F;
-    } else if ((c & 0xF8) == 0xF0) {
-      n = 3;
-      cp = c & 0x07;
-    } else {
-      return false;
-    }
-    if (end - p <= n) return false;
-    for (int i = 1; i <= n; ++i) {
-      if ((p[i] & 0xC0) != 0x80) return false;
-      cp = (cp << 6) | (p[i] & 0x3F);
-    }
-    static constexpr uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
-    if (cp < kMin[n] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
-    p += n + 1;
-  }
-  return true;
-}
-
-}  // namespace
 
 JobConfig parse_config(const std::vector<std::string>& args) {
   // TOML text is UTF-8 (toml++ checks files); the command line is checked here, so that every value
   // can be written back to a TOML file (the dump folder's config.toml).
   for (size_t i = 0; i < args.size(); ++i)
-    TITAN_USER_CHECK(valid_utf8(args[i]), "command-line argument ", i + 1, " is not valid UTF-8: options and their "
+    TITAN_USER_CHECK(tokenizer::is_valid_utf8(args[i]), "command-line argument ", i + 1, " is not valid UTF-8: options and their "
                      "values must be UTF-8 text");
   JobConfig cfg;
   if (auto file = config_file_argument(args)) {

@@ -6,7 +6,6 @@
 #include <cctype>
 #include <fstream>
 #include <map>
-#include <set>
 #include <sstream>
 #include <tuple>
 
@@ -212,8 +211,20 @@ double ScheduleTiming::bubble_fraction() const {
   return idle / static_cast<double>(busy.size());
 }
 
-ScheduleTiming simulate_schedule(const PipelineOrder& order, int num_stages, const ActionCosts& costs) {
-  ScheduleTiming t;
+namespace {
+
+// Runs `order`: each rank starts its next action as soon as it is free and what the action needs
+// (the previous stage's forward, the next stage's input gradient, its own forward, its own I before
+// W) has ended. Idle slots of a CSV are skipped: only inputs make a rank wait. `next[r]` is where
+// rank r stopped (its row's length when it finished; short of it, the ranks deadlock there).
+struct Replay {
+  ScheduleTiming timing;
+  std::vector<size_t> next;
+};
+
+Replay replay(const PipelineOrder& order, int num_stages, const ActionCosts& costs) {
+  Replay run;
+  ScheduleTiming& t = run.timing;
   t.busy.assign(order.size(), 0);
   t.finish.assign(order.size(), 0);
   std::map<std::tuple<int, char, int>, double> end;  // when each action ended
@@ -250,12 +261,13 @@ ScheduleTiming simulate_schedule(const PipelineOrder& order, int num_stages, con
     }
     return 0.0;
   };
-  std::vector<size_t> next(order.size(), 0);
+  std::vector<size_t>& next = run.next;
+  next.assign(order.size(), 0);
   for (bool progress = true; progress;) {
     progress = false;
     for (size_t r = 0; r < order.size(); ++r) {
       for (; next[r] < order[r].size(); ++next[r]) {
-        if (!order[r][next[r]]) continue;  // an idle slot of a CSV: the simulation waits only for inputs
+        if (!order[r][next[r]]) continue;
         const PipeAction& a = *order[r][next[r]];
         const auto ready = inputs_ready(a);
         if (!ready) break;
@@ -267,11 +279,17 @@ ScheduleTiming simulate_schedule(const PipelineOrder& order, int num_stages, con
       }
     }
   }
-  for (size_t r = 0; r < order.size(); ++r) {
-    TITAN_USER_CHECK(next[r] == order[r].size(), "simulate_schedule: the schedule deadlocks (check_schedule says where)");
-    t.step_time = std::max(t.step_time, t.finish[r]);
-  }
-  return t;
+  for (size_t r = 0; r < order.size(); ++r) t.step_time = std::max(t.step_time, t.finish[r]);
+  return run;
+}
+
+}  // namespace
+
+ScheduleTiming simulate_schedule(const PipelineOrder& order, int num_stages, const ActionCosts& costs) {
+  Replay run = replay(order, num_stages, costs);
+  for (size_t r = 0; r < order.size(); ++r)
+    TITAN_USER_CHECK(run.next[r] == order[r].size(), "simulate_schedule: the schedule deadlocks (check_schedule says where)");
+  return std::move(run.timing);
 }
 
 std::string schedule_csv(const PipelineOrder& order) {
@@ -371,39 +389,7 @@ void check_schedule(const PipelineOrder& order, int num_stages, int microbatches
                        input ? "I without W" : "W without I", "; a split backward needs both");
     }
   // Run it: each rank executes its next action once what it needs is done.
-  std::set<std::tuple<int, char, int>> done;
-  auto is_done = [&](int s, PipeOp op, int m) { return done.count({s, static_cast<char>(op), m}) > 0; };
-  auto input_grad_done = [&](int s, int m) { return is_done(s, PipeOp::Backward, m) || is_done(s, PipeOp::BackwardInput, m); };
-  auto ready = [&](const PipeAction& a) {
-    switch (a.op) {
-      case PipeOp::Forward:
-        return a.stage == 0 || is_done(a.stage - 1, PipeOp::Forward, a.microbatch);
-      case PipeOp::Backward:
-      case PipeOp::BackwardInput:
-        return is_done(a.stage, PipeOp::Forward, a.microbatch) &&
-               (a.stage == num_stages - 1 || input_grad_done(a.stage + 1, a.microbatch));
-      case PipeOp::BackwardWeight:
-        return is_done(a.stage, PipeOp::BackwardInput, a.microbatch);
-    }
-    return false;
-  };
-  std::vector<size_t> next(order.size(), 0);
-  auto skip_idle = [&](size_t r) {
-    while (next[r] < order[r].size() && !order[r][next[r]]) ++next[r];
-  };
-  for (bool progress = true; progress;) {
-    progress = false;
-    for (size_t r = 0; r < order.size(); ++r) {
-      skip_idle(r);
-      while (next[r] < order[r].size() && ready(*order[r][next[r]])) {
-        const PipeAction& a = *order[r][next[r]];
-        done.insert({a.stage, static_cast<char>(a.op), a.microbatch});
-        ++next[r];
-        skip_idle(r);
-        progress = true;
-      }
-    }
-  }
+  const std::vector<size_t> next = replay(order, num_stages, {}).next;
   std::string blocked;
   for (size_t r = 0; r < order.size(); ++r)
     if (next[r] < order[r].size())

@@ -22,13 +22,11 @@ void Trainer::set_up_validation() {
   dc.dataset_path = v.dataset_path;
   dc.local_batch_size = v.local_batch_size;
   dc.seq_len = v.seq_len;
+  dc.section = "validation";
   try {
     val_loader_ = data::make_dataloader(dc, *tokenizer_);
   } catch (const UserError& e) {
-    // The data layer's advice names the training keys; here the validation ones are meant.
-    std::string what = e.what();
-    for (size_t at = 0; (at = what.find("training.dataset", at)) != std::string::npos; at += 10) what.replace(at, 8, "validation");
-    throw UserError("validation data: " + what);
+    throw UserError(std::string("validation data: ") + e.what());
   }
   val_start_state_ = val_loader_->state();
   log_info("Validation: " + val_loader_->description() + "; every " + std::to_string(v.freq) + " steps, " +

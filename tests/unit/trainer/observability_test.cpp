@@ -73,14 +73,19 @@ std::map<int64_t, nlohmann::json> records(const std::string& dump, const std::st
 // ---------------------------------------------------------------------------------------------
 // Profiler traces
 
-TEST(Profiling, ScheduleFollowsTorchProfilersCycle) {
-  test::TempDir dir;
+metrics::ProfilerOptions trace_options(const std::string& dir, int64_t freq, int64_t warmup, int64_t active) {
   metrics::ProfilerOptions o;
   o.traces = true;
-  o.traces_dir = dir / "traces";
-  o.freq = 10;
-  o.warmup = 3;
-  o.active = 1;
+  o.traces_dir = dir;
+  o.freq = freq;
+  o.warmup = warmup;
+  o.active = active;
+  return o;
+}
+
+TEST(Profiling, ScheduleFollowsTorchProfilersCycle) {
+  test::TempDir dir;
+  metrics::ProfilerOptions o = trace_options(dir / "traces", 10, 3, 1);
   metrics::Profiler p(o);
   // schedule(wait=6, warmup=3, active=1) stepped once per training step: step 10 recorded, 7-9 warm up.
   for (int64_t s = 1; s <= 20; ++s) {
@@ -112,12 +117,8 @@ TEST(Profiling, ScheduleFollowsTorchProfilersCycle) {
 // steps' are in none, and a run that ends inside a recorded window still writes it.
 TEST(Profiling, RecordsTheChosenStepsOnly) {
   test::TempDir dir;
-  metrics::ProfilerOptions o;
-  o.traces = true;
-  o.traces_dir = dir / "traces";
-  o.freq = 3;
-  o.warmup = 1;
-  o.active = 2;  // steps 2-3 and 5-6 recorded, 1 and 4 warm up
+  // Steps 2-3 and 5-6 recorded, 1 and 4 warm up.
+  const metrics::ProfilerOptions o = trace_options(dir / "traces", 3, 1, 2);
   {
     metrics::Profiler p(o);
     for (int64_t s = 1; s <= 5; ++s) {

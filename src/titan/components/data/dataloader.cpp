@@ -20,7 +20,8 @@ constexpr const char* kCorpus = "assets/corpus/corpus.jsonl.zst";
 constexpr const char* kC4Test = "assets/c4_test";
 }  // namespace
 
-ResolvedDataset resolve_dataset(const std::string& name_in, const std::string& dataset_path) {
+ResolvedDataset resolve_dataset(const std::string& name_in, const std::string& dataset_path, const std::string& section) {
+  const std::string path_key = section + ".dataset_path";
   std::string name = name_in;
   std::transform(name.begin(), name.end(), name.begin(), [](unsigned char c) { return std::tolower(c); });
   ResolvedDataset r;
@@ -31,20 +32,20 @@ ResolvedDataset resolve_dataset(const std::string& name_in, const std::string& d
     if (r.path.empty()) r.path = find_asset(kCorpus);
     TITAN_USER_CHECK(!r.path.empty(), "dataset '", name, "': the bundled corpus ", kCorpus,
                      " was not found (looked in the current folder and beside the titan binary): run titan from the "
-                     "repository, or set training.dataset_path to a local .jsonl file or folder");
+                     "repository, or set ", path_key, " to a local .jsonl file or folder");
   } else if (name == "c4" || name == "c4_validation") {
     TITAN_USER_CHECK(!dataset_path.empty(), "dataset '", name, "' has no default location (titan downloads nothing at run "
-                     "time): set training.dataset_path to a local copy of allenai/c4 (the folder holding en/, or en/ "
+                     "time): set ", path_key, " to a local copy of allenai/c4 (the folder holding en/, or en/ "
                      "itself), to JSON Lines files with a 'text' field, or to token shards from `titan tokenize`");
     r.path = dataset_path;
   } else {
     TITAN_USER_CHECK(false, "unknown dataset '", name_in,
-                     "': supported are c4_test, c4, c4_validation, titan_corpus (each reads local files; see "
-                     "training.dataset_path)");
+                     "': supported are c4_test, c4, c4_validation, titan_corpus (each reads local files; see ",
+                     path_key, ")");
   }
   std::error_code ec;
   TITAN_USER_CHECK(fs::exists(r.path, ec), "dataset '", name, "': path '", r.path,
-                   "' does not exist: set training.dataset_path to a local .jsonl/.json file (optionally .gz/.zst), "
+                   "' does not exist: set ", path_key, " to a local .jsonl/.json file (optionally .gz/.zst), "
                    "a folder of them, or a token shard folder");
   r.kind = is_shard_folder(r.path) ? "shards" : "text";
   return r;
@@ -106,7 +107,7 @@ void DataLoader::load_state(const std::string& text) {
 }
 
 std::unique_ptr<DataLoader> make_dataloader(const DataConfig& config, const Tokenizer& tokenizer) {
-  ResolvedDataset r = resolve_dataset(config.dataset, config.dataset_path);
+  ResolvedDataset r = resolve_dataset(config.dataset, config.dataset_path, config.section);
   std::unique_ptr<WindowSource> source;
   if (r.kind == "shards") {
     source = std::make_unique<ShardWindowSource>(r.path, tokenizer, config.seq_len);

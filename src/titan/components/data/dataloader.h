@@ -26,6 +26,7 @@ struct DataConfig {
   int64_t seq_len = 2048;           // tokens per sample
   int dp_rank = 0;                  // this rank among the data-parallel ranks
   int dp_world = 1;                 // number of data-parallel ranks
+  std::string section = "training"; // the config table errors name ("training" or "validation")
 };
 
 // One step's samples for this rank: int64 CPU tensors of shape (local_batch_size, seq_len);
@@ -50,7 +51,9 @@ struct ResolvedDataset {
 // Relative asset paths are looked up in the current folder, then beside and above the titan binary.
 // A dataset_path that is a folder holding manifest.json is read as token shards, whatever the name.
 // Throws UserError for an unknown name or an absent path, saying what to pass.
-ResolvedDataset resolve_dataset(const std::string& name, const std::string& dataset_path);
+// `section` is the config table whose keys the errors name (training.dataset_path, validation.dataset_path).
+ResolvedDataset resolve_dataset(const std::string& name, const std::string& dataset_path,
+                                const std::string& section = "training");
 
 
 // Serves one data-parallel rank's batches. Not thread-safe.
