@@ -22,6 +22,7 @@ std::string metavar(const FieldRef& f) {
         else if constexpr (std::is_same_v<T, std::string>) return "STR";
         else if constexpr (std::is_same_v<T, std::vector<std::string>>) return "A,B,...";
         else if constexpr (std::is_same_v<T, std::vector<int64_t>>) return "N,M,...";
+        else if constexpr (std::is_same_v<T, std::vector<std::vector<std::string>>>) return "A,B;C,...";
         else if constexpr (std::is_same_v<T, std::optional<int64_t>>) return "INT|none";
         else return "FLOAT|none";
       },
@@ -68,8 +69,10 @@ std::string config_help() {
   std::ostringstream os;
   os << "Options: --section.key VALUE or --section.key=VALUE (later ones win). Booleans may be bare\n"
         "(--compile.enable) or take true/false; --section.no_key sets one to false. Lists are\n"
-        "comma-separated (--compile.components model,loss). --job.config_file FILE reads a TOML file with\n"
-        "the same keys under [section] tables; the command line overrides the file, the file the defaults.\n";
+        "comma-separated (--compile.components model,loss); lists of lists separate the lists with ';'\n"
+        "(--parallelism.module_fqns_per_model_part \"tok_embeddings,layers.0;layers.1,norm,output\").\n"
+        "--job.config_file FILE reads a TOML file with the same keys under [section] tables; the command\n"
+        "line overrides the file, the file the defaults.\n";
   for (const auto& s : config::sections()) {
     os << "\n[" << s.name << "]  " << s.help << "\n";
     for (const auto& f : fields) {

@@ -80,6 +80,8 @@ std::string format_list(const std::vector<T>& items) {
     if (i) out += ", ";
     if constexpr (std::is_same_v<T, std::string>) {
       out += quote(items[i]);
+    } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+      out += format_list(items[i]);
     } else {
       out += std::to_string(items[i]);
     }
@@ -144,6 +146,20 @@ std::vector<std::string> split_list(std::string_view text) {
   return out;
 }
 
+// "a,b;c" -> [["a", "b"], ["c"]]; "" -> []. Empty parts and names are kept for validation to name.
+std::vector<std::vector<std::string>> split_list_of_lists(std::string_view text) {
+  std::vector<std::vector<std::string>> out;
+  if (trim(text).empty()) return out;
+  size_t start = 0;
+  while (true) {
+    size_t semicolon = text.find(';', start);
+    out.push_back(split_list(text.substr(start, semicolon == std::string_view::npos ? text.npos : semicolon - start)));
+    if (semicolon == std::string_view::npos) break;
+    start = semicolon + 1;
+  }
+  return out;
+}
+
 void check_choice(const FieldRef& f, const std::string& where) {
   if (f.choices.empty()) return;
   const auto* s = std::get_if<std::string*>(&f.value);
@@ -198,6 +214,7 @@ std::string type_name(const ValuePtr& v) {
                         [](std::string*) { return "a string"; },
                         [](std::vector<std::string>*) { return "a list of strings"; },
                         [](std::vector<int64_t>*) { return "a list of integers"; },
+                        [](std::vector<std::vector<std::string>>*) { return "a list of lists of strings"; },
                         [](std::optional<int64_t>*) { return "an integer (or none)"; },
                         [](std::optional<double>*) { return "a number (or none)"; },
                     },
@@ -224,6 +241,7 @@ std::string format_value(const ValuePtr& v) {
                         [](std::string* s) { return quote(*s); },
                         [](std::vector<std::string>* l) { return format_list(*l); },
                         [](std::vector<int64_t>* l) { return format_list(*l); },
+                        [](std::vector<std::vector<std::string>>* l) { return format_list(*l); },
                         [](std::optional<int64_t>* o) -> std::string { return *o ? std::to_string(**o) : "none"; },
                         [](std::optional<double>* o) -> std::string { return *o ? format_double(**o) : "none"; },
                     },
@@ -267,6 +285,20 @@ void set_from_toml(const FieldRef& f, const toml::node& node, const std::string&
                  },
                  [&](std::vector<std::string>* l) { as_list(l); },
                  [&](std::vector<int64_t>* l) { as_list(l); },
+                 [&](std::vector<std::vector<std::string>>* l) {
+                   if (!node.is_array()) wrong_type(f, where, describe(node));
+                   std::vector<std::vector<std::string>> parts;
+                   for (const toml::node& part : *node.as_array()) {
+                     if (!part.is_array()) wrong_type(f, where, "an array holding " + describe(part));
+                     std::vector<std::string> names;
+                     for (const toml::node& name : *part.as_array()) {
+                       if (!name.is_string()) wrong_type(f, where, "an array of arrays holding " + describe(name));
+                       names.push_back(name.as_string()->get());
+                     }
+                     parts.push_back(std::move(names));
+                   }
+                   *l = std::move(parts);
+                 },
                  [&](std::optional<int64_t>* o) { *o = as_int(); },
                  [&](std::optional<double>* o) { *o = as_double(); },
              },
@@ -309,6 +341,7 @@ void set_from_string(const FieldRef& f, std::string_view text, const std::string
                    for (const auto& item : split_list(text)) items.push_back(int_or_fail(item));
                    *l = std::move(items);
                  },
+                 [&](std::vector<std::vector<std::string>>* l) { *l = split_list_of_lists(text); },
                  [&](std::optional<int64_t>* o) {
                    if (is_none) o->reset();
                    else *o = int_or_fail(text);

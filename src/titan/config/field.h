@@ -19,7 +19,8 @@ namespace titan::config {
 
 // A pointer to the field's storage inside one JobConfig.
 using ValuePtr = std::variant<bool*, int64_t*, double*, std::string*, std::vector<std::string>*,
-                              std::vector<int64_t>*, std::optional<int64_t>*, std::optional<double>*>;
+                              std::vector<int64_t>*, std::vector<std::vector<std::string>>*, std::optional<int64_t>*,
+                              std::optional<double>*>;
 
 struct FieldRef {
   std::string section;                // TOML table, e.g. "training" or "quantize.linear.float8"
@@ -48,13 +49,14 @@ bool is_bool(const ValuePtr& v);
 bool is_optional(const ValuePtr& v);
 bool is_set(const ValuePtr& v);  // false only for an unset optional
 
-// The value as a TOML literal (`8`, `0.0008`, `"c4"`, `["model", "loss"]`); "none" for an unset optional.
+// The value as a TOML literal (`8`, `0.0008`, `"c4"`, `["model", "loss"]`, `[["a", "b"], ["c"]]`); "none" for
+// an unset optional.
 std::string format_value(const ValuePtr& v);
 
 // Stores a TOML node into the field; `where` (file:line:col) goes into the error of a wrong type.
 void set_from_toml(const FieldRef& f, const toml::node& node, const std::string& where);
-// Stores a command-line string: booleans true/false/1/0/yes/no, lists comma-separated,
-// optionals also accept "none".
+// Stores a command-line string: booleans true/false/1/0/yes/no, lists comma-separated, lists of
+// lists ';'-separated lists ("a,b;c" is [["a", "b"], ["c"]]), optionals also accept "none".
 void set_from_string(const FieldRef& f, std::string_view text, const std::string& where);
 
 // Parses a boolean literal (true/false/1/0/yes/no/on/off, any case).

@@ -91,6 +91,7 @@ struct Parallelism {
   std::string pipeline_parallel_schedule = "1F1B";
   std::string pipeline_parallel_schedule_csv;
   int64_t pipeline_parallel_microbatch_size = 1;
+  std::vector<std::vector<std::string>> module_fqns_per_model_part;  // empty: the automatic split
   int64_t context_parallel_degree = 1;
   std::string context_parallel_load_balancer = "headtail";
   std::string context_parallel_rotate_method = "allgather";
@@ -123,6 +124,9 @@ struct Parallelism {
     v(pipeline_parallel_schedule_csv, "pipeline_parallel_schedule_csv", "schedule read from a CSV file");
     v(pipeline_parallel_microbatch_size, "pipeline_parallel_microbatch_size",
       "sequences per microbatch; local_batch_size must be a multiple");
+    v(module_fqns_per_model_part, "module_fqns_per_model_part",
+      "module names of each pipeline stage, e.g. [[\"tok_embeddings\", \"layers.0\"], [\"layers.1\", \"norm\", "
+      "\"output\"]]; overrides the automatic split");
     v(context_parallel_degree, "context_parallel_degree", "ranks the sequence is split over; 1 disables");
     v(context_parallel_load_balancer, "context_parallel_load_balancer", "causal-attention load balancing",
       {"headtail", "ptrr"});

@@ -79,6 +79,15 @@ void validate_config(const JobConfig& cfg) {
   positive(p.pipeline_parallel_microbatch_size, "parallelism.pipeline_parallel_microbatch_size");
   if (p.pipeline_parallel_layers_per_stage)
     positive(*p.pipeline_parallel_layers_per_stage, "parallelism.pipeline_parallel_layers_per_stage");
+  // The names themselves are checked against the model where the stages are built.
+  for (size_t i = 0; i < p.module_fqns_per_model_part.size(); ++i) {
+    const auto& part = p.module_fqns_per_model_part[i];
+    TITAN_USER_CHECK(!part.empty(), "parallelism.module_fqns_per_model_part: model part ", i,
+                     " is empty; each part (pipeline stage) needs at least one module name");
+    for (const auto& name : part)
+      TITAN_USER_CHECK(!name.empty(), "parallelism.module_fqns_per_model_part: model part ", i,
+                       " has an empty module name");
+  }
 
   const auto& c = cfg.checkpoint;
   positive(c.interval, "checkpoint.interval");

@@ -62,6 +62,23 @@ TEST(ConfigCli, ListsAreCommaSeparated) {
   EXPECT_THROW(config::set_from_string(f, "1,x", "test"), UserError);
 }
 
+// Lists of lists (parallelism.module_fqns_per_model_part): ';' separates the lists, ',' the names.
+TEST(ConfigCli, ListsOfListsAreSemicolonSeparated) {
+  using Parts = std::vector<std::vector<std::string>>;
+  const std::string key = "--parallelism.module_fqns_per_model_part";
+  EXPECT_EQ(parse({key, "tok_embeddings,layers.0;layers.1,norm,output"}).parallelism.module_fqns_per_model_part,
+            (Parts{{"tok_embeddings", "layers.0"}, {"layers.1", "norm", "output"}}));
+  EXPECT_EQ(parse({key + "= layers.0 ; layers.1 , output"}).parallelism.module_fqns_per_model_part,
+            (Parts{{"layers.0"}, {"layers.1", "output"}}));
+  EXPECT_TRUE(parse({key + "="}).parallelism.module_fqns_per_model_part.empty());
+  // The command line replaces the file's lists, it does not add to them.
+  TempDir dir;
+  const std::string file = write(dir, "c.toml", "[parallelism]\nmodule_fqns_per_model_part = [[\"a\"], [\"b\"]]\n");
+  EXPECT_EQ(parse({"--job.config_file", file}).parallelism.module_fqns_per_model_part, (Parts{{"a"}, {"b"}}));
+  EXPECT_EQ(parse({"--job.config_file", file, key, "x,y"}).parallelism.module_fqns_per_model_part, (Parts{{"x", "y"}}));
+  EXPECT_TRUE(parse({"--job.config_file", file, key + "="}).parallelism.module_fqns_per_model_part.empty());
+}
+
 TEST(ConfigCli, OptionalValues) {
   EXPECT_EQ(parse({"--lr_scheduler.total_steps", "50"}).lr_scheduler.total_steps, 50);
   EXPECT_FALSE(parse({"--lr_scheduler.decay_ratio", "0.5", "--lr_scheduler.decay_ratio=none"}).lr_scheduler.decay_ratio);

@@ -77,6 +77,16 @@ TEST(ConfigErrors, WrongTypeNamesKeyFileLineAndTypes) {
   EXPECT_NE(e.find("training.batch_size at bad.toml:2:1: expected an integer"), std::string::npos) << e;
   e = error_of_file("[model]\nnorm_type = \"layernorm\"\n");
   EXPECT_NE(e.find("model.norm_type at bad.toml:2:1: \"layernorm\" is not one of \"rmsnorm\""), std::string::npos) << e;
+  // A list of lists: the outer value, each part and each name are checked.
+  e = error_of_file("[parallelism]\nmodule_fqns_per_model_part = \"layers.0\"\n");
+  EXPECT_NE(e.find("parallelism.module_fqns_per_model_part at bad.toml:2:1: expected a list of lists of strings, "
+                   "got a string (\"layers.0\")"), std::string::npos) << e;
+  e = error_of_file("[parallelism]\nmodule_fqns_per_model_part = [\"layers.0\", \"layers.1\"]\n");
+  EXPECT_NE(e.find("parallelism.module_fqns_per_model_part at bad.toml:2:1: expected a list of lists of strings, "
+                   "got an array holding a string (\"layers.0\")"), std::string::npos) << e;
+  e = error_of_file("[parallelism]\nmodule_fqns_per_model_part = [[\"layers.0\"], [\"layers.1\", 2]]\n");
+  EXPECT_NE(e.find("parallelism.module_fqns_per_model_part at bad.toml:2:1: expected a list of lists of strings, "
+                   "got an array of arrays holding an integer (2)"), std::string::npos) << e;
   // Integers are fine where a number is expected.
   TempDir dir;
   std::ofstream(dir / "ok.toml") << "[optimizer]\nlr = 1\n";

@@ -179,12 +179,32 @@ TEST(ConfigDump, ToTomlParsesBackToTheSameConfig) {
   JobConfig cfg = parse({"--job.config_file", fixture("seed000_old_8b.toml"), "--lr_scheduler.decay_ratio", "0.25",
                          "--training.max_norm", "0.1", "--optimizer.eps", "1e-15", "--job.description",
                          "quote \" backslash \\ tab \t newline \n end", "--model.converters", "a,b",
-                         "--debug.seed", "-7"});
+                         "--debug.seed", "-7", "--parallelism.module_fqns_per_model_part",
+                         "tok_embeddings,layers.0;layers.1,norm,output"});
   const std::string text = to_toml(cfg);
   EXPECT_EQ(parse_config_text(text, "dump.toml"), cfg) << text;
+  EXPECT_NE(text.find("\nmodule_fqns_per_model_part = [[\"tok_embeddings\", \"layers.0\"], [\"layers.1\", \"norm\", "
+                      "\"output\"]]\n"), std::string::npos) << text;
   // Defaults too (unset optionals are comments).
   EXPECT_EQ(parse_config_text(to_toml(JobConfig{})), JobConfig{});
   EXPECT_NE(to_toml(JobConfig{}).find("# total_steps is unset"), std::string::npos);
+  EXPECT_NE(to_toml(JobConfig{}).find("\nmodule_fqns_per_model_part = []\n"), std::string::npos);
+}
+
+// torchtitan's list[list[str]] key, as a TOML file writes it (names with escapes survive the dump).
+TEST(ConfigFiles, ModuleFqnsPerModelPartIsAListOfLists) {
+  using Parts = std::vector<std::vector<std::string>>;
+  const JobConfig cfg = parse_config_text(
+      "[parallelism]\npipeline_parallel_degree = 2\n"
+      "module_fqns_per_model_part = [[\"tok_embeddings\", \"layers.0\"],\n  [\"layers.1\", \"norm\", \"output\"]]\n");
+  EXPECT_EQ(cfg.parallelism.module_fqns_per_model_part,
+            (Parts{{"tok_embeddings", "layers.0"}, {"layers.1", "norm", "output"}}));
+  EXPECT_EQ(value_of(cfg, "parallelism.module_fqns_per_model_part"),
+            "[[\"tok_embeddings\", \"layers.0\"], [\"layers.1\", \"norm\", \"output\"]]");
+  EXPECT_TRUE(parse_config_text("[parallelism]\nmodule_fqns_per_model_part = []\n").parallelism.module_fqns_per_model_part.empty());
+  const JobConfig odd = parse_config_text("[parallelism]\nmodule_fqns_per_model_part = [[\"a\\\"b\", \"c,d;e\"], [\"\\\\\"]]\n");
+  EXPECT_EQ(odd.parallelism.module_fqns_per_model_part, (Parts{{"a\"b", "c,d;e"}, {"\\"}}));
+  EXPECT_EQ(parse_config_text(to_toml(odd)), odd) << to_toml(odd);
 }
 
 TEST(ConfigHelp, ListsEveryKeyWithItsDefaultAndEveryOlderSpelling) {

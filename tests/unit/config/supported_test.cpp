@@ -98,6 +98,10 @@ TEST(ConfigValidate, SanityChecks) {
       {{"--activation_checkpoint.selective_ac_option", "every"}, "must be 'op' or a positive integer"},
       {{"--metrics.log_freq", "0"}, "metrics.log_freq must be positive"},
       {{"--validation.steps", "0"}, "validation.steps must be positive or -1"},
+      {{"--parallelism.module_fqns_per_model_part", "layers.0;"},
+       "parallelism.module_fqns_per_model_part: model part 1 is empty"},
+      {{"--parallelism.module_fqns_per_model_part", "layers.0;layers.1,,output"},
+       "parallelism.module_fqns_per_model_part: model part 1 has an empty module name"},
   };
   for (const auto& [args, expected] : cases) {
     const std::string e = user_error([&] { parse(args); });
