@@ -33,9 +33,7 @@ int env_int(const char* name, int fallback) {
 // Every module with parameters of its own a unit, in forward order (one all-gather and one
 // reduce-scatter per parameter), then the root (the embedding).
 void shard_per_parameter(llama3::TransformerImpl& m, dist::FSDP& fsdp, const dist::InitRows& init) {
-  for (size_t i = 0; i < m.layers->size(); ++i) {
-    auto* b = m.layers[i]->as<llama3::TransformerBlock>();
-    const std::string p = "layers." + std::to_string(i) + ".";
+  for (const auto& [p, b] : m.blocks()) {
     std::vector<std::pair<std::string, nn::HookedModule*>> mods = {
         {"attention_norm.", b->attention_norm.get()}, {"attention.wq.", b->attention->wq.get()},
         {"attention.wk.", b->attention->wk.get()},     {"attention.wv.", b->attention->wv.get()},

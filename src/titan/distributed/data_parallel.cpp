@@ -105,10 +105,25 @@ void DataParallel::before_backward(bool sync) {
   if (ddp_) ddp_->set_sync(sync);
 }
 
+void DataParallel::set_gradient_sync(bool sync) {
+  if (fsdp_) fsdp_->set_requires_gradient_sync(sync);
+  if (ddp_) ddp_->set_sync(sync);
+}
+
+void DataParallel::reduce_gradients() {
+  if (fsdp_) fsdp_->reduce_now();
+  if (ddp_) ddp_->all_reduce_now();
+  reduce_partial_sums();
+}
+
 void DataParallel::after_backward(bool sync) {
   if (fsdp_) fsdp_->finish_backward();
   if (ddp_ && sync) ddp_->finish_backward();
-  if (!sync || sums_.empty()) return;
+  if (sync) reduce_partial_sums();
+}
+
+void DataParallel::reduce_partial_sums() {
+  if (sums_.empty()) return;
   // Partial gradients summed over their groups once per step (after the last micro-batch: the
   // accumulated gradient is a sum of partial sums), one all-reduce per group.
   at::NoGradGuard no_grad;

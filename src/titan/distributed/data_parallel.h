@@ -59,6 +59,11 @@ class DataParallel {
 
   void before_backward(bool sync);
   void after_backward(bool sync);
+  // Pipeline parallelism: with gradient sync off, backward passes (any number, in any order) only
+  // accumulate local gradients (FSDP's full ones); reduce_gradients() then reduces them all at once,
+  // as the last micro-batch's backward would have.
+  void set_gradient_sync(bool sync);
+  void reduce_gradients();
   const std::vector<PlacedTensor>& parameters() const { return params_; }
   std::vector<std::pair<std::string, at::Tensor>> named_parameters() const;
 
@@ -67,6 +72,7 @@ class DataParallel {
 
  private:
   Placement base(const std::string& name, const at::Tensor& local) const;
+  void reduce_partial_sums();  // the partial gradients (add_grad_sum) summed over their groups
   Group& shard_;
   Group& replicate_;
   at::Device comm_device_;

@@ -75,4 +75,19 @@ void DDP::finish_backward() {
   for (auto& b : buckets_) b->finish();
 }
 
+void DDP::all_reduce_now() {
+  at::NoGradGuard no_grad;
+  for (auto& b : buckets_) {
+    b->finish();  // anything a synced backward left in flight
+    for (auto& p : b->params)
+      if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+    b->ready = b->params.size() - 1;
+    const bool sync = sync_;
+    sync_ = true;
+    b->on_grad_ready();  // issues the bucket's all-reduce
+    sync_ = sync;
+  }
+  for (auto& b : buckets_) b->finish();
+}
+
 }  // namespace titan::dist

@@ -25,6 +25,9 @@ class DDP {
   void set_sync(bool sync) { sync_ = sync; }
   // Waits for the all-reduces of the last backward and writes the summed gradients back.
   void finish_backward();
+  // All-reduces every bucket's gradients now (missing ones as zeros) and waits: the end of a step
+  // whose backwards ran without sync.
+  void all_reduce_now();
   size_t num_buckets() const { return buckets_.size(); }
 
   struct Bucket;

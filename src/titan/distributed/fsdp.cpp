@@ -167,12 +167,14 @@ struct FSDP::Unit {
     // input gradients). If some parameter got none on this rank, it reduces now, at the same point
     // of the backward as on the ranks where its gradients were complete, so that every rank issues
     // the same collectives in the same order.
-    if (backward_before && !backward_before->reduced) backward_before->reduce_grads();
+    if (backward_before && !fsdp->sync_gradients_) backward_before->reshard();  // gradients stay unreduced
+    if (backward_before && fsdp->sync_gradients_ && !backward_before->reduced) backward_before->reduce_grads();
     finish_unshard();
     if (next_backward) next_backward->start_unshard();
   }
 
   void on_grad_ready() {
+    if (!fsdp->sync_gradients_) return;  // accumulated in the full gradients until a synced backward
     if (++grads_ready == static_cast<int>(params.size()) && !reduced) reduce_grads();
   }
 
@@ -351,7 +353,13 @@ void FSDP::fully_shard(const std::vector<UnitPart>& parts, const InitRows& init,
       unit->params.push_back(std::move(p));
     }
   }
-  TITAN_ASSERT(!unit->params.empty(), "fully_shard of '", unit->prefix, "': no parameters left to shard");
+  if (unit->params.empty()) {
+    // A root whose parameters all belong to inner units (a pipeline stage of blocks only): no unit
+    // of its own; the inner units are linked in execution order.
+    TITAN_ASSERT(is_root, "fully_shard of '", unit->prefix, "': no parameters left to shard");
+    link_units(nullptr);
+    return;
+  }
 
   at::NoGradGuard no_grad;
   at::TensorOptions shard_opts = at::TensorOptions().dtype(at::kFloat).device(unit->device);
@@ -383,17 +391,21 @@ void FSDP::fully_shard(const std::vector<UnitPart>& parts, const InitRows& init,
   parts.front().module->add_forward_pre_hook([u] { u->pre_forward(); });
   parts.back().module->add_forward_hook([u](const at::Tensor& out) { return u->post_forward(out); });
   units_.push_back(std::move(unit));
-  if (!is_root) return;
+  if (is_root) link_units(u);
+}
+
+void FSDP::link_units(Unit* root) {
   // Execution order: the root's forward starts first, then the inner units in the order they were
   // sharded; backward runs them in reverse and the root (the embedding) last.
-  const size_t inner = units_.size() - 1;
+  const size_t inner = units_.size() - (root ? 1 : 0);
   for (size_t i = 0; i < inner; ++i) {
     units_[i]->next_forward = i + 1 < inner ? units_[i + 1].get() : nullptr;
-    units_[i]->next_backward = i > 0 ? units_[i - 1].get() : u;
+    units_[i]->next_backward = i > 0 ? units_[i - 1].get() : root;
     units_[i]->backward_before = i + 1 < inner ? units_[i + 1].get() : nullptr;
   }
-  u->next_forward = inner > 0 ? units_[0].get() : nullptr;
-  u->next_backward = inner > 0 ? units_[inner - 1].get() : nullptr;
+  if (!root) return;
+  root->next_forward = inner > 0 ? units_[0].get() : nullptr;
+  root->next_backward = inner > 0 ? units_[inner - 1].get() : nullptr;
 }
 
 std::vector<std::pair<std::string, at::Tensor>> FSDP::sharded_parameters() const {
@@ -404,6 +416,13 @@ std::vector<std::pair<std::string, at::Tensor>> FSDP::sharded_parameters() const
 }
 
 void FSDP::finish_backward() {
+  if (!sync_gradients_) {  // no reductions: the full gradients accumulate; the parameters reshard
+    for (auto& u : units_) {
+      u->reshard();
+      u->grads_ready = 0;
+    }
+    return;
+  }
   // Units that have not reduced in this backward (the root, and units whose parameters did not all
   // get a gradient) reduce now, in backward order (inner units last to first, then the root): every
   // rank issues every unit's reduce-scatter once per backward, in the same order. Then every

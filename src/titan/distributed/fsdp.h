@@ -88,6 +88,19 @@ class FSDP {
   std::vector<PlacedTensor> placed_parameters() const;
   // Waits for the gradient reductions issued during backward; call after loss.backward().
   void finish_backward();
+  // FSDP2's set_requires_gradient_sync: with false, backward passes reduce nothing; each unit's full
+  // gradients accumulate over them (one unit's parameters are resharded when its backward is done)
+  // until a backward with sync on, or reduce_now(). Pipeline parallelism runs a step's microbatches
+  // this way, in whatever order its schedule interleaves their forwards and backwards.
+  void set_requires_gradient_sync(bool sync) { sync_gradients_ = sync; }
+  // Reduce-scatters every unit's accumulated full gradients (units in backward order) into the
+  // sharded gradients and waits: the end of a step whose backwards ran without sync.
+  void reduce_now() {
+    const bool sync = sync_gradients_;
+    sync_gradients_ = true;
+    finish_backward();
+    sync_gradients_ = sync;
+  }
   // Most bytes of padded full-size gradients held for reduce-scatters at once so far: one unit's,
   // since a unit's reductions complete before the next unit issues its own.
   int64_t peak_reduction_bytes() const { return peak_reduction_bytes_; }
@@ -101,6 +114,7 @@ class FSDP {
   friend struct Unit;
   at::Tensor acquire(int64_t numel, at::ScalarType dtype, const at::Device& device);
   void release(at::Tensor& buffer);
+  void link_units(Unit* root);  // execution order of the units; root null when it has no unit
 
   Group& shard_;
   Group* replicate_;
@@ -110,6 +124,7 @@ class FSDP {
   std::map<std::pair<at::ScalarType, std::string>, std::vector<at::Tensor>> free_;
   std::map<const void*, at::Tensor> in_use_;
   int64_t pool_allocations_ = 0;
+  bool sync_gradients_ = true;
   int64_t peak_reduction_bytes_ = 0;
 };
 

@@ -23,6 +23,7 @@ void Work::wait() {
     w->wait();
   } catch (const std::exception& e) {
     if (!group_) throw;
+    if (peer_ >= 0) group_->fail_p2p(op_, peer_, e.what());
     group_->fail(op_, seq_, e.what());
   }
 }
@@ -219,6 +220,29 @@ Work Group::all_reduce(at::Tensor& t, c10d::ReduceOp op) {
   c10d::AllreduceOptions opts;
   opts.reduceOp = op;
   return issue(backend_->allreduce(ts, opts), "all_reduce");
+}
+
+Work Group::send(const at::Tensor& t, int peer, int tag) {
+  TITAN_ASSERT(t.is_contiguous() && peer >= 0 && peer < size() && peer != rank_, "send: bad tensor or peer ", peer);
+  TraceRange range(mem::Phase::Communication, "c10d::send [", name_, "]");
+  count("send", t);
+  std::vector<at::Tensor> ts{t};
+  return Work(backend_->send(ts, peer, tag), this, "send", ++seq_, peer);
+}
+
+Work Group::recv(at::Tensor& t, int peer, int tag) {
+  TITAN_ASSERT(t.is_contiguous() && peer >= 0 && peer < size() && peer != rank_, "recv: bad tensor or peer ", peer);
+  TraceRange range(mem::Phase::Communication, "c10d::recv [", name_, "]");
+  count("recv", t);
+  std::vector<at::Tensor> ts{t};
+  return Work(backend_->recv(ts, peer, tag), this, "recv", ++seq_, peer);
+}
+
+void Group::fail_p2p(const char* op, int peer, const std::string& backend_error) {
+  throw CollectiveError(std::string(op) + (std::string(op) == "send" ? " to" : " from") + " rank " +
+                        std::to_string(ranks_[peer]) + " on mesh dimension '" + name_ + "' failed on rank " +
+                        std::to_string(ranks_[rank_]) + ": " + first_line(backend_error) + " [collective timeout " +
+                        std::to_string(timeout_.count() / 1000) + " s, " + timeout_label_ + "]");
 }
 
 Work Group::broadcast(at::Tensor& t, int root) {

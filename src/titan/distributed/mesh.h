@@ -42,8 +42,8 @@ struct CollectiveError : UserError {
 class Work {
  public:
   Work() = default;
-  Work(c10::intrusive_ptr<c10d::Work> w, Group* group, const char* op, int64_t seq)
-      : work_(std::move(w)), group_(group), op_(op), seq_(seq) {}
+  Work(c10::intrusive_ptr<c10d::Work> w, Group* group, const char* op, int64_t seq, int peer = -1)
+      : work_(std::move(w)), group_(group), op_(op), seq_(seq), peer_(peer) {}
   void wait();
 
  private:
@@ -51,6 +51,7 @@ class Work {
   Group* group_ = nullptr;
   const char* op_ = "";
   int64_t seq_ = 0;
+  int peer_ = -1;  // point-to-point: the other member (index in the group)
 };
 
 class Group {
@@ -70,6 +71,11 @@ class Group {
   Work reduce_scatter(at::Tensor& out, const at::Tensor& in);
   Work all_reduce(at::Tensor& t, c10d::ReduceOp op = c10d::ReduceOp::SUM);
   Work broadcast(at::Tensor& t, int root);  // root: index in the group
+  // Point-to-point: `t` (contiguous) to or from member `peer` (index in the group). A send and a
+  // receive match when their tags are equal (messages between two members with one tag arrive in
+  // order). Counted as "send" / "recv" bytes.
+  Work send(const at::Tensor& t, int peer, int tag);
+  Work recv(at::Tensor& t, int peer, int tag);
   void barrier();
   // How long a collective of this group may wait for the others before it fails; `label` names the
   // setting in errors (e.g. "comm.train_timeout_seconds").
@@ -77,6 +83,9 @@ class Group {
   // Throws the CollectiveError of collective `op` number `seq` of this group, which failed with
   // `backend_error` (after gathering the other members' reports; see CollectiveError).
   [[noreturn]] void fail(const char* op, int64_t seq, const std::string& backend_error);
+  // The same for a send or receive with member `peer` (no report of the other members: only the peer
+  // takes part).
+  [[noreturn]] void fail_p2p(const char* op, int peer, const std::string& backend_error);
 
  private:
   void count(const char* op, const at::Tensor& t);

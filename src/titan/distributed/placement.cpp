@@ -81,7 +81,7 @@ std::vector<std::string> shard_groups(const Placement& p) {
 }
 
 at::Tensor total_norm(const std::vector<PlacedTensor>& params, Mesh& mesh, std::vector<at::Tensor>& grads,
-                      const at::Tensor& poison = {}) {
+                      const at::Tensor& poison = {}, const std::vector<std::string>& sum_over = {}) {
   // Gradients grouped by the set of groups they are sharded over; each group's sum of squares is
   // all-reduced over those groups (a replicated gradient counts once, as its copies are equal).
   std::map<std::vector<std::string>, std::vector<at::Tensor>> by_groups;
@@ -99,6 +99,8 @@ at::Tensor total_norm(const std::vector<PlacedTensor>& params, Mesh& mesh, std::
     sum_sq = sum_sq.defined() ? sum_sq + s : s;
   }
   if (!sum_sq.defined()) sum_sq = poison.defined() ? poison.to(at::kDouble) : at::zeros({}, at::kDouble);
+  if (!sum_over.empty()) sum_sq = sum_sq.to(mesh.device(), at::kDouble).contiguous();
+  for (const auto& name : sum_over) mesh[name].all_reduce(sum_sq).wait();
   return sum_sq.sqrt();
 }
 
@@ -110,9 +112,9 @@ double global_grad_norm(const std::vector<PlacedTensor>& params, Mesh& mesh) {
 }
 
 at::Tensor clip_grad_norm(const std::vector<PlacedTensor>& params, double max_norm, Mesh& mesh,
-                          const at::Tensor& poison) {
+                          const at::Tensor& poison, const std::vector<std::string>& sum_over) {
   std::vector<at::Tensor> grads;
-  at::Tensor total = total_norm(params, mesh, grads, poison);
+  at::Tensor total = total_norm(params, mesh, grads, poison, sum_over);
   scale_grads_to_norm(grads, total, max_norm);
   return total;
 }

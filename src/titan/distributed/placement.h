@@ -73,8 +73,10 @@ double global_grad_norm(const std::vector<PlacedTensor>& params, Mesh& mesh);
 // poison (a scalar, 0 or +inf) is added to every partial sum before it is reduced, so that a value
 // one rank found bad (a non-finite loss) makes the norm infinite on every rank that rank's gradient
 // sums reach, with no extra collective.
+// sum_over: groups whose members hold different parameters altogether (pipeline stages, "pp"): the
+// total is summed over them too.
 at::Tensor clip_grad_norm(const std::vector<PlacedTensor>& params, double max_norm, Mesh& mesh,
-                          const at::Tensor& poison = {});
+                          const at::Tensor& poison = {}, const std::vector<std::string>& sum_over = {});
 
 // The full tensor of `t` (unpadded, global shape), all-gathered over its shard groups; collective
 // over those groups (every rank holding a piece must call it in the same order).

@@ -15,8 +15,11 @@ namespace titan {
 
 class LanguageModelImpl : public nn::HookedModule {
  public:
-  // tokens (B, S) int64 -> logits (B, S, V).
-  virtual at::Tensor forward(const at::Tensor& tokens_BS) = 0;
+  // tokens (B, S) int64 -> logits (B, S, V). A pipeline stage (see ModelSpec::build_stage) maps its
+  // input (tokens, or the previous stage's hidden states) to its output (hidden states, or logits);
+  // seq_len: the whole sequence's length when the hidden states are one rank's part of it (sequence
+  // parallelism), 0 when the input has the whole sequence.
+  virtual at::Tensor forward(const at::Tensor& input, int64_t seq_len = 0) = 0;
   // Writes elements [first, first + out.numel()) of the global parameter `name`'s flattened
   // (row-major) initial values into `out` (any dtype and device): values are a function of (seed,
   // name, element) only, so each rank computes just its own part of a sharded parameter.
@@ -34,6 +37,8 @@ class LanguageModelImpl : public nn::HookedModule {
   void keep_global_shapes();
   // Training FLOPs per token at sequence length seq_len (torchtitan's formula for this model).
   virtual double flops_per_token(int64_t seq_len) const = 0;
+  // Width of the hidden states between blocks: what crosses between pipeline stages, (B, S, width).
+  virtual int64_t hidden_size() const = 0;
   // Number of token ids the model embeds and predicts.
   virtual int64_t vocab_size() const = 0;
   // Total number of parameter elements (tied tensors counted once).

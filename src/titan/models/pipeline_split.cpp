@@ -2,6 +2,8 @@
 
 #include "titan/common/error.h"
 
+#include <algorithm>
+
 namespace titan {
 
 std::vector<std::vector<std::string>> pipeline_split(int64_t num_stages, int64_t num_layers, int64_t input_weight,
@@ -39,6 +41,56 @@ std::vector<std::vector<std::string>> pipeline_split(int64_t num_stages, int64_t
   }
   TITAN_ASSERT(next == num_layers, "pipeline split placed ", next, " of ", num_layers, " blocks");
   return stages;
+}
+
+namespace {
+std::string join_names(const std::vector<std::string>& v) {
+  std::string out;
+  for (const auto& x : v) out += (out.empty() ? "" : ", ") + x;
+  return out;
+}
+}  // namespace
+
+std::vector<std::vector<std::string>> split_at_points(const std::vector<std::string>& all,
+                                                      const std::vector<std::string>& points) {
+  std::vector<std::vector<std::string>> stages(1);
+  size_t next = 0;  // the next split point expected
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (next < points.size() && all[i] == points[next]) {
+      TITAN_USER_CHECK(i > 0, "parallelism.pipeline_parallel_split_points: '", points[next],
+                       "' is the model's first module, so the first stage would be empty");
+      stages.emplace_back();
+      ++next;
+    }
+    stages.back().push_back(all[i]);
+  }
+  if (next < points.size()) {
+    const bool known = std::find(all.begin(), all.end(), points[next]) != all.end();
+    throw UserError("parallelism.pipeline_parallel_split_points: '" + points[next] + "' " +
+                    (known ? "is out of order (split points go in the model's order, each once)"
+                           : "is not a module of the model; the modules are " + join_names(all)));
+  }
+  return stages;
+}
+
+void check_stage_modules(const std::vector<std::vector<std::string>>& stages, const std::vector<std::string>& all) {
+  const std::string key = "parallelism.module_fqns_per_model_part";
+  size_t next = 0;
+  for (size_t s = 0; s < stages.size(); ++s) {
+    TITAN_USER_CHECK(!stages[s].empty(), key, ": stage ", s, " holds no modules");
+    for (const auto& name : stages[s]) {
+      const auto it = std::find(all.begin(), all.end(), name);
+      TITAN_USER_CHECK(it != all.end(), key, ": '", name, "' (stage ", s, ") is not a module of the model; the modules are ",
+                       join_names(all));
+      TITAN_USER_CHECK(static_cast<size_t>(it - all.begin()) == next, key, ": '", name, "' (stage ", s, ") is ",
+                       static_cast<size_t>(it - all.begin()) < next ? "listed twice or out of order"
+                                                                   : "not next in the model's order: '" + all[next] +
+                                                                         "' comes first",
+                       "; stages must hold the modules ", join_names(all), " in this order, each once");
+      ++next;
+    }
+  }
+  TITAN_USER_CHECK(next == all.size(), key, ": '", next < all.size() ? all[next] : "", "' and the modules after it are in no stage");
 }
 
 }  // namespace titan

@@ -18,4 +18,14 @@ namespace titan {
 std::vector<std::vector<std::string>> pipeline_split(int64_t num_stages, int64_t num_layers, int64_t input_weight = 1,
                                                      int64_t output_weight = 1);
 
+// The stages cut from `all` (a model's modules in forward order) where each split point starts a
+// new stage (torchtitan's pipeline_parallel_split_points, e.g. {"layers.4", "layers.8"}: three
+// stages). Throws UserError for a point that is not a module of `all`, out of order, or the first.
+std::vector<std::vector<std::string>> split_at_points(const std::vector<std::string>& all,
+                                                      const std::vector<std::string>& points);
+
+// Checks that `stages` hold every module of `all` exactly once, in forward order (stage k's modules
+// before stage k+1's), and that no stage is empty. Throws UserError naming the first problem.
+void check_stage_modules(const std::vector<std::vector<std::string>>& stages, const std::vector<std::string>& all);
+
 }  // namespace titan

@@ -34,6 +34,13 @@ void register_builtin_models_locked() {
     args.max_seq_len = max_seq_len;
     return std::make_shared<llama3::TransformerImpl>(args, opts);
   };
+  llama.build_stage = [](const std::string& flavor, const at::TensorOptions& opts, int64_t max_seq_len,
+                         const std::vector<std::string>& modules) -> LanguageModel {
+    llama3::ModelArgs args = llama3::flavor(flavor);
+    args.max_seq_len = max_seq_len;
+    TITAN_USER_CHECK(!modules.empty(), "a pipeline stage of llama3 ", flavor, " holds no modules");
+    return std::make_shared<llama3::TransformerImpl>(args, opts, modules);
+  };
   llama.parallelize = llama3::parallelize;
   llama.pipeline_split = [](const std::string& flavor, int64_t stages, int64_t input_weight, int64_t output_weight) {
     return pipeline_split(stages, llama3::flavor(flavor).n_layers, input_weight, output_weight);

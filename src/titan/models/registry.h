@@ -63,6 +63,11 @@ struct ModelSpec {
   // Builds the flavor with parameters created by `opts` (device meta: shapes only, no memory).
   // Parameters are uninitialized until init_weights(seed) is called. max_seq_len bounds RoPE.
   std::function<LanguageModel(const std::string& flavor, const at::TensorOptions& opts, int64_t max_seq_len)> build;
+  // Builds the modules `modules` of the flavor under their global names: one pipeline stage (names
+  // as pipeline_split gives them; see LanguageModelImpl::forward for its input and output).
+  std::function<LanguageModel(const std::string& flavor, const at::TensorOptions& opts, int64_t max_seq_len,
+                              const std::vector<std::string>& modules)>
+      build_stage;
   // Applies the parallelisms of `ctx` to a built model (from outside: the model code does not
   // change); parameters built without storage get their values from the data-parallel layer. torchtitan's order: TP, CP, activation checkpointing, then FSDP.
   std::function<ParallelizedModel(LanguageModelImpl& model, const ParallelizeContext& ctx)> parallelize;

@@ -102,6 +102,9 @@ Estimate estimate(const JobConfig& cfg, const EstimateOptions& options) {
   const dist::ParallelDims dims(p.data_parallel_replicate_degree, p.data_parallel_shard_degree,
                                 p.context_parallel_degree, p.tensor_parallel_degree, p.pipeline_parallel_degree, world);
   check_supported(cfg, world);  // what titan train refuses, the estimate refuses with the same words
+  TITAN_USER_CHECK(p.pipeline_parallel_degree == 1, "titan estimate models layouts without pipeline parallelism: "
+                   "parallelism.pipeline_parallel_degree ", p.pipeline_parallel_degree, " is not estimated (set it to 1 "
+                   "to estimate the data- and tensor-parallel layout of the whole model)");
 
   // Precision and data parallelism, decided as Trainer::Trainer decides them.
   const bool cuda = options.device == "cuda";

@@ -88,7 +88,7 @@ void Trainer::set_up_distributed() {
 
 std::map<std::string, at::Tensor> Trainer::full_parameters() {
   std::map<std::string, at::Tensor> out;
-  for (const auto& p : params_) out[p.name] = dist::gather_full(p, *mesh_).to(at::kCPU, at::kFloat);
+  for_each_full_parameter([&](const std::string& name, const at::Tensor& t) { out[name] = t.to(at::kCPU, at::kFloat); });
   return out;
 }
 
@@ -138,13 +138,13 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   tokenizer_ = load_tokenizer(cfg_.model.hf_assets_path);
   const ModelSpec& spec = model_spec(cfg_.model.name);
   const auto model_start = Clock::now();  // build, initialization and sharding: for the start-up line
+  // Long enough for the validation sequences too (the RoPE table is built per sequence length).
+  const int64_t max_seq_len = std::max(tr.seq_len, cfg_.validation.enable ? cfg_.validation.seq_len : int64_t{0});
   {
     // Parameters get memory and values only once their layout is known: FSDP fills each rank's
     // rows of a unit while sharding it, the other layouts each rank's local tensor (a TP shard or
     // the whole parameter) when the data-parallel layer finishes.
     DeferAllocation defer;
-    // Long enough for the validation sequences too (the RoPE table is built per sequence length).
-    const int64_t max_seq_len = std::max(tr.seq_len, cfg_.validation.enable ? cfg_.validation.seq_len : int64_t{0});
     model_ = spec.build(cfg_.model.flavor, at::TensorOptions().device(device_).dtype(param_dtype), max_seq_len);
   }
   const int64_t vocab = model_->vocab_size();
@@ -161,12 +161,14 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   dpo.fsdp.reduce_dtype = at::kFloat;
   dpo.fsdp.reshard_after_forward = par.fsdp_reshard_after_forward;
   dpo.shard_always = tr.enable_cpu_offload;
-  data_parallel_ = std::make_unique<dist::DataParallel>(
-      (*mesh_)["dp_shard_cp"], (*mesh_)["dp_replicate"], dpo,
-      [this, seed](const std::string& name, at::Tensor out, const std::vector<int64_t>& begin) {
-        model_->init_region(seed, name, std::move(out), begin);
-      },
-      mesh_->device());
+  auto make_data_parallel = [&, seed] {
+    return std::make_unique<dist::DataParallel>(
+        (*mesh_)["dp_shard_cp"], (*mesh_)["dp_replicate"], dpo,
+        [this, seed](const std::string& name, at::Tensor out, const std::vector<int64_t>& begin) {
+          model_->init_region(seed, name, std::move(out), begin);
+        },
+        mesh_->device());
+  };
   if (dims_->tp() > 1) {
     dist::TensorParallelOptions tpo;
     tpo.sequence_parallel = par.enable_sequence_parallel;
@@ -177,7 +179,6 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   }
   TITAN_ASSERT(spec.parallelize, "model ", spec.name, " has no parallelize function");
   ParallelizeContext pctx;
-  pctx.data_parallel = data_parallel_.get();
   pctx.tensor_parallel = tensor_parallel_.get();
   pctx.ac_mode = cfg_.activation_checkpoint.mode;
   if (pctx.ac_mode == "selective") {
@@ -186,10 +187,22 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
     else
       pctx.ac_every = std::stoll(cfg_.activation_checkpoint.selective_ac_option);
   }
-  parallelized_ = spec.parallelize(*model_, pctx);
+  if (dims_->pp() > 1) {
+    // The whole model above holds only shapes (for initialization and the figures); the stages hold
+    // the parameters. Hidden states cross between stages in the compute dtype (FSDP's param_dtype).
+    set_up_pipeline(spec, pctx, make_data_parallel, at::TensorOptions().device(device_).dtype(param_dtype), max_seq_len,
+                    use_fsdp ? dpo.fsdp.param_dtype : param_dtype);
+  } else {
+    data_parallel_.push_back(make_data_parallel());
+    pctx.data_parallel = data_parallel_[0].get();
+    parallelized_ = spec.parallelize(*model_, pctx);
+  }
   const double model_seconds = std::chrono::duration<double>(Clock::now() - model_start).count();
-  params_ = data_parallel_->parameters();
-  const auto named = data_parallel_->named_parameters();
+  std::vector<std::pair<std::string, at::Tensor>> named;
+  for (const auto& dp : data_parallel_) {
+    params_.insert(params_.end(), dp->parameters().begin(), dp->parameters().end());
+    for (auto& p : dp->named_parameters()) named.push_back(std::move(p));
+  }
 
   // ---- optimizer and learning-rate schedule
   const auto& o = cfg_.optimizer;
@@ -256,7 +269,7 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
                             (cfg_.job.save_config_file.empty() ? "config.toml" : cfg_.job.save_config_file);
   log_info("Starting job: " + cfg_.job.description);
   log_info("Processes: " + dist::describe(env_) + "; parallelism " + dims_->describe() +
-           (data_parallel_->kind() != "none" ? " (" + data_parallel_->kind() + ")" : "") +
+           (data_parallel_[0]->kind() != "none" ? " (" + data_parallel_[0]->kind() + ")" : "") +
            (tensor_parallel_ ? std::string(" (TP") + (tensor_parallel_->options().sequence_parallel ? ", sequence parallel" : "") +
                                    (tensor_parallel_->options().loss_parallel ? ", loss parallel" : "") +
                                    (tensor_parallel_->options().async ? ", async" : "") + ")"
@@ -314,7 +327,8 @@ StepResult Trainer::train_step() {
   const double global_tokens = local_tokens * static_cast<double>(dims_->dp_size());
   at::Tensor loss_sum = at::zeros({}, at::TensorOptions().device(device_).dtype(at::kFloat));
   const int64_t step = step_ + 1;  // the step this call computes (1-based)
-  for (int64_t micro = 0; micro < grad_accum_steps_; ++micro) {
+  if (pipeline_) loss_sum += pipeline_forward_backward(step, global_tokens);
+  for (int64_t micro = 0; micro < (pipeline_ ? 0 : grad_accum_steps_); ++micro) {
     fault::point("data", step);
     const auto t0 = Clock::now();
     at::Tensor inputs_BS, labels_BS;
@@ -345,9 +359,9 @@ StepResult Trainer::train_step() {
     const bool last = micro == grad_accum_steps_ - 1;  // its backward completes the reductions
     {
       TraceRange range(mem::Phase::Backward, "backward");
-      data_parallel_->before_backward(last);
+      data_parallel_[0]->before_backward(last);
       loss.backward();
-      data_parallel_->after_backward(last);
+      data_parallel_[0]->after_backward(last);
     }
     loss_sum += loss.detach();
     ntokens_seen_ += labels_BS.numel();
@@ -357,8 +371,12 @@ StepResult Trainer::train_step() {
   // The global norm: sharded gradients add their squares over the groups their placements name. A
   // non-finite local loss makes it infinite wherever this rank's gradient sums are reduced (tensor
   // parallel and FSDP peers); the loss itself is then reduced over the data-parallel ranks.
+  // Under pipeline parallelism the loss is the last stage's: summed over the stages first, so that
+  // every rank logs the global loss; each stage's gradients add their squares over the stages.
+  if (pipeline_) (*mesh_)["pp"].all_reduce(loss_sum).wait();
   const at::Tensor bad_loss = at::where(at::isfinite(loss_sum), 0.0, std::numeric_limits<double>::infinity());
-  at::Tensor grad_norm = dist::clip_grad_norm(params_, tr.max_norm, *mesh_, bad_loss);
+  at::Tensor grad_norm = dist::clip_grad_norm(params_, tr.max_norm, *mesh_, bad_loss,
+                                              pipeline_ ? std::vector<std::string>{"pp"} : std::vector<std::string>{});
   // Global average loss (sum over ranks) and the largest local average.
   at::Tensor local_avg = loss_sum * (global_tokens / local_tokens);
   (*mesh_)["dp"].all_reduce(loss_sum).wait();

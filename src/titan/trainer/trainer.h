@@ -12,6 +12,7 @@
 #include "titan/config/job_config.h"
 #include "titan/distributed/data_parallel.h"
 #include "titan/distributed/mesh.h"
+#include "titan/distributed/pipeline.h"
 #include "titan/distributed/placement.h"
 #include "titan/distributed/runtime.h"
 #include "titan/distributed/tensor_parallel.h"
@@ -71,7 +72,12 @@ class Trainer {
   // Waits for a background save to finish (rethrowing its failure).
   void wait_for_checkpoint();
   int64_t gradient_accumulation_steps() const { return grad_accum_steps_; }
+  // The whole model (without pipeline parallelism it holds the parameters; with it, only their
+  // shapes: the stages hold them, see stage_models()).
   const LanguageModel& model() const { return model_; }
+  const std::vector<LanguageModel>& stage_models() const { return stage_models_; }  // this rank's pipeline stages
+  const dist::Mesh& mesh() const { return *mesh_; }
+  const dist::PipelineRunner* pipeline() const { return pipeline_.get(); }  // null without pipeline parallelism
   const c10::Device& device() const { return device_; }
 
  private:
@@ -81,6 +87,21 @@ class Trainer {
   void set_up_distributed();
   void set_up_checkpointing();
   void set_up_validation();  // the validation data loader (checked at start-up), when enabled
+  // Pipeline parallelism (trainer_pipeline.cpp): splits the model into stages, builds and
+  // parallelizes this rank's (each with its own data-parallel layer, made by make_dp) and the
+  // schedule's runner.
+  void set_up_pipeline(const ModelSpec& spec, ParallelizeContext pctx,
+                       const std::function<std::unique_ptr<dist::DataParallel>()>& make_dp,
+                       const at::TensorOptions& param_options, int64_t max_seq_len, at::ScalarType boundary_dtype);
+  // One step's forwards and backwards through the pipeline (train_step's micro-batch loop under PP):
+  // the sum of this rank's losses (those of the last stage; 0 on other ranks).
+  at::Tensor pipeline_forward_backward(int64_t step, double global_tokens);
+  // The validation loss sum of one batch through the pipeline (0 on ranks without the last stage).
+  at::Tensor pipeline_evaluate(const at::Tensor& inputs_BS, const at::Tensor& labels_BS);
+  // Calls f(name, full tensor) for every parameter of the model in the model's order: gathered over
+  // its shard groups and, under pipeline parallelism, sent from its stage's ranks to every pp rank
+  // (fp32, on the mesh's device). Collective over all ranks.
+  void for_each_full_parameter(const std::function<void(const std::string&, const at::Tensor&)>& f);
   // After a step whose loss or gradient norm was not finite: a warning (nan_policy skip) or the error
   // that ends the run (stop), once a background save of an earlier step has completed.
   void on_nonfinite_step(const StepResult& r);
@@ -104,13 +125,19 @@ class Trainer {
   c10::intrusive_ptr<c10d::Store> store_;
   std::string run_id_;  // random, the same on every rank: names this run's keys in the store
   std::unique_ptr<dist::Mesh> mesh_;
-  std::unique_ptr<dist::DataParallel> data_parallel_;      // FSDP, HSDP, DDP or none
+  // FSDP, HSDP, DDP or none: one for the model, or one per pipeline stage this rank holds.
+  std::vector<std::unique_ptr<dist::DataParallel>> data_parallel_;
   std::unique_ptr<dist::TensorParallel> tensor_parallel_;  // null when tp is 1
   ParallelizedModel parallelized_;
   c10::Device device_{c10::kCPU};
   bool bf16_autocast_ = false;
   std::unique_ptr<Tokenizer> tokenizer_;
   LanguageModel model_;
+  // ---- pipeline parallelism (empty / null without it)
+  std::vector<LanguageModel> stage_models_;
+  std::vector<std::vector<std::string>> stage_modules_;  // every stage's modules
+  std::unique_ptr<dist::PipelineRunner> pipeline_;
+  int64_t pipeline_seq_len_ = 0;  // the whole sequence's length in the running step or evaluation
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<LRSchedule> lr_schedule_;
   std::unique_ptr<data::DataLoader> dataloader_;

@@ -116,10 +116,9 @@ void Trainer::save_checkpoint_at_step() {
     writer = std::make_unique<checkpoint::HFWriter>(partial, model_spec(cfg_.model.name), cfg_.model.flavor,
                                                     export_dtype(c.export_dtype));
   }, "start the Hugging Face save in " + partial);
-  for (const auto& p : params_) {
-    at::Tensor full = dist::gather_full(p, *mesh_);
-    if (writer) writer->add(p.name, full.to(at::kCPU));
-  }
+  for_each_full_parameter([&](const std::string& name, const at::Tensor& full) {
+    if (writer) writer->add(name, full.to(at::kCPU));
+  });
   if (!writer) return;
   writer->finish();
   checkpoint::replace_directory(partial, dir);

@@ -28,6 +28,10 @@ void Trainer::set_up_validation() {
   } catch (const UserError& e) {
     throw UserError(std::string("validation data: ") + e.what());
   }
+  const int64_t mbs = cfg_.parallelism.pipeline_parallel_microbatch_size;
+  TITAN_USER_CHECK(dims_->pp() == 1 || v.local_batch_size % mbs == 0, "validation.local_batch_size ", v.local_batch_size,
+                   " is not a multiple of parallelism.pipeline_parallel_microbatch_size ", mbs,
+                   ": the pipeline evaluates whole microbatches");
   val_start_state_ = val_loader_->state();
   log_info("Validation: " + val_loader_->description() + "; every " + std::to_string(v.freq) + " steps, " +
            (v.steps < 0 ? std::string("one pass over the data") : std::to_string(v.steps) + " batches") + " of " +
@@ -49,12 +53,17 @@ metrics::ValidationStats Trainer::validate() {
   while (v.steps < 0 ? batches == 0 || val_loader_->epoch() == 0 : batches < v.steps) {
     data::Batch batch = val_loader_->next();
     at::Tensor inputs_BS = batch.inputs.to(device_), labels_BS = batch.labels.to(device_);
-    CudaBf16Autocast autocast(bf16_autocast_);
-    at::Tensor logits_BSV = model_->forward(inputs_BS);
-    loss_sum += parallelized_.loss_sum(logits_BSV.flatten(0, 1), labels_BS.flatten(0, 1)).to(at::kDouble);
+    if (pipeline_) {
+      loss_sum += pipeline_evaluate(inputs_BS, labels_BS);
+    } else {
+      CudaBf16Autocast autocast(bf16_autocast_);
+      at::Tensor logits_BSV = model_->forward(inputs_BS);
+      loss_sum += parallelized_.loss_sum(logits_BSV.flatten(0, 1), labels_BS.flatten(0, 1)).to(at::kDouble);
+    }
     tokens += labels_BS.numel();
     ++batches;
   }
+  if (pipeline_) (*mesh_)["pp"].all_reduce(loss_sum).wait();  // the last stage's sum, to every rank
   (*mesh_)["dp"].all_reduce(loss_sum).wait();
   metrics::ValidationStats s;
   s.step = step_;

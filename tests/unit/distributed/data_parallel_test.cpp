@@ -265,8 +265,7 @@ void fsdp_world_one(const at::Device& device) {
   ref->init_weights(3);
   par->init_weights(3);
   dist::FSDP fsdp(mesh["dp_shard_cp"], nullptr, {at::kFloat, at::kFloat, "always"});
-  for (size_t i = 0; i < par->layers->size(); ++i)
-    fsdp.fully_shard(*par->layers[i]->as<llama3::TransformerBlock>(), "layers." + std::to_string(i) + ".");
+  for (const auto& [prefix, block] : par->blocks()) fsdp.fully_shard(*block, prefix);
   fsdp.fully_shard(*par, "");
   std::vector<std::pair<std::string, at::Tensor>> ref_named;
   for (const auto& p : ref->named_parameters()) ref_named.emplace_back(p.key(), p.value());

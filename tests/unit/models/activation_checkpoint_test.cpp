@@ -41,7 +41,7 @@ TEST(ActivationCheckpoint, FullAndEverySecondBlockGiveBitwiseTheSameGradients) {
     ctx.ac_every = 2;
     model_spec("llama3").parallelize(*m, ctx);
     int wrapped = 0;
-    for (size_t i = 0; i < m->layers->size(); ++i) wrapped += m->layers[i]->as<llama3::TransformerBlock>()->has_forward_wrapper();
+    for (const auto& [prefix, block] : m->blocks()) wrapped += block->has_forward_wrapper();
     EXPECT_EQ(wrapped, mode == "full" ? 3 : 1) << mode;  // selective 2: the 2nd block of 3
     auto [loss, grads] = loss_and_grads(m, seq);
     EXPECT_EQ(loss, ref_loss) << mode;

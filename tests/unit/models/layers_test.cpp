@@ -84,7 +84,7 @@ llama3::TransformerBlock make_block(at::ScalarType dt) {
   a.dim = 256;  // 4 heads of 64 over 2 key/value heads; SwiGLU hidden 704
   llama3::Transformer model(a, at::TensorOptions().dtype(dt));
   model->init_weights(3);
-  return llama3::TransformerBlock(model->layers->ptr<llama3::TransformerBlockImpl>(0));
+  return llama3::TransformerBlock(std::dynamic_pointer_cast<llama3::TransformerBlockImpl>(model->layers["0"]));
 }
 
 // CPU bf16 autocast while alive (standing in for CUDA's: matmuls and attention in bf16, the rest as is).

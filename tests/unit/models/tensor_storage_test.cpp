@@ -22,7 +22,7 @@ TEST(DeferAllocation, ModelsBuildWithoutMemoryAndInitializePieceByPiece) {
     EXPECT_EQ(p.value().storage().nbytes(), 0u) << p.key();
   }
   // Give one block memory: init fills exactly it, with the values the eager model has.
-  auto block = deferred->layers[1]->as<llama3::TransformerBlock>();
+  auto* block = deferred->blocks()[1].second;
   for (const auto& p : block->parameters()) allocate_storage(p);
   deferred->init_weights(4);
   auto ref = eager->named_parameters();

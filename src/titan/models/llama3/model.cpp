@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <set>
 
 namespace titan {
 
@@ -106,19 +107,46 @@ at::Tensor TransformerBlockImpl::forward(const at::Tensor& x_BSD, const at::Tens
   });
 }
 
-TransformerImpl::TransformerImpl(ModelArgs args, const at::TensorOptions& opts) : args_(std::move(args)) {
+TransformerImpl::TransformerImpl(ModelArgs args, const at::TensorOptions& opts, const std::vector<std::string>& modules)
+    : args_(std::move(args)) {
   args_.validate();
-  tok_embeddings = register_module("tok_embeddings", nn::Embedding(args_.vocab_size, args_.dim, opts));
-  layers = register_module("layers", torch::nn::ModuleList());
-  for (int64_t i = 0; i < args_.n_layers; ++i) layers->push_back(TransformerBlock(i, args_, opts));
-  norm = register_module("norm", nn::RMSNorm(args_.dim, args_.norm_eps, opts));
-  if (!args_.tie_embeddings) output = register_module("output", nn::Linear(args_.dim, args_.vocab_size, opts));
+  // Which modules this instance holds: all of them, or a pipeline stage's.
+  std::set<std::string> wanted(modules.begin(), modules.end());
+  auto holds = [&](const std::string& name) { return modules.empty() || wanted.erase(name) > 0; };
+  const bool embed = holds("tok_embeddings");
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < args_.n_layers; ++i)
+    if (holds("layers." + std::to_string(i))) ids.push_back(i);
+  const bool final_norm = holds("norm"), head = holds("output");
+  if (!wanted.empty()) {
+    throw UserError("pipeline stage module '" + *wanted.begin() + "' is not in the model (" +
+                    std::to_string(args_.n_layers) + " blocks: tok_embeddings, layers.0 to layers." +
+                    std::to_string(args_.n_layers - 1) + ", norm, output); check parallelism.module_fqns_per_model_part "
+                    "or pipeline_parallel_split_points");
+  }
+  TITAN_USER_CHECK(!args_.tie_embeddings || !head || embed, "this flavor ties the output projection to the token "
+                   "embedding, so the stage with 'output' must also hold 'tok_embeddings': pipeline parallelism "
+                   "with tied embeddings is not supported (use pipeline_parallel_degree 1, or a flavor without tied "
+                   "embeddings such as 8B)");
+  if (embed) tok_embeddings = register_module("tok_embeddings", nn::Embedding(args_.vocab_size, args_.dim, opts));
+  layers = register_module("layers", torch::nn::ModuleDict());
+  for (int64_t i : ids) layers->update({{std::to_string(i), TransformerBlock(i, args_, opts).ptr()}});
+  if (final_norm) norm = register_module("norm", nn::RMSNorm(args_.dim, args_.norm_eps, opts));
+  if (head && !args_.tie_embeddings) output = register_module("output", nn::Linear(args_.dim, args_.vocab_size, opts));
+  tied_output_ = head && args_.tie_embeddings;
   std::optional<nn::RopeScaling> scaling;
   if (args_.rope_scaling) {
     const auto& s = *args_.rope_scaling;
     scaling = nn::RopeScaling{s.factor, s.low_freq_factor, s.high_freq_factor, s.original_max_position_embeddings};
   }
   freqs_ = nn::rope_frequencies(args_.head_dim(), args_.rope_theta, scaling);
+}
+
+std::vector<std::pair<std::string, TransformerBlockImpl*>> TransformerImpl::blocks() const {
+  std::vector<std::pair<std::string, TransformerBlockImpl*>> out;
+  for (const auto& item : layers->items())
+    out.emplace_back("layers." + item.first + ".", item.second->as<TransformerBlockImpl>());
+  return out;
 }
 
 at::Tensor TransformerImpl::rope_table(int64_t seq_len, const at::Device& device) {
@@ -133,13 +161,17 @@ at::Tensor TransformerImpl::rope_table(int64_t seq_len, const at::Device& device
   return cis_SE2;
 }
 
-at::Tensor TransformerImpl::forward(const at::Tensor& tokens_BS) {
+at::Tensor TransformerImpl::forward(const at::Tensor& input, int64_t seq_len) {
   return with_hooks([&] {
-    at::Tensor cis_SE2 = rope_table(tokens_BS.size(1), tok_embeddings->weight.device());
-    at::Tensor h_BSD = tok_embeddings(tokens_BS);
-    for (const auto& layer : *layers) h_BSD = layer->as<TransformerBlock>()->forward(h_BSD, cis_SE2);
-    h_BSD = norm(h_BSD);
-    return output ? output(h_BSD) : at::linear(h_BSD, tok_embeddings->weight);
+    // Tokens (B, S) into the embedding, or a previous stage's hidden states (B, S, D).
+    at::Tensor h_BSD = tok_embeddings ? tok_embeddings(input) : input;
+    // The RoPE table covers the whole sequence (under sequence parallelism the blocks' input hooks
+    // gather it before attention).
+    at::Tensor cis_SE2 = rope_table(seq_len > 0 ? seq_len : input.size(1), input.device());
+    for (const auto& item : layers->items()) h_BSD = item.second->as<TransformerBlockImpl>()->forward(h_BSD, cis_SE2);
+    if (norm) h_BSD = norm(h_BSD);
+    if (output) return output(h_BSD);
+    return tied_output_ ? at::linear(h_BSD, tok_embeddings->weight) : h_BSD;
   });
 }
 

@@ -35,10 +35,9 @@ void apply_tensor_parallel(TransformerImpl& model, dist::TensorParallel& tp, dis
       if (p.shards.empty() && tp.replicated_grads_partial()) dp.add_grad_sum(prefix + name, tp.group());
     }
   };
-  place("tok_embeddings.", tp.vocabulary(*model.tok_embeddings));
-  for (size_t i = 0; i < model.layers->size(); ++i) {
-    auto& block = *model.layers[i]->as<TransformerBlock>();
-    const std::string pre = "layers." + std::to_string(i) + ".";
+  if (model.tok_embeddings) place("tok_embeddings.", tp.vocabulary(*model.tok_embeddings));
+  for (const auto& [pre, block_ptr] : model.blocks()) {
+    auto& block = *block_ptr;
     auto& attn = *block.attention;
     auto& ffn = *block.feed_forward;
     place(pre + "attention_norm.", tp.replicated(*block.attention_norm));
@@ -53,10 +52,12 @@ void apply_tensor_parallel(TransformerImpl& model, dist::TensorParallel& tp, dis
     place(pre + "feed_forward.w2.", tp.row_wise(*ffn.w2));
     tp.region(ffn, {ffn.w1.get(), ffn.w3.get()}, *ffn.w2);
   }
-  place("norm.", tp.replicated(*model.norm));
-  tp.gather_output(*model.norm);
+  if (model.norm) {
+    place("norm.", tp.replicated(*model.norm));
+    tp.gather_output(*model.norm);
+  }
   if (model.output) place("output.", tp.column_wise(*model.output));  // tied: the embedding's shard
-  if (!tp.options().loss_parallel) tp.gather_logits(model);
+  if (!tp.options().loss_parallel && model.holds_output()) tp.gather_logits(model);
 }
 
 }  // namespace
@@ -84,9 +85,12 @@ ParallelizedModel parallelize(LanguageModelImpl& model, const ParallelizeContext
   if (ctx.ac_mode != "none") {
     TITAN_ASSERT(ctx.ac_mode == "full" || ctx.ac_mode == "op" || (ctx.ac_mode == "selective" && ctx.ac_every >= 1),
                  "AC mode ", ctx.ac_mode);
-    for (size_t i = 0; i < transformer->layers->size(); ++i)
-      if (ctx.ac_mode != "selective" || static_cast<int64_t>(i + 1) % ctx.ac_every == 0)
-        nn::apply_activation_checkpointing(*transformer->layers[i]->as<TransformerBlock>(), ctx.ac_mode == "op");
+    // Counted by layer id, so that a pipeline stage checkpoints the blocks the whole model would.
+    for (const auto& [prefix, block] : transformer->blocks()) {
+      const int64_t id = std::stoll(prefix.substr(7));
+      if (ctx.ac_mode != "selective" || (id + 1) % ctx.ac_every == 0)
+        nn::apply_activation_checkpointing(*block, ctx.ac_mode == "op");
+    }
   }
 
   // Without a data-parallel layer (a plain model in one process) the parameters stay as they are.
@@ -95,12 +99,12 @@ ParallelizedModel parallelize(LanguageModelImpl& model, const ParallelizeContext
   // Units as torchtitan makes them: each block; [norm, output] together, kept gathered after the
   // forward (its backward comes first) and apart from the embedding so that its reduce-scatter
   // starts as soon as the output layer's backward is done; the root (the embedding) last.
-  for (size_t i = 0; i < transformer->layers->size(); ++i)
-    dp.add_unit({{"layers." + std::to_string(i) + ".", transformer->layers[i]->as<TransformerBlock>()}});
-  std::vector<dist::UnitPart> head = {{"norm.", transformer->norm.get()}};
+  for (const auto& [prefix, block] : transformer->blocks()) dp.add_unit({{prefix, block}});
+  std::vector<dist::UnitPart> head;
+  if (transformer->norm) head.push_back({"norm.", transformer->norm.get()});
   if (transformer->output) head.push_back({"output.", transformer->output.get()});
-  dp.add_unit(head, /*keep_after_forward=*/true);
-  dp.add_unit({{"", transformer}});
+  if (!head.empty()) dp.add_unit(head, /*keep_after_forward=*/true);
+  dp.add_unit({{"", transformer}});  // the root: the embedding (a pipeline stage may have none)
   dp.finish(model);
   return out;
 }

@@ -1,0 +1,237 @@
+// The trainer under pipeline parallelism: the model cut into stages over the `pp` mesh dimension,
+// this rank's stages built and parallelized like whole models (TP inside, activation checkpointing,
+// FSDP/HSDP/DDP per stage), and a schedule run by dist::PipelineRunner (docs/parallelism.md).
+//
+// Stages: parallelism.module_fqns_per_model_part when given, else cut at
+// pipeline_parallel_split_points, else the model's own split (ModelSpec::pipeline_split) into
+// ceil((layers + first_stage_less_layers + last_stage_less_layers) / layers_per_stage) stages, or
+// pp x (1, or 2 for the multi-stage schedules) without layers_per_stage, or the CSV schedule's stages.
+// Every parameter keeps its global name and its initial values (a function of seed and name), so a
+// stage initializes exactly what the single process would, and checkpoints are layout-free.
+#include "titan/common/autocast.h"
+#include "titan/common/error.h"
+#include "titan/common/fault_injection.h"
+#include "titan/common/tensor_storage.h"
+#include "titan/common/trace.h"
+#include "titan/models/pipeline_split.h"
+#include "titan/trainer/trainer.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <limits>
+#include <set>
+
+namespace titan {
+namespace {
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+bool multi_stage_schedule(const std::string& name) {
+  const std::string n = lower(name);
+  return n == "interleaved1f1b" || n == "interleavedzerobubble" || n == "zbvzerobubble";
+}
+
+}  // namespace
+
+void Trainer::set_up_pipeline(const ModelSpec& spec, ParallelizeContext pctx,
+                              const std::function<std::unique_ptr<dist::DataParallel>()>& make_dp,
+                              const at::TensorOptions& param_options, int64_t max_seq_len, at::ScalarType boundary_dtype) {
+  const auto& par = cfg_.parallelism;
+  const auto& tr = cfg_.training;
+  const int pp = static_cast<int>(dims_->pp());
+  TITAN_USER_CHECK(spec.pipeline_split && spec.build_stage, "model ", spec.name,
+                   " cannot be split into pipeline stages (its spec has no pipeline_split): use "
+                   "parallelism.pipeline_parallel_degree 1");
+  const int64_t mbs = par.pipeline_parallel_microbatch_size;
+  TITAN_USER_CHECK(tr.local_batch_size % mbs == 0, "training.local_batch_size ", tr.local_batch_size,
+                   " is not a multiple of parallelism.pipeline_parallel_microbatch_size ", mbs,
+                   ": the pipeline runs local_batch_size / microbatch_size microbatches per batch");
+  const int microbatches = static_cast<int>(tr.local_batch_size / mbs);
+
+  // ---- the stages' modules
+  const std::vector<std::string> all = spec.pipeline_split(cfg_.model.flavor, 1, 0, 0).at(0);
+  const int64_t n_layers = std::count_if(all.begin(), all.end(), [](const std::string& m) { return m.rfind("layers.", 0) == 0; });
+  const bool csv = !par.pipeline_parallel_schedule_csv.empty();
+  dist::PipelineOrder order;
+  int csv_stages = 0;
+  if (csv) {
+    order = dist::read_schedule_csv(par.pipeline_parallel_schedule_csv);
+    for (const auto& row : order)
+      for (const auto& a : row)
+        if (a) csv_stages = std::max(csv_stages, a->stage + 1);
+    TITAN_USER_CHECK(static_cast<int>(order.size()) == pp, "parallelism.pipeline_parallel_schedule_csv ",
+                     par.pipeline_parallel_schedule_csv, " has ", order.size(), " rows, one per pipeline rank, but "
+                     "pipeline_parallel_degree is ", pp);
+  }
+  if (!par.module_fqns_per_model_part.empty()) {
+    stage_modules_ = par.module_fqns_per_model_part;
+  } else if (!par.pipeline_parallel_split_points.empty()) {
+    stage_modules_ = split_at_points(all, par.pipeline_parallel_split_points);
+  } else {
+    int64_t num_stages = pp * (multi_stage_schedule(par.pipeline_parallel_schedule) ? 2 : 1);
+    if (par.pipeline_parallel_layers_per_stage) {
+      const int64_t effective =
+          n_layers + par.pipeline_parallel_first_stage_less_layers + par.pipeline_parallel_last_stage_less_layers;
+      num_stages = (effective + *par.pipeline_parallel_layers_per_stage - 1) / *par.pipeline_parallel_layers_per_stage;
+    } else if (csv) {
+      num_stages = csv_stages;
+    }
+    stage_modules_ = spec.pipeline_split(cfg_.model.flavor, num_stages, par.pipeline_parallel_first_stage_less_layers,
+                                         par.pipeline_parallel_last_stage_less_layers);
+  }
+  check_stage_modules(stage_modules_, all);
+  const int num_stages = static_cast<int>(stage_modules_.size());
+  TITAN_USER_CHECK(num_stages % pp == 0 && num_stages >= pp, "the model is split into ", num_stages,
+                   " pipeline stages, which do not divide evenly over pipeline_parallel_degree ", pp,
+                   " ranks: choose the split (pipeline_parallel_layers_per_stage, split points or "
+                   "module_fqns_per_model_part) so that every rank holds the same number of stages");
+  const int per_rank = num_stages / pp;
+  if (csv) {
+    TITAN_USER_CHECK(csv_stages == num_stages, "parallelism.pipeline_parallel_schedule_csv ",
+                     par.pipeline_parallel_schedule_csv, " schedules ", csv_stages, " stages but the model is split into ",
+                     num_stages);
+  } else {
+    order = dist::schedule_by_name(par.pipeline_parallel_schedule, pp, per_rank, microbatches);
+  }
+  try {
+    dist::check_schedule(order, num_stages, microbatches);
+  } catch (const UserError& e) {
+    throw UserError(std::string(e.what()) + " (" + (csv ? "parallelism.pipeline_parallel_schedule_csv " +
+                    par.pipeline_parallel_schedule_csv : "schedule " + par.pipeline_parallel_schedule) + " with " +
+                    std::to_string(microbatches) + " microbatches of " + std::to_string(mbs) + ")");
+  }
+  const std::vector<int> ranks = dist::stage_ranks(order, num_stages);
+
+  // ---- this rank's stages, each parallelized like a whole model
+  dist::Group& pp_group = (*mesh_)["pp"];
+  std::vector<dist::PipelineStage> stages;
+  std::string held;
+  for (int s = 0; s < num_stages; ++s) {
+    if (ranks[s] != pp_group.rank()) continue;
+    LanguageModel stage_model;
+    {
+      DeferAllocation defer;
+      stage_model = spec.build_stage(cfg_.model.flavor, param_options, max_seq_len, stage_modules_[s]);
+    }
+    data_parallel_.push_back(make_dp());
+    dist::DataParallel* dp = data_parallel_.back().get();
+    pctx.data_parallel = dp;
+    ParallelizedModel pm = spec.parallelize(*stage_model, pctx);
+    if (s == num_stages - 1) parallelized_ = pm;
+    dp->set_gradient_sync(false);  // reduced once per step, after the schedule (reduce_gradients)
+    dist::PipelineStage ps;
+    ps.index = s;
+    LanguageModelImpl* m = stage_model.get();
+    ps.forward = [this, m](const at::Tensor& in) {
+      CudaBf16Autocast autocast(bf16_autocast_);
+      return m->forward(in, pipeline_seq_len_);
+    };
+    ps.parameters = stage_model->parameters();
+    ps.after_backward = [dp] { dp->after_backward(false); };
+    stages.push_back(std::move(ps));
+    stage_models_.push_back(stage_model);
+    held += (held.empty() ? "" : "; ") + std::to_string(s) + ": " + stage_modules_[s].front() +
+            (stage_modules_[s].size() > 1 ? " .. " + stage_modules_[s].back() : "");
+  }
+  pipeline_ = std::make_unique<dist::PipelineRunner>(pp_group, order, num_stages, microbatches, std::move(stages),
+                                                     at::TensorOptions().device(device_).dtype(boundary_dtype));
+  log_info("Pipeline: " + std::to_string(num_stages) + " stages over " + std::to_string(pp) + " ranks (" +
+           std::to_string(per_rank) + " per rank), schedule " +
+           (csv ? par.pipeline_parallel_schedule_csv : par.pipeline_parallel_schedule) + ", " +
+           std::to_string(microbatches) + " microbatches of " + std::to_string(mbs) + "; rank 0 holds stage(s) " + held);
+}
+
+at::Tensor Trainer::pipeline_forward_backward(int64_t step, double global_tokens) {
+  using Clock = std::chrono::steady_clock;
+  const auto& tr = cfg_.training;
+  const int64_t mbs = cfg_.parallelism.pipeline_parallel_microbatch_size;
+  const int64_t seq_local = tensor_parallel_ && tensor_parallel_->options().sequence_parallel ? tr.seq_len / dims_->tp()
+                                                                                              : tr.seq_len;
+  const std::vector<int64_t> boundary = {mbs, seq_local, model_->hidden_size()};
+  at::Tensor total = at::zeros({}, at::TensorOptions().device(device_).dtype(at::kFloat));
+  for (int64_t micro = 0; micro < grad_accum_steps_; ++micro) {
+    fault::point("data", step);
+    const auto t0 = Clock::now();
+    at::Tensor inputs_BS, labels_BS;
+    {
+      TraceRange range(mem::Phase::Data, "data_loading");
+      data::Batch batch = dataloader_->next();
+      inputs_BS = batch.inputs.to(device_);
+      labels_BS = batch.labels.to(device_);
+    }
+    data_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
+    fault::point("forward", step);
+    pipeline_seq_len_ = tr.seq_len;
+    at::Tensor losses = pipeline_->train_step(
+        boundary, [&](int m) { return inputs_BS.narrow(0, m * mbs, mbs); },
+        [&](int m, const at::Tensor& logits_BSV) {
+          if (fault::enabled())
+            logits_BSV.register_hook([step](const at::Tensor& g) {
+              fault::point("backward", step);
+              return g;
+            });
+          const at::Tensor labels = labels_BS.narrow(0, m * mbs, mbs);
+          at::Tensor loss = parallelized_.loss_sum(logits_BSV.flatten(0, 1), labels.flatten(0, 1)) / global_tokens;
+          fault::point("loss", step);
+          if (fault::nan_loss(step)) loss = loss * std::numeric_limits<float>::quiet_NaN();
+          return loss;
+        });
+    total += losses.to(total.device(), at::kFloat);
+    ntokens_seen_ += labels_BS.numel();
+  }
+  TraceRange range(mem::Phase::Communication, "pipeline gradient reduction");
+  for (auto& dp : data_parallel_) dp->reduce_gradients();
+  return total;
+}
+
+at::Tensor Trainer::pipeline_evaluate(const at::Tensor& inputs_BS, const at::Tensor& labels_BS) {
+  const int64_t mbs = cfg_.parallelism.pipeline_parallel_microbatch_size;
+  const int64_t seq = inputs_BS.size(1);
+  const int64_t seq_local = tensor_parallel_ && tensor_parallel_->options().sequence_parallel ? seq / dims_->tp() : seq;
+  pipeline_seq_len_ = seq;
+  at::Tensor sum = pipeline_->evaluate(
+      static_cast<int>(inputs_BS.size(0) / mbs), {mbs, seq_local, model_->hidden_size()},
+      [&](int m) { return inputs_BS.narrow(0, m * mbs, mbs); },
+      [&](int m, const at::Tensor& logits_BSV) {
+        const at::Tensor labels = labels_BS.narrow(0, m * mbs, mbs);
+        return parallelized_.loss_sum(logits_BSV.flatten(0, 1), labels.flatten(0, 1)).to(at::kDouble);
+      });
+  return sum.to(at::kDouble);
+}
+
+void Trainer::for_each_full_parameter(const std::function<void(const std::string&, const at::Tensor&)>& f) {
+  if (!pipeline_) {
+    for (const auto& p : params_) f(p.name, dist::gather_full(p, *mesh_).to(at::kFloat));
+    return;
+  }
+  // Each parameter is gathered over its shard groups by the ranks of its stage, then broadcast
+  // from the stage's pp rank to the others, in the whole model's order.
+  dist::Group& pp = (*mesh_)["pp"];
+  std::map<std::string, const dist::PlacedTensor*> mine;
+  for (const auto& p : params_) mine[p.name] = &p;
+  for (const auto& item : model_->named_parameters()) {
+    const std::string& name = item.key();
+    int stage = -1;
+    for (size_t s = 0; s < stage_modules_.size() && stage < 0; ++s)
+      for (const auto& m : stage_modules_[s])
+        if (name.rfind(m + ".", 0) == 0) stage = static_cast<int>(s);
+    TITAN_ASSERT(stage >= 0, "parameter ", name, " is in no pipeline stage");
+    const int owner = pipeline_->stage_rank(stage);
+    at::Tensor full;
+    if (owner == pp.rank()) {
+      full = dist::gather_full(*mine.at(name), *mesh_).to(mesh_->device(), at::kFloat).contiguous();
+    } else {
+      full = at::empty(model_->global_shape(name), at::TensorOptions().device(mesh_->device()).dtype(at::kFloat));
+    }
+    pp.broadcast(full, owner).wait();
+    f(name, full);
+  }
+}
+
+}  // namespace titan
