@@ -466,6 +466,12 @@ std::vector<double> Trainer::train() {
   if (profiler_) profiler_->finish(step_);
   if (checkpointer_) checkpointer_->wait();
   log_info("Training completed");
+  // Debugging aid (docs/parallelism.md): what each mesh dimension moved during the run, per rank.
+  if (const char* prefix = std::getenv("TITAN_DEBUG_DUMP_COMM")) {
+    nlohmann::json j = {{"rank", env_.rank}, {"steps", step_}, {"bytes", mesh_->bytes()}, {"calls", mesh_->calls()}};
+    if (pipeline_) j["pipeline_weight_pass_fallbacks"] = pipeline_->weight_pass_fallbacks();
+    std::ofstream(std::string(prefix) + ".rank" + std::to_string(env_.rank) + ".json") << j.dump(1) << "\n";
+  }
   // Debugging aid (docs/parallelism.md): the trained weights and per-step losses, to compare layouts.
   if (const char* path = std::getenv("TITAN_DEBUG_DUMP_WEIGHTS")) {
     auto params = full_parameters();

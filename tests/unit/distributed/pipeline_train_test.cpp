@@ -1,0 +1,278 @@
+// Pipeline parallelism through the real launcher equals the single-process run.
+//
+// Each layout trains the debug model (6 blocks, dim 256) for 10 steps on the bundled corpus with the
+// same global batch of 8 sequences of 32 tokens; its per-step losses and final weights (written by
+// TITAN_DEBUG_DUMP_WEIGHTS, gathered from every stage) are compared with one process training
+// alone. Tolerances as in launch_train_test.cpp: losses 1e-5 relative at every step; final weights
+// within 1% of lr x steps. Gradient clipping is active (max_norm 1, gradient norms ~1.2-1.4), so
+// the norm summed over stages is checked too. The point-to-point bytes of every rank are checked
+// against the activations and gradients the schedule moves (TITAN_DEBUG_DUMP_COMM).
+#include "test_util.h"
+
+#include "titan/components/checkpoint/safetensors.h"
+#include "titan/distributed/pipeline_schedule.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+namespace titan {
+namespace {
+
+const std::string kSource = TITAN_SOURCE_DIR;
+const std::string kTitan = std::string(TITAN_BINARY_DIR) + "/titan";
+constexpr int kSteps = 10, kSeq = 32, kDim = 256;
+constexpr double kLr = 8e-4;
+
+std::vector<std::string> train_args(const std::string& dump, int local_batch, int steps = kSteps) {
+  return {"train", "--job.config_file", kSource + "/configs/llama3_debugmodel.toml", "--job.dump_folder", dump,
+          "--training.seq_len", std::to_string(kSeq), "--training.local_batch_size", std::to_string(local_batch),
+          "--training.global_batch_size", "8", "--training.steps", std::to_string(steps),
+          "--lr_scheduler.warmup_steps", "2", "--metrics.log_freq", "5"};
+}
+
+struct Result {
+  safetensors::Tensors weights;
+  std::vector<nlohmann::json> comm;  // per rank
+  std::string output;
+};
+
+Result run(int nproc, std::vector<std::string> args, const test::TempDir& dir) {
+  std::vector<std::string> argv = {kTitan};
+  if (nproc > 1) argv.insert(argv.end(), {"launch", "--nproc-per-node", std::to_string(nproc), "--master-port", "0", "--"});
+  argv.insert(argv.end(), args.begin(), args.end());
+  auto r = test::run_process(argv,
+                             {{"TITAN_DEBUG_DUMP_WEIGHTS", dir / "weights.safetensors"},
+                              {"TITAN_DEBUG_DUMP_COMM", dir / "comm"},
+                              {"OMP_NUM_THREADS", "1"}},
+                             std::chrono::seconds(600));
+  Result out;
+  out.output = r.output;
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  if (r.exit_code != 0) return out;
+  out.weights = safetensors::load(dir / "weights.safetensors").tensors;
+  for (int rank = 0; rank < nproc; ++rank) {
+    std::ifstream f(dir / ("comm.rank" + std::to_string(rank) + ".json"));
+    out.comm.push_back(nlohmann::json::parse(f));
+  }
+  return out;
+}
+
+const safetensors::Tensors& single_process() {
+  static test::TempDir dir;
+  static safetensors::Tensors result = run(1, train_args(dir.path(), 8), dir).weights;
+  return result;
+}
+
+// Losses of steps first_step .. first_step + steps - 1; the final weights when the run ended at kSteps.
+void expect_same_training(const safetensors::Tensors& got, int steps = kSteps, int first_step = 1) {
+  const auto& ref = single_process();
+  ASSERT_FALSE(ref.empty());
+  ASSERT_FALSE(got.empty());
+  at::Tensor want = ref.at("__losses__"), have = got.at("__losses__");
+  ASSERT_EQ(have.numel(), steps);
+  for (int i = 0; i < steps; ++i) {
+    const double w = want[first_step - 1 + i].item<double>();
+    EXPECT_NEAR(have[i].item<double>(), w, 1e-5 * w) << "step " << first_step + i;
+  }
+  ASSERT_EQ(got.size(), ref.size());
+  if (first_step + steps - 1 != kSteps) return;
+  for (const auto& [name, t] : ref) {
+    if (name == "__losses__") continue;
+    ASSERT_TRUE(got.count(name)) << name;
+    EXPECT_LE((got.at(name) - t).abs().max().item<double>(), 0.01 * kLr * kSteps) << name;
+  }
+}
+
+int64_t comm_bytes(const nlohmann::json& j, const std::string& group, const std::string& op) {
+  const auto& b = j.at("bytes");
+  if (!b.contains(group) || !b.at(group).contains(op)) return 0;
+  return b.at(group).at(op).get<int64_t>() / j.at("steps").get<int64_t>();
+}
+
+// Per step, every rank sends one activation per stage boundary it feeds on another rank and one
+// gradient per boundary it feeds back, for every microbatch, and receives the mirror image:
+// microbatch x (seq / sp) x dim x 4 bytes each.
+void expect_pipeline_bytes(const Result& r, const dist::PipelineOrder& order, int num_stages, int microbatches,
+                           int64_t message_bytes, int pp, int ranks_per_stage) {
+  const std::vector<int> ranks = dist::stage_ranks(order, num_stages);
+  ASSERT_EQ(static_cast<int>(r.comm.size()), pp * ranks_per_stage);
+  for (size_t g = 0; g < r.comm.size(); ++g) {
+    const int pp_rank = static_cast<int>(g) / ranks_per_stage;  // pp is the outermost mesh dimension
+    int64_t sends = 0, recvs = 0;
+    for (int s = 0; s + 1 < num_stages; ++s) {
+      if (ranks[s] == ranks[s + 1]) continue;  // a handoff on one rank moves nothing
+      // stage s -> s+1: activation; s+1 -> s: gradient.
+      if (ranks[s] == pp_rank) sends += microbatches, recvs += microbatches;
+      if (ranks[s + 1] == pp_rank) sends += microbatches, recvs += microbatches;
+    }
+    // Split backwards computed each weight gradient once, from the gradients captured in I.
+    EXPECT_EQ(r.comm[g].at("pipeline_weight_pass_fallbacks").get<int64_t>(), 0) << "rank " << g;
+    EXPECT_EQ(comm_bytes(r.comm[g], "pp", "send"), sends * message_bytes) << "rank " << g;
+    EXPECT_EQ(comm_bytes(r.comm[g], "pp", "recv"), recvs * message_bytes) << "rank " << g;
+  }
+}
+
+std::vector<std::string> pp_args(const test::TempDir& dir, int pp, const std::string& schedule,
+                                 std::vector<std::string> extra = {}, int local_batch = 8) {
+  auto args = train_args(dir.path(), local_batch);
+  args.insert(args.end(), {"--parallelism.pipeline_parallel_degree", std::to_string(pp),
+                           "--parallelism.pipeline_parallel_schedule", schedule});
+  bool shard_set = false;
+  for (const auto& a : extra) shard_set = shard_set || a == "--parallelism.data_parallel_shard_degree";
+  if (!shard_set) args.insert(args.end(), {"--parallelism.data_parallel_shard_degree", "1"});
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+// One schedule at PP 2 and PP 4 (8 microbatches of 1 sequence): losses, weights and bytes.
+void check_schedule_runs(const std::string& schedule) {
+  for (int pp : {2, 4}) {
+    SCOPED_TRACE(schedule + " pp " + std::to_string(pp));
+    test::TempDir dir;
+    Result r = run(pp, pp_args(dir, pp, schedule), dir);
+    expect_same_training(r.weights);
+    const bool multi = schedule.find("Interleaved") != std::string::npos || schedule == "ZBVZeroBubble";
+    const int stages = pp * (multi ? 2 : 1);
+    expect_pipeline_bytes(r, dist::schedule_by_name(schedule, pp, stages / pp, 8), stages, 8,
+                          int64_t{1} * kSeq * kDim * 4, pp, 1);
+  }
+}
+
+TEST(PipelineTrain, GPipe) { check_schedule_runs("GPipe"); }
+TEST(PipelineTrain, OneFOneB) { check_schedule_runs("1F1B"); }
+TEST(PipelineTrain, Interleaved1F1B) { check_schedule_runs("Interleaved1F1B"); }
+TEST(PipelineTrain, InterleavedZeroBubble) { check_schedule_runs("InterleavedZeroBubble"); }
+TEST(PipelineTrain, ZBVZeroBubble) { check_schedule_runs("ZBVZeroBubble"); }
+
+// A schedule read from a CSV file: two stages per rank (looped), backward split into I and W with
+// the weight passes last, idle slots included; 2 microbatches of 4 sequences.
+TEST(PipelineTrain, CsvSchedule) {
+  test::TempDir dir;
+  const std::string csv = "0F0,0F1,2F0,2F1,2I0,2I1,0B0,0B1,2W0,2W1\n"
+                          "1F0,1F1,3F0,3B0,3F1,3B1,1I0,,1I1,1W0,1W1\n";
+  std::ofstream(dir / "schedule.csv") << csv;
+  Result r = run(2, pp_args(dir, 2, "1F1B",
+                         {"--parallelism.pipeline_parallel_schedule_csv", dir / "schedule.csv",
+                          "--parallelism.pipeline_parallel_microbatch_size", "4"}),
+              dir);
+  EXPECT_NE(r.output.find("4 stages over 2 ranks (2 per rank), schedule " + (dir / "schedule.csv")),
+            std::string::npos) << r.output;
+  expect_same_training(r.weights);
+  expect_pipeline_bytes(r, dist::parse_schedule_csv(csv), 4, 2, int64_t{4} * kSeq * kDim * 4, 2, 1);
+}
+
+// Composition: FSDP inside each stage (gradients reduce-scattered once per step), TP inside stages
+// (sequence parallel: a quarter... half of the sequence crosses per rank), both with 8 processes;
+// gradient accumulation; activation checkpointing with a split backward.
+TEST(PipelineTrain, Pp2xFsdp2) {
+  test::TempDir dir;
+  Result r = run(4, pp_args(dir, 2, "1F1B", {"--parallelism.data_parallel_shard_degree", "2"}, 4), dir);
+  expect_same_training(r.weights);
+  expect_pipeline_bytes(r, dist::schedule_by_name("1F1B", 2, 1, 4), 2, 4, int64_t{1} * kSeq * kDim * 4, 2, 2);
+}
+
+TEST(PipelineTrain, Pp2xTp2) {
+  test::TempDir dir;
+  Result r = run(4, pp_args(dir, 2, "Interleaved1F1B", {"--parallelism.tensor_parallel_degree", "2"}), dir);
+  expect_same_training(r.weights);
+  // Sequence parallel: each TP rank sends its half of the sequence.
+  expect_pipeline_bytes(r, dist::schedule_by_name("Interleaved1F1B", 2, 2, 8), 4, 8, int64_t{1} * kSeq / 2 * kDim * 4, 2, 2);
+}
+
+TEST(PipelineTrain, Pp2xTp2xFsdp2) {
+  test::TempDir dir;
+  Result r = run(8, pp_args(dir, 2, "ZBVZeroBubble",
+                         {"--parallelism.tensor_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "2"}, 4),
+              dir);
+  expect_same_training(r.weights);
+}
+
+TEST(PipelineTrain, GradientAccumulationAndActivationCheckpointing) {
+  {
+    test::TempDir dir;  // 2 micro-batches of 4 per step, each run through the pipeline
+    expect_same_training(run(2, pp_args(dir, 2, "1F1B", {}, 4), dir).weights);
+  }
+  for (const std::string mode : {"full", "selective"}) {
+    SCOPED_TRACE(mode);
+    test::TempDir dir;
+    expect_same_training(run(2, pp_args(dir, 2, "InterleavedZeroBubble", {"--activation_checkpoint.mode", mode}), dir).weights);
+  }
+}
+
+// Checkpoints hold every stage's parameters by global name: saved under PP 2 x FSDP 2, resumed
+// without pipeline parallelism (FSDP 2) and with PP 4; the resumed losses are the uninterrupted run's.
+TEST(PipelineTrain, CheckpointsReshardAcrossPipelineDegrees) {
+  test::TempDir save;
+  auto first = pp_args(save, 2, "1F1B", {"--parallelism.data_parallel_shard_degree", "2"}, 4);
+  // --training.steps given twice: the last one counts (5 steps, then a save at step 5); the learning
+  // rate follows the 10-step schedule of the uninterrupted run.
+  first.insert(first.end(), {"--checkpoint.enable", "--checkpoint.interval", "5", "--training.steps", "5",
+                             "--lr_scheduler.total_steps", "10"});
+  Result a = run(4, first, save);
+  ASSERT_FALSE(a.weights.empty());
+  expect_same_training(a.weights, 5);
+  for (int pp : {1, 4}) {
+    SCOPED_TRACE("resume with pp " + std::to_string(pp));
+    test::TempDir resume;
+    std::filesystem::copy(save / "checkpoint", resume / "checkpoint", std::filesystem::copy_options::recursive);
+    std::vector<std::string> args = pp == 1 ? train_args(resume.path(), 4) : pp_args(resume, 4, "1F1B");
+    if (pp == 1) args.insert(args.end(), {"--parallelism.data_parallel_shard_degree", "2"});
+    args.insert(args.end(), {"--checkpoint.enable", "--checkpoint.interval", "100"});
+    Result b = run(pp == 1 ? 2 : 4, args, resume);
+    EXPECT_NE(b.output.find("Checkpoint: resumed from"), std::string::npos) << b.output;
+    EXPECT_NE(b.output.find("continuing at step 6"), std::string::npos) << b.output;
+    expect_same_training(b.weights, 5, 6);
+  }
+}
+
+// Validation runs the forwards through the pipeline: the same loss as one process.
+TEST(PipelineTrain, ValidationEqualsOneProcess) {
+  test::TempDir one, piped;
+  auto with_validation = [](std::vector<std::string> args) {
+    args.insert(args.end(), {"--validation.enable", "--validation.dataset", "c4_test", "--validation.freq", "5", "--validation.steps", "2",
+                             "--validation.local_batch_size", "4", "--validation.seq_len", "64", "--training.steps", "5"});
+    return args;
+  };
+  Result a = run(1, with_validation(train_args(one.path(), 8)), one);
+  Result b = run(2, with_validation(pp_args(piped, 2, "Interleaved1F1B", {"--parallelism.pipeline_parallel_microbatch_size", "2"})),
+              piped);
+  auto r = test::run_process({kTitan, "report", "--check", one.path(), piped.path(), "--metric", "validation_loss"}, {},
+                             std::chrono::seconds(60));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("agree at all 2 common steps"), std::string::npos) << r.output;
+}
+
+// Bad splits and schedules are clear errors at start-up.
+TEST(PipelineTrain, BadSplitsAreClearErrors) {
+  auto expect_error = [](std::vector<std::string> extra, const std::string& pp, const std::string& want) {
+    test::TempDir dir;
+    auto args = train_args(dir.path(), 8, 1);
+    args.insert(args.end(), {"--parallelism.pipeline_parallel_degree", pp, "--parallelism.data_parallel_shard_degree", "1"});
+    args.insert(args.end(), extra.begin(), extra.end());
+    std::vector<std::string> argv = {kTitan, "launch", "--nproc-per-node", pp, "--master-port", "0", "--"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    auto r = test::run_process(argv, {{"OMP_NUM_THREADS", "1"}}, std::chrono::seconds(120));
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find(want), std::string::npos) << "wanted: " << want << "\n" << r.output;
+  };
+  // One effective layer per stage cannot hold an embedding weighing 3 (PipelineSplit.* covers more
+  // stages than layers).
+  expect_error({"--parallelism.pipeline_parallel_layers_per_stage", "1", "--parallelism.pipeline_parallel_first_stage_less_layers",
+                "3", "--parallelism.pipeline_parallel_last_stage_less_layers", "3"}, "2",
+               "with 12 stages each holds 1 effective layers, fewer than the embedding weight 3");
+  expect_error({"--parallelism.pipeline_parallel_split_points", "layers.9"}, "2", "'layers.9' is not a module of the model");
+  expect_error({"--parallelism.pipeline_parallel_split_points", "layers.4,layers.2"}, "2", "'layers.2' is out of order");
+  expect_error({"--parallelism.module_fqns_per_model_part", "tok_embeddings,layers.0,layers.1,layers.2;layers.4,layers.5,norm,output"},
+               "2", "'layers.4' (stage 1) is not next in the model's order: 'layers.3' comes first");
+  expect_error({"--parallelism.pipeline_parallel_split_points", "layers.2,layers.4"}, "2", "do not divide evenly");
+  expect_error({"--parallelism.pipeline_parallel_microbatch_size", "3"}, "2", "not a multiple of parallelism.pipeline_parallel_microbatch_size");
+  expect_error({"--parallelism.pipeline_parallel_schedule", "Zigzag"}, "2", "Zigzag");
+  expect_error({"--model.flavor", "1B"}, "2", "tied embeddings");
+}
+
+}  // namespace
+}  // namespace titan
