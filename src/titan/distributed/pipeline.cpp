@@ -212,11 +212,29 @@ at::Tensor PipelineRunner::receive(Kind kind, int stage, int microbatch) {
     handoff_.erase(it);
     return t;
   }
-  at::Tensor buf = at::empty(boundary_shape_, boundary_options_);
+  post_receive(kind, stage, microbatch);
+  auto posted = posted_.find({kind, stage, microbatch});
   const auto start = std::chrono::steady_clock::now();
-  pp_.recv(buf, stage_ranks_[from], tag(kind, stage, microbatch)).wait();
+  posted->second.first.wait();
   timing_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  at::Tensor buf = std::move(posted->second.second);
+  posted_.erase(posted);
   return buf;
+}
+
+void PipelineRunner::post_receive(Kind kind, int stage, int microbatch) {
+  const int from = kind == kActivation ? stage - 1 : stage + 1;
+  if (stage_ranks_[from] == pp_.rank() || posted_.count({kind, stage, microbatch})) return;
+  at::Tensor buf = at::empty(boundary_shape_, boundary_options_);
+  Work w = pp_.recv(buf, stage_ranks_[from], tag(kind, stage, microbatch));
+  posted_.emplace(std::make_tuple(kind, stage, microbatch), std::make_pair(std::move(w), buf));
+}
+
+void PipelineRunner::prefetch(const PipeAction& a) {
+  // What the action will receive, posted before the current action computes (it arrives meanwhile).
+  if (a.op == PipeOp::Forward && a.stage > 0) post_receive(kActivation, a.stage, a.microbatch);
+  if ((a.op == PipeOp::Backward || a.op == PipeOp::BackwardInput) && a.stage < num_stages_ - 1)
+    post_receive(kGradient, a.stage, a.microbatch);
 }
 
 void PipelineRunner::deliver(Kind kind, int stage, int microbatch, const at::Tensor& t) {
@@ -318,8 +336,15 @@ at::Tensor PipelineRunner::train_step(const std::vector<int64_t>& boundary_shape
   using Clock = std::chrono::steady_clock;
   const auto step_start = Clock::now();
   at::Tensor loss_sum;
-  for (const auto& a : order_[pp_.rank()]) {
+  const auto& actions = order_[pp_.rank()];
+  for (size_t i = 0; i < actions.size(); ++i) {
+    const auto& a = actions[i];
     if (!a) continue;
+    for (size_t j = i + 1; j < actions.size(); ++j) {  // the next action's message, received during this one
+      if (!actions[j]) continue;
+      prefetch(*actions[j]);
+      break;
+    }
     const auto start = Clock::now();
     const double waited = timing_.wait_seconds;
     run(*a, input, loss, loss_sum);
@@ -332,8 +357,8 @@ at::Tensor PipelineRunner::train_step(const std::vector<int64_t>& boundary_shape
   }
   finish_sends();
   timing_.step_seconds = std::chrono::duration<double>(Clock::now() - step_start).count();
-  TITAN_ASSERT(state_.empty() && handoff_.empty(), "pipeline: the step left ", state_.size(), " microbatch states and ",
-               handoff_.size(), " messages behind");
+  TITAN_ASSERT(state_.empty() && handoff_.empty() && posted_.empty(), "pipeline: the step left ", state_.size(),
+               " microbatch states and ", handoff_.size() + posted_.size(), " messages behind");
   return loss_sum.defined() ? loss_sum : at::zeros({}, boundary_options_.dtype(at::kFloat));
 }
 

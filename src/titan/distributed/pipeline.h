@@ -12,8 +12,9 @@
 //   W  the weight gradients of a microbatch whose I has run: autograd runs again from the nodes
 //      where the weights' gradient paths leave the input's, with the gradients I captured there, so
 //      no gradient on the input path is computed twice (PyTorch's stage_backward_weight)
-// Sends are asynchronous (completed at the end of the step); a receive blocks when its action runs,
-// which is the order check_schedule() proves free of deadlock. Every message has its own tag
+// Sends are asynchronous (completed at the end of the step); the next action's receive is issued
+// before the current action computes, so its message arrives meanwhile, and is waited for when that
+// action runs: the order check_schedule() proves free of deadlock. Every message has its own tag
 // (kind, stage, microbatch), so messages between two ranks cannot be confused. A rank holds a
 // microbatch's activations from its forward to its backward (W for split backwards) only.
 #pragma once
@@ -26,6 +27,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <tuple>
 #include <vector>
 
 namespace titan::dist {
@@ -83,6 +85,8 @@ class PipelineRunner {
  private:
   enum Kind { kActivation = 0, kGradient = 1 };
   at::Tensor receive(Kind kind, int stage, int microbatch);  // blocks until it has arrived
+  void post_receive(Kind kind, int stage, int microbatch);  // issues the receive (no-op on one rank, or if issued)
+  void prefetch(const PipeAction& a);                        // posts what `a` will receive
   void deliver(Kind kind, int stage, int microbatch, const at::Tensor& t);  // to the stage that needs it
   int tag(Kind kind, int stage, int microbatch) const;
   void run(const PipeAction& a, const std::function<at::Tensor(int)>& input,
@@ -100,6 +104,7 @@ class PipelineRunner {
   std::map<std::pair<int, int>, std::unique_ptr<MicrobatchState>> state_;  // (stage, microbatch)
   std::map<std::tuple<int, int, int>, at::Tensor> handoff_;  // (kind, stage, microbatch): same-rank deliveries
   std::vector<std::pair<Work, at::Tensor>> sends_;           // in flight, with the tensor they read
+  std::map<std::tuple<int, int, int>, std::pair<Work, at::Tensor>> posted_;  // receives issued ahead
   int64_t weight_fallbacks_ = 0;
   StepTiming timing_;
 };
