@@ -43,8 +43,8 @@ struct MetricsOptions {
   bool save_for_all_ranks = false;        // [metrics] save_for_all_ranks: every rank writes rank_<r>/
   std::string dump_folder = "./outputs";  // [job] dump_folder
   int rank = 0;                           // this process's global rank
-  int metrics_rank = 0;                   // the rank that prints the line and writes TensorBoard: 0, or
-                                          // with pipeline parallelism the first rank of the last stage
+  int metrics_rank = 0;                   // the rank that prints the line and writes TensorBoard (the
+                                          // trainer's figures are global on every rank, pipeline included)
   bool color = false;                     // ANSI colors on the line; see default_color()
   bool log_prefix = true;                 // prefix lines with "[titan] <local time> - root - INFO - "
   int64_t total_steps = 0;                // [training] steps, for the progress ETA (0: no progress line)
