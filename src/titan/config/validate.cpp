@@ -79,6 +79,10 @@ void validate_config(const JobConfig& cfg) {
   positive(p.pipeline_parallel_microbatch_size, "parallelism.pipeline_parallel_microbatch_size");
   if (p.pipeline_parallel_layers_per_stage)
     positive(*p.pipeline_parallel_layers_per_stage, "parallelism.pipeline_parallel_layers_per_stage");
+  TITAN_USER_CHECK(p.pipeline_parallel_first_stage_less_layers >= 0, "parallelism.pipeline_parallel_first_stage_less_layers "
+                   "must not be negative, got ", p.pipeline_parallel_first_stage_less_layers);
+  TITAN_USER_CHECK(p.pipeline_parallel_last_stage_less_layers >= 0, "parallelism.pipeline_parallel_last_stage_less_layers "
+                   "must not be negative, got ", p.pipeline_parallel_last_stage_less_layers);
   // The names themselves are checked against the model where the stages are built.
   for (size_t i = 0; i < p.module_fqns_per_model_part.size(); ++i) {
     const auto& part = p.module_fqns_per_model_part[i];

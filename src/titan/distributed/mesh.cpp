@@ -20,7 +20,12 @@ void Work::wait() {
   auto w = std::move(work_);
   TraceRange range("c10d::wait ", op_, " [", group_ ? group_->name() : std::string(), "]");
   try {
-    w->wait();
+    // A send or receive waits as long as the group's collectives may (the backend's own default is
+    // the timeout it was created with, comm.init_timeout_seconds).
+    if (peer_ >= 0 && group_ && group_->timeout().count() > 0)
+      w->wait(group_->timeout());
+    else
+      w->wait();
   } catch (const std::exception& e) {
     if (!group_) throw;
     if (peer_ >= 0) group_->fail_p2p(op_, peer_, e.what());

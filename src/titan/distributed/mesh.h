@@ -45,6 +45,8 @@ class Work {
   Work(c10::intrusive_ptr<c10d::Work> w, Group* group, const char* op, int64_t seq, int peer = -1)
       : work_(std::move(w)), group_(group), op_(op), seq_(seq), peer_(peer) {}
   void wait();
+  // Whether it has finished (without waiting); a failure shows when wait() is called.
+  bool completed() const { return !work_ || work_->isCompleted(); }
 
  private:
   c10::intrusive_ptr<c10d::Work> work_;
@@ -86,6 +88,7 @@ class Group {
   // The same for a send or receive with member `peer` (no report of the other members: only the peer
   // takes part).
   [[noreturn]] void fail_p2p(const char* op, int peer, const std::string& backend_error);
+  std::chrono::milliseconds timeout() const { return timeout_; }
 
  private:
   void count(const char* op, const at::Tensor& t);

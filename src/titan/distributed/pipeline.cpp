@@ -247,6 +247,15 @@ void PipelineRunner::deliver(Kind kind, int stage, int microbatch, const at::Ten
     handoff_[{kind, stage, microbatch}] = msg;
     return;
   }
+  // Sends that have completed release their tensors now, not at the end of the step.
+  for (auto it = sends_.begin(); it != sends_.end();) {
+    if (!it->first.completed()) {
+      ++it;
+      continue;
+    }
+    it->first.wait();  // rethrows a failure
+    it = sends_.erase(it);
+  }
   sends_.emplace_back(pp_.send(msg, stage_ranks_[stage], tag(kind, stage, microbatch)), msg);
 }
 
@@ -345,6 +354,7 @@ at::Tensor PipelineRunner::train_step(const std::vector<int64_t>& boundary_shape
       prefetch(*actions[j]);
       break;
     }
+    if (before_action) before_action(*a);
     const auto start = Clock::now();
     const double waited = timing_.wait_seconds;
     run(*a, input, loss, loss_sum);

@@ -65,6 +65,9 @@ class PipelineRunner {
                       const std::function<at::Tensor(int)>& input,
                       const std::function<at::Tensor(int, const at::Tensor&)>& loss);
 
+  // Called before each action of train_step runs (e.g. fault injection); empty: nothing.
+  std::function<void(const PipeAction&)> before_action;
+
   int num_stages() const { return num_stages_; }
   int microbatches() const { return microbatches_; }
   int stage_rank(int stage) const { return stage_ranks_.at(stage); }  // index in the pp group

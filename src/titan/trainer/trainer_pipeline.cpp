@@ -87,7 +87,10 @@ void Trainer::set_up_pipeline(const ModelSpec& spec, ParallelizeContext pctx,
   }
   check_stage_modules(stage_modules_, all);
   const int num_stages = static_cast<int>(stage_modules_.size());
-  TITAN_USER_CHECK(num_stages % pp == 0 && num_stages >= pp, "the model is split into ", num_stages,
+  TITAN_USER_CHECK(num_stages >= pp, "the model is split into ", num_stages, " pipeline stage(s), fewer than "
+                   "pipeline_parallel_degree ", pp, ": every pipeline rank needs a stage; lower "
+                   "pipeline_parallel_layers_per_stage, or give more split points or module_fqns_per_model_part parts");
+  TITAN_USER_CHECK(num_stages % pp == 0, "the model is split into ", num_stages,
                    " pipeline stages, which do not divide evenly over pipeline_parallel_degree ", pp,
                    " ranks: choose the split (pipeline_parallel_layers_per_stage, split points or "
                    "module_fqns_per_model_part) so that every rank holds the same number of stages");
@@ -168,14 +171,15 @@ at::Tensor Trainer::pipeline_forward_backward(int64_t step, double global_tokens
     data_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
     fault::point("forward", step);
     pipeline_seq_len_ = tr.seq_len;
+    // The backward fault point fires on every rank, at its first backward action of the step; the
+    // loss point (and a NaN loss) on the ranks of the last stage, which compute the loss.
+    if (fault::enabled())
+      pipeline_->before_action = [step](const dist::PipeAction& a) {
+        if (a.op != dist::PipeOp::Forward) fault::point("backward", step);
+      };
     at::Tensor losses = pipeline_->train_step(
         boundary, [&](int m) { return inputs_BS.narrow(0, m * mbs, mbs); },
         [&](int m, const at::Tensor& logits_BSV) {
-          if (fault::enabled())
-            logits_BSV.register_hook([step](const at::Tensor& g) {
-              fault::point("backward", step);
-              return g;
-            });
           const at::Tensor labels = labels_BS.narrow(0, m * mbs, mbs);
           at::Tensor loss = parallelized_.loss_sum(logits_BSV.flatten(0, 1), labels.flatten(0, 1)) / global_tokens;
           fault::point("loss", step);

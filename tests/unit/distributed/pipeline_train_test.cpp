@@ -311,3 +311,26 @@ TEST(PipelineTrain, OneFOneBHoldsFewerActivationsThanGPipe) {
 
 }  // namespace
 }  // namespace titan
+
+namespace titan {
+namespace {
+
+// A stuck pipeline neighbour (SIGSTOP in its backward, on rank 0 whose stage computes no loss) fails
+// the job within the collective timeout, naming the neighbour; no rank hangs.
+TEST(PipelineTrain, StuckNeighbourFailsWithinTheTimeout) {
+  test::TempDir dir;
+  auto args = pp_args(dir, 2, "1F1B", {"--comm.train_timeout_seconds", "5", "--training.steps", "4"});
+  std::vector<std::string> argv = {kTitan, "launch", "--nproc-per-node", "2", "--master-port", "0", "--"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  const auto start = std::chrono::steady_clock::now();
+  auto r = test::run_process(argv, {{"OMP_NUM_THREADS", "1"}, {"TITAN_FAULT_INJECT", "action=stop,point=backward,step=2,rank=0"}},
+                             std::chrono::seconds(120));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_LT(seconds, 60) << r.output;
+  EXPECT_NE(r.output.find("from rank 0 on mesh dimension 'pp' failed on rank 1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("comm.train_timeout_seconds"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace titan
