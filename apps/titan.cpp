@@ -55,23 +55,7 @@ const char* kEstimateUsage =
     "                          cpu: fp32, and the peak is the log line's memory figure)\n"
     "  --device-memory-gib G   device capacity for the verdict (default 80)\n\n";
 
-// Takes the value of option `name` (--name V or --name=V) out of args; false when absent.
-bool take_option(std::vector<std::string>& args, const std::string& name, std::string& value) {
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == name) {
-      TITAN_USER_CHECK(i + 1 < args.size(), name, " needs a value");
-      value = args[i + 1];
-      args.erase(args.begin() + static_cast<std::ptrdiff_t>(i), args.begin() + static_cast<std::ptrdiff_t>(i) + 2);
-      return true;
-    }
-    if (args[i].rfind(name + "=", 0) == 0) {
-      value = args[i].substr(name.size() + 1);
-      args.erase(args.begin() + static_cast<std::ptrdiff_t>(i));
-      return true;
-    }
-  }
-  return false;
-}
+using titan::take_option;
 
 int run_estimate(std::vector<std::string> args) {
   titan::EstimateOptions opts;

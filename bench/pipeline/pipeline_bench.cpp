@@ -60,23 +60,6 @@ std::vector<double> column(const json& steps, const std::string& key) {
   return out;
 }
 
-// Takes `--name V` or `--name=V` out of args; false when absent.
-bool take_option(std::vector<std::string>& args, const std::string& name, std::string& value) {
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == name) {
-      TITAN_USER_CHECK(i + 1 < args.size(), name, " needs a value");
-      value = args[i + 1];
-      args.erase(args.begin() + static_cast<std::ptrdiff_t>(i), args.begin() + static_cast<std::ptrdiff_t>(i) + 2);
-      return true;
-    }
-    if (args[i].rfind(name + "=", 0) == 0) {
-      value = args[i].substr(name.size() + 1);
-      args.erase(args.begin() + static_cast<std::ptrdiff_t>(i));
-      return true;
-    }
-  }
-  return false;
-}
 
 // ---------------------------------------------------------------------------------------------
 // Worker: one pipeline rank.

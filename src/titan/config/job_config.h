@@ -72,6 +72,10 @@ JobConfig parse_config(const std::vector<std::string>& args);
 // Parses TOML text as if it were the file `source_name` (no command line); for tests and tools.
 JobConfig parse_config_text(const std::string& toml_text, const std::string& source_name = "<string>");
 
+// Takes a tool's own option `name` (`--name V` or `--name=V`) out of args into value; false when
+// absent, UserError when it has no value. What remains goes to parse_config.
+bool take_option(std::vector<std::string>& args, const std::string& name, std::string& value);
+
 // True when the arguments ask for help (--help or -h); callers then print config_help().
 bool help_requested(const std::vector<std::string>& args);
 

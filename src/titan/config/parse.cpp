@@ -150,6 +150,23 @@ void apply_command_line(const std::vector<std::string>& args, Layer& layer) {
 
 }  // namespace
 
+bool take_option(std::vector<std::string>& args, const std::string& name, std::string& value) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == name) {
+      TITAN_USER_CHECK(i + 1 < args.size(), name, " needs a value");
+      value = args[i + 1];
+      args.erase(args.begin() + static_cast<std::ptrdiff_t>(i), args.begin() + static_cast<std::ptrdiff_t>(i) + 2);
+      return true;
+    }
+    if (args[i].rfind(name + "=", 0) == 0) {
+      value = args[i].substr(name.size() + 1);
+      args.erase(args.begin() + static_cast<std::ptrdiff_t>(i));
+      return true;
+    }
+  }
+  return false;
+}
+
 bool help_requested(const std::vector<std::string>& args) {
   for (const auto& a : args)
     if (a == "--help" || a == "-h") return true;

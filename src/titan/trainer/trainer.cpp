@@ -313,6 +313,17 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   log_info(buf);
 }
 
+data::Batch Trainer::next_batch(int64_t step) {
+  fault::point("data", step);
+  const auto t0 = Clock::now();
+  TraceRange range(mem::Phase::Data, "data_loading");
+  data::Batch batch = dataloader_->next();
+  batch.inputs = batch.inputs.to(device_);
+  batch.labels = batch.labels.to(device_);
+  data_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
+  return batch;
+}
+
 StepResult Trainer::train_step() {
   const auto& tr = cfg_.training;
   optimizer_->zero_grad();
@@ -329,16 +340,8 @@ StepResult Trainer::train_step() {
   const int64_t step = step_ + 1;  // the step this call computes (1-based)
   if (pipeline_) loss_sum += pipeline_forward_backward(step, global_tokens);
   for (int64_t micro = 0; micro < (pipeline_ ? 0 : grad_accum_steps_); ++micro) {
-    fault::point("data", step);
-    const auto t0 = Clock::now();
-    at::Tensor inputs_BS, labels_BS;
-    {
-      TraceRange range(mem::Phase::Data, "data_loading");
-      data::Batch batch = dataloader_->next();
-      inputs_BS = batch.inputs.to(device_);
-      labels_BS = batch.labels.to(device_);
-    }
-    data_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
+    const data::Batch batch = next_batch(step);
+    const at::Tensor &inputs_BS = batch.inputs, &labels_BS = batch.labels;
     at::Tensor loss;
     {
       TraceRange range(mem::Phase::Forward, "forward");

@@ -87,6 +87,9 @@ class Trainer {
   void set_up_distributed();
   void set_up_checkpointing();
   void set_up_validation();  // the validation data loader (checked at start-up), when enabled
+  // The next batch of the training data on the device (the data fault point, its trace range and
+  // the time it took counted in the data-loading figure).
+  data::Batch next_batch(int64_t step);
   // Pipeline parallelism (trainer_pipeline.cpp): splits the model into stages, builds and
   // parallelizes this rank's (each with its own data-parallel layer, made by make_dp) and the
   // schedule's runner.

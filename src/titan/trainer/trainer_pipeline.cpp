@@ -151,7 +151,6 @@ void Trainer::set_up_pipeline(const ModelSpec& spec, ParallelizeContext pctx,
 }
 
 at::Tensor Trainer::pipeline_forward_backward(int64_t step, double global_tokens) {
-  using Clock = std::chrono::steady_clock;
   const auto& tr = cfg_.training;
   const int64_t mbs = cfg_.parallelism.pipeline_parallel_microbatch_size;
   const int64_t seq_local = tensor_parallel_ && tensor_parallel_->options().sequence_parallel ? tr.seq_len / dims_->tp()
@@ -159,16 +158,8 @@ at::Tensor Trainer::pipeline_forward_backward(int64_t step, double global_tokens
   const std::vector<int64_t> boundary = {mbs, seq_local, model_->hidden_size()};
   at::Tensor total = at::zeros({}, at::TensorOptions().device(device_).dtype(at::kFloat));
   for (int64_t micro = 0; micro < grad_accum_steps_; ++micro) {
-    fault::point("data", step);
-    const auto t0 = Clock::now();
-    at::Tensor inputs_BS, labels_BS;
-    {
-      TraceRange range(mem::Phase::Data, "data_loading");
-      data::Batch batch = dataloader_->next();
-      inputs_BS = batch.inputs.to(device_);
-      labels_BS = batch.labels.to(device_);
-    }
-    data_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
+    const data::Batch batch = next_batch(step);
+    const at::Tensor &inputs_BS = batch.inputs, &labels_BS = batch.labels;
     fault::point("forward", step);
     pipeline_seq_len_ = tr.seq_len;
     // The backward fault point fires on every rank, at its first backward action of the step; the
