@@ -312,8 +312,8 @@ PipelineOrder parse_schedule_csv(const std::string& text, const std::string& sou
     ++line_no;
     if (!line.empty() && line.back() == '\r') line.pop_back();
     std::vector<std::optional<PipeAction>> row;
-    // Every cell, trailing empty ones (idle slots at the end of a row) included.
-    for (size_t begin = 0; !line.empty() && begin <= line.size();) {
+    // Every cell, trailing empty ones (idle slots at the end of a row) included; a blank line has none.
+    for (size_t begin = 0; !trim(line).empty() && begin <= line.size();) {
       size_t end = line.find(',', begin);
       if (end == std::string::npos) end = line.size();
       const std::string cell = line.substr(begin, end - begin);

@@ -2,6 +2,7 @@
 // schedules (interleaved, zero bubble, V-shaped) read back through the CSV format and accepted by
 // the checker, and the checker's refusals (incomplete, duplicated, misplaced, deadlocking).
 // Reference: tests/reference/pipeline_schedules.py (torch.distributed.pipelining's schedule classes).
+#include "fuzz_regressions.h"
 #include "test_util.h"
 
 #include "titan/common/error.h"
@@ -231,6 +232,12 @@ TEST(PipelineSchedule, BadSchedulesAreClearErrors) {
   EXPECT_NE(check("0F0,0W0,0I0\n", 1, 1).find("deadlock"), std::string::npos);  // W before its I
   EXPECT_EQ(check("0F0,0B0\n", 1, 1), "");
   EXPECT_EQ(check("0F0,,0B0\n\n", 1, 1), "");  // idle slots and a trailing empty line are fine
+  // A last line of blanks is not a rank (tests/fuzz/regressions/pipeline_csv/blank_last_line_read_as_a_rank).
+  EXPECT_EQ(parse_schedule_csv("0F0,0B0\n1F0,1B0\n\t \n", "s.csv").size(), 2u);
+  const PipelineOrder found = parse_schedule_csv(test::fuzz_regression_files("pipeline_csv", "blank_last_line_read_as_a_rank")[0]);
+  EXPECT_EQ(found.size(), 2u);
+  EXPECT_EQ(parse_schedule_csv(schedule_csv(found)), found);
+  EXPECT_EQ(check("0F0,0B0\n \n", 1, 1), "");
   EXPECT_NE(error_of([] { parse_schedule_csv("0F0,0SEND_F0\n", "s.csv"); }).find("s.csv:1 (rank 0): pipeline schedule: "
                                                                                  "'0SEND_F0' is a communication action"),
             std::string::npos);
