@@ -16,6 +16,11 @@ struct DDP::Bucket {
 
   void on_grad_ready() {
     if (!ddp->sync_ || ++ready < params.size()) return;
+    all_reduce();
+  }
+
+  // Flattens the bucket's gradients and issues their all-reduce.
+  void all_reduce() {
     std::vector<at::Tensor> grads;
     for (auto& p : params) grads.push_back(p.grad().reshape({-1}));
     flat = at::cat(grads);
@@ -81,11 +86,7 @@ void DDP::all_reduce_now() {
     b->finish();  // anything a synced backward left in flight
     for (auto& p : b->params)
       if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
-    b->ready = b->params.size() - 1;
-    const bool sync = sync_;
-    sync_ = true;
-    b->on_grad_ready();  // issues the bucket's all-reduce
-    sync_ = sync;
+    b->all_reduce();
   }
   for (auto& b : buckets_) b->finish();
 }

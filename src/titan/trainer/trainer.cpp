@@ -313,6 +313,46 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   log_info(buf);
 }
 
+at::Tensor Trainer::loss_of(const at::Tensor& logits_BSV, const at::Tensor& labels_BS, int64_t step,
+                            double global_tokens) {
+  // Chunked: no fp32 copy of the whole batch's logits, no fp32 log-softmax saved (docs/memory.md).
+  // Under loss parallel the logits are this rank's vocabulary slice (the loss combines them).
+  at::Tensor loss = parallelized_.loss_sum(logits_BSV.flatten(0, 1), labels_BS.flatten(0, 1)) / global_tokens;
+  fault::point("loss", step);
+  if (fault::nan_loss(step)) loss = loss * std::numeric_limits<float>::quiet_NaN();
+  return loss;
+}
+
+at::Tensor Trainer::forward_backward(int64_t step, double global_tokens) {
+  at::Tensor loss_sum = at::zeros({}, at::TensorOptions().device(device_).dtype(at::kFloat));
+  for (int64_t micro = 0; micro < grad_accum_steps_; ++micro) {
+    const data::Batch batch = next_batch(step);
+    at::Tensor loss;
+    {
+      TraceRange range(mem::Phase::Forward, "forward");
+      CudaBf16Autocast autocast(bf16_autocast_);
+      at::Tensor logits_BSV = model_->forward(batch.inputs);
+      fault::point("forward", step);
+      if (fault::enabled())
+        logits_BSV.register_hook([step](const at::Tensor& g) {
+          fault::point("backward", step);  // backward has begun; the model's gradients have not
+          return g;
+        });
+      loss = loss_of(logits_BSV, batch.labels, step, global_tokens);
+    }
+    const bool last = micro == grad_accum_steps_ - 1;  // its backward completes the reductions
+    {
+      TraceRange range(mem::Phase::Backward, "backward");
+      data_parallel_[0]->before_backward(last);
+      loss.backward();
+      data_parallel_[0]->after_backward(last);
+    }
+    loss_sum += loss.detach();
+    ntokens_seen_ += batch.labels.numel();
+  }
+  return loss_sum;
+}
+
 data::Batch Trainer::next_batch(int64_t step) {
   fault::point("data", step);
   const auto t0 = Clock::now();
@@ -336,39 +376,8 @@ StepResult Trainer::train_step() {
   // micro-batches and ranks equal the gradient of the big-batch mean loss.
   const double local_tokens = static_cast<double>(grad_accum_steps_ * tr.local_batch_size * tr.seq_len);
   const double global_tokens = local_tokens * static_cast<double>(dims_->dp_size());
-  at::Tensor loss_sum = at::zeros({}, at::TensorOptions().device(device_).dtype(at::kFloat));
   const int64_t step = step_ + 1;  // the step this call computes (1-based)
-  if (pipeline_) loss_sum += pipeline_forward_backward(step, global_tokens);
-  for (int64_t micro = 0; micro < (pipeline_ ? 0 : grad_accum_steps_); ++micro) {
-    const data::Batch batch = next_batch(step);
-    const at::Tensor &inputs_BS = batch.inputs, &labels_BS = batch.labels;
-    at::Tensor loss;
-    {
-      TraceRange range(mem::Phase::Forward, "forward");
-      CudaBf16Autocast autocast(bf16_autocast_);
-      at::Tensor logits_BSV = model_->forward(inputs_BS);
-      fault::point("forward", step);
-      if (fault::enabled())
-        logits_BSV.register_hook([step](const at::Tensor& g) {
-          fault::point("backward", step);  // backward has begun; the model's gradients have not
-          return g;
-        });
-      // Chunked: no fp32 copy of the whole batch's logits, no fp32 log-softmax saved (docs/memory.md).
-      // Under loss parallel the logits are this rank's vocabulary slice (the loss combines them).
-      loss = parallelized_.loss_sum(logits_BSV.flatten(0, 1), labels_BS.flatten(0, 1)) / global_tokens;
-      fault::point("loss", step);
-      if (fault::nan_loss(step)) loss = loss * std::numeric_limits<float>::quiet_NaN();
-    }
-    const bool last = micro == grad_accum_steps_ - 1;  // its backward completes the reductions
-    {
-      TraceRange range(mem::Phase::Backward, "backward");
-      data_parallel_[0]->before_backward(last);
-      loss.backward();
-      data_parallel_[0]->after_backward(last);
-    }
-    loss_sum += loss.detach();
-    ntokens_seen_ += labels_BS.numel();
-  }
+  at::Tensor loss_sum = pipeline_ ? pipeline_forward_backward(step, global_tokens) : forward_backward(step, global_tokens);
   std::optional<TraceRange> optimizer_range;  // clipping, the loss's reductions and the update
   optimizer_range.emplace(mem::Phase::Optimizer, "optimizer");
   // The global norm: sharded gradients add their squares over the groups their placements name. A

@@ -73,10 +73,8 @@ class Trainer {
   void wait_for_checkpoint();
   int64_t gradient_accumulation_steps() const { return grad_accum_steps_; }
   // The whole model (without pipeline parallelism it holds the parameters; with it, only their
-  // shapes: the stages hold them, see stage_models()).
+  // shapes: this rank's stages hold them).
   const LanguageModel& model() const { return model_; }
-  const std::vector<LanguageModel>& stage_models() const { return stage_models_; }  // this rank's pipeline stages
-  const dist::Mesh& mesh() const { return *mesh_; }
   const dist::PipelineRunner* pipeline() const { return pipeline_.get(); }  // null without pipeline parallelism
   const c10::Device& device() const { return device_; }
 
@@ -96,7 +94,13 @@ class Trainer {
   void set_up_pipeline(const ModelSpec& spec, ParallelizeContext pctx,
                        const std::function<std::unique_ptr<dist::DataParallel>()>& make_dp,
                        const at::TensorOptions& param_options, int64_t max_seq_len, at::ScalarType boundary_dtype);
-  // One step's forwards and backwards through the pipeline (train_step's micro-batch loop under PP):
+  // One step's forwards and backwards over its gradient_accumulation_steps() micro-batches: the sum
+  // of their losses (each already divided by global_tokens).
+  at::Tensor forward_backward(int64_t step, double global_tokens);
+  // A micro-batch's loss: the sum over its tokens divided by the global batch's tokens (with the
+  // loss fault point and an injected NaN).
+  at::Tensor loss_of(const at::Tensor& logits_BSV, const at::Tensor& labels_BS, int64_t step, double global_tokens);
+  // One step's forwards and backwards through the pipeline (forward_backward under PP):
   // the sum of this rank's losses (those of the last stage; 0 on other ranks).
   at::Tensor pipeline_forward_backward(int64_t step, double global_tokens);
   // The validation loss sum of one batch through the pipeline (0 on ranks without the last stage).

@@ -171,11 +171,7 @@ at::Tensor Trainer::pipeline_forward_backward(int64_t step, double global_tokens
     at::Tensor losses = pipeline_->train_step(
         boundary, [&](int m) { return inputs_BS.narrow(0, m * mbs, mbs); },
         [&](int m, const at::Tensor& logits_BSV) {
-          const at::Tensor labels = labels_BS.narrow(0, m * mbs, mbs);
-          at::Tensor loss = parallelized_.loss_sum(logits_BSV.flatten(0, 1), labels.flatten(0, 1)) / global_tokens;
-          fault::point("loss", step);
-          if (fault::nan_loss(step)) loss = loss * std::numeric_limits<float>::quiet_NaN();
-          return loss;
+          return loss_of(logits_BSV, labels_BS.narrow(0, m * mbs, mbs), step, global_tokens);
         });
     total += losses.to(total.device(), at::kFloat);
     ntokens_seen_ += labels_BS.numel();

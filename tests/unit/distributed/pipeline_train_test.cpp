@@ -175,6 +175,14 @@ TEST(PipelineTrain, Pp2xFsdp2) {
   expect_pipeline_bytes(r, dist::schedule_by_name("1F1B", 2, 1, 4), 2, 4, int64_t{1} * kSeq * kDim * 4, 2, 2);
 }
 
+// DDP inside each stage: gradients all-reduced once after the schedule, here after two accumulation
+// micro-batches of 2 sequences per replica.
+TEST(PipelineTrain, Pp2xDdp2WithGradientAccumulation) {
+  test::TempDir dir;
+  Result r = run(4, pp_args(dir, 2, "ZBVZeroBubble", {"--parallelism.data_parallel_replicate_degree", "2"}, 2), dir);
+  expect_same_training(r.weights);
+}
+
 TEST(PipelineTrain, Pp2xTp2) {
   test::TempDir dir;
   Result r = run(4, pp_args(dir, 2, "Interleaved1F1B", {"--parallelism.tensor_parallel_degree", "2"}), dir);
