@@ -128,9 +128,13 @@ struct Parallelism {
       "module names of each pipeline stage, e.g. [[\"tok_embeddings\", \"layers.0\"], [\"layers.1\", \"norm\", "
       "\"output\"]]; overrides the automatic split");
     v(context_parallel_degree, "context_parallel_degree", "ranks the sequence is split over; 1 disables");
-    v(context_parallel_load_balancer, "context_parallel_load_balancer", "causal-attention load balancing",
-      {"headtail", "ptrr"});
-    v(context_parallel_rotate_method, "context_parallel_rotate_method", "how key/value shards travel",
+    v(context_parallel_load_balancer, "context_parallel_load_balancer",
+      "how sequences are cut over the cp ranks: headtail (chunks r and 2cp-1-r: equal causal-attention work) "
+      "or none (contiguous); ptrr (per-document flex attention) is not supported",
+      {"headtail", "none", "ptrr"});
+    v(context_parallel_rotate_method, "context_parallel_rotate_method",
+      "how ring attention moves key/value shards: allgather (all at once) or alltoall (one rank on per block, "
+      "overlapping the computation)",
       {"allgather", "alltoall"});
     v(expert_parallel_degree, "expert_parallel_degree", "expert parallel degree of MoE models; 1 disables");
     v(expert_tensor_parallel_degree, "expert_tensor_parallel_degree",

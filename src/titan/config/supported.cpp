@@ -20,8 +20,6 @@ struct Gate {
 
 // clang-format off
 const Gate kGates[] = {
-  {"parallelism.context_parallel_degree", "context parallelism", "--parallelism.context_parallel_degree 1",
-   [](const JobConfig& c, int64_t) { return c.parallelism.context_parallel_degree > 1; }},
   {"parallelism.expert_parallel_degree", "expert parallelism", "--parallelism.expert_parallel_degree 1",
    [](const JobConfig& c, int64_t) { return c.parallelism.expert_parallel_degree > 1; }},
   {"parallelism.expert_tensor_parallel_degree", "expert tensor parallelism",

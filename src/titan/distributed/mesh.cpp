@@ -243,6 +243,24 @@ Work Group::recv(at::Tensor& t, int peer, int tag) {
   return Work(backend_->recv(ts, peer, tag), this, "recv", ++seq_, peer);
 }
 
+Work Group::shift(at::Tensor& out, const at::Tensor& in, int offset) {
+  TITAN_ASSERT(out.is_contiguous() && in.is_contiguous() && out.numel() == in.numel() && out.dtype() == in.dtype(),
+               "shift: out must be contiguous and match in");
+  TraceRange range(mem::Phase::Communication, "c10d::all_to_all [", name_, "]");
+  const int n = size(), to = ((rank_ + offset) % n + n) % n, from = ((rank_ - offset) % n + n) % n;
+  if (to == rank_) {
+    out.copy_(in);
+    return Work();
+  }
+  count("all_to_all", in);
+  std::vector<int64_t> in_splits(n, 0), out_splits(n, 0);
+  in_splits[to] = in.numel();
+  out_splits[from] = out.numel();
+  at::Tensor src = in.view({-1}), dst = out.view({-1});
+  c10d::AllToAllOptions opts;
+  return issue(backend_->alltoall_base(dst, src, out_splits, in_splits, opts), "all_to_all");
+}
+
 void Group::fail_p2p(const char* op, int peer, const std::string& backend_error) {
   throw CollectiveError(std::string(op) + (std::string(op) == "send" ? " to" : " from") + " rank " +
                         std::to_string(ranks_[peer]) + " on mesh dimension '" + name_ + "' failed on rank " +

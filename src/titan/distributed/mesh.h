@@ -77,6 +77,11 @@ class Group {
   // receive match when their tags are equal (messages between two members with one tag arrive in
   // order). Counted as "send" / "recv" bytes.
   Work send(const at::Tensor& t, int peer, int tag);
+  // Every member sends `in` to member (rank + offset) mod size and receives `out` (as many
+  // elements, contiguous) from member (rank - offset) mod size, as one collective: an all-to-all
+  // whose only non-empty parts are those two (a ring step that cannot deadlock on NCCL, where
+  // separate sends and receives match by order). Counted as "all_to_all" bytes (the message).
+  Work shift(at::Tensor& out, const at::Tensor& in, int offset);
   Work recv(at::Tensor& t, int peer, int tag);
   void barrier();
   // How long a collective of this group may wait for the others before it fails; `label` names the

@@ -17,8 +17,9 @@ class LanguageModelImpl : public nn::HookedModule {
  public:
   // tokens (B, S) int64 -> logits (B, S, V). A pipeline stage (see ModelSpec::build_stage) maps its
   // input (tokens, or the previous stage's hidden states) to its output (hidden states, or logits);
-  // seq_len: the whole sequence's length when the hidden states are one rank's part of it (sequence
-  // parallelism), 0 when the input has the whole sequence.
+  // seq_len: the length of the sequence the rank attends with (its context-parallel part, the whole
+  // sequence without context parallelism) when the hidden states are one rank's part of it (sequence
+  // parallelism), 0 when the input has all of it.
   virtual at::Tensor forward(const at::Tensor& input, int64_t seq_len = 0) = 0;
   // Writes elements [first, first + out.numel()) of the global parameter `name`'s flattened
   // (row-major) initial values into `out` (any dtype and device): values are a function of (seed,

@@ -20,6 +20,7 @@ namespace titan {
 namespace dist {
 class DataParallel;
 class TensorParallel;
+class ContextParallel;
 }
 
 // What the trainer hands a model's parallelize function: the parallelisms to apply.
@@ -29,6 +30,9 @@ struct ParallelizeContext {
   dist::DataParallel* data_parallel = nullptr;
   // Tensor (and sequence) parallelism over the tp mesh dimension; null when the degree is 1.
   dist::TensorParallel* tensor_parallel = nullptr;
+  // Context parallelism over the cp mesh dimension (the model's input holds the rank's part of every
+  // sequence; attention becomes ring attention); null when the degree is 1.
+  dist::ContextParallel* context_parallel = nullptr;
   // Activation checkpointing of the repeated blocks: "none", "full" (every block), "selective"
   // (every ac_every-th block, counting from 1, as torchtitan's selective_ac_option k does) or "op"
   // (every block, keeping the outputs of matmuls and attention: selective_ac_option "op").

@@ -177,9 +177,16 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
     dist::check_sequence_length(tr.seq_len, dims_->tp(), tpo.sequence_parallel);
     tensor_parallel_ = std::make_unique<dist::TensorParallel>((*mesh_)["tp"], tpo);
   }
+  if (dims_->cp() > 1) {
+    const auto cpo = dist::context_parallel_options(par.context_parallel_load_balancer, par.context_parallel_rotate_method);
+    dist::check_context_parallel_sequence(tr.seq_len, dims_->cp(), cpo.load_balance, dims_->tp(),
+                                          dims_->tp() > 1 && par.enable_sequence_parallel);
+    context_parallel_ = std::make_unique<dist::ContextParallel>((*mesh_)["cp"], cpo);
+  }
   TITAN_ASSERT(spec.parallelize, "model ", spec.name, " has no parallelize function");
   ParallelizeContext pctx;
   pctx.tensor_parallel = tensor_parallel_.get();
+  pctx.context_parallel = context_parallel_.get();
   pctx.ac_mode = cfg_.activation_checkpoint.mode;
   if (pctx.ac_mode == "selective") {
     if (cfg_.activation_checkpoint.selective_ac_option == "op")
@@ -274,6 +281,10 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
                                    (tensor_parallel_->options().loss_parallel ? ", loss parallel" : "") +
                                    (tensor_parallel_->options().async ? ", async" : "") + ")"
                              : "") +
+           (context_parallel_ ? std::string(" (CP: ring attention, ") +
+                                    (context_parallel_->options().load_balance ? "headtail load balancing" : "contiguous chunks") +
+                                    ", K/V by " + context_parallel_->options().rotate + ")"
+                              : "") +
            (tr.enable_cpu_offload ? "; parameters, gradients and optimizer state offloaded to CPU memory" : ""));
   if (cfg_.job.print_config && env_.rank == 0) {
     std::cout << to_toml(cfg_);
@@ -348,7 +359,7 @@ at::Tensor Trainer::forward_backward(int64_t step, double global_tokens) {
       data_parallel_[0]->after_backward(last);
     }
     loss_sum += loss.detach();
-    ntokens_seen_ += batch.labels.numel();
+    ntokens_seen_ += batch.labels.numel() * dims_->cp();  // the whole sequences
   }
   return loss_sum;
 }
@@ -358,6 +369,10 @@ data::Batch Trainer::next_batch(int64_t step) {
   const auto t0 = Clock::now();
   TraceRange range(mem::Phase::Data, "data_loading");
   data::Batch batch = dataloader_->next();
+  if (context_parallel_) {
+    batch.inputs = context_parallel_->shard(batch.inputs, 1);
+    batch.labels = context_parallel_->shard(batch.labels, 1);
+  }
   batch.inputs = batch.inputs.to(device_);
   batch.labels = batch.labels.to(device_);
   data_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
@@ -386,6 +401,9 @@ StepResult Trainer::train_step() {
   // Under pipeline parallelism the loss is the last stage's: summed over the stages first, so that
   // every rank logs the global loss; each stage's gradients add their squares over the stages.
   if (pipeline_) (*mesh_)["pp"].all_reduce(loss_sum).wait();
+  // Under context parallelism each rank's loss covers its part of the sequences: summed over cp
+  // first, it is the data-parallel rank's loss.
+  if (context_parallel_) (*mesh_)["cp"].all_reduce(loss_sum).wait();
   const at::Tensor bad_loss = at::where(at::isfinite(loss_sum), 0.0, std::numeric_limits<double>::infinity());
   at::Tensor grad_norm = dist::clip_grad_norm(params_, tr.max_norm, *mesh_, bad_loss,
                                               pipeline_ ? std::vector<std::string>{"pp"} : std::vector<std::string>{});

@@ -10,6 +10,7 @@
 #include "titan/components/optimizer/optimizer.h"
 #include "titan/components/tokenizer/tokenizer.h"
 #include "titan/config/job_config.h"
+#include "titan/distributed/context_parallel.h"
 #include "titan/distributed/data_parallel.h"
 #include "titan/distributed/mesh.h"
 #include "titan/distributed/pipeline.h"
@@ -86,7 +87,8 @@ class Trainer {
   void set_up_checkpointing();
   void set_up_validation();  // the validation data loader (checked at start-up), when enabled
   // The next batch of the training data on the device (the data fault point, its trace range and
-  // the time it took counted in the data-loading figure).
+  // the time it took counted in the data-loading figure); under context parallelism, this rank's
+  // part of every sequence.
   data::Batch next_batch(int64_t step);
   // Pipeline parallelism (trainer_pipeline.cpp): splits the model into stages, builds and
   // parallelizes this rank's (each with its own data-parallel layer, made by make_dp) and the
@@ -135,6 +137,7 @@ class Trainer {
   // FSDP, HSDP, DDP or none: one for the model, or one per pipeline stage this rank holds.
   std::vector<std::unique_ptr<dist::DataParallel>> data_parallel_;
   std::unique_ptr<dist::TensorParallel> tensor_parallel_;  // null when tp is 1
+  std::unique_ptr<dist::ContextParallel> context_parallel_;  // null when cp is 1
   ParallelizedModel parallelized_;
   c10::Device device_{c10::kCPU};
   bool bf16_autocast_ = false;
@@ -144,7 +147,7 @@ class Trainer {
   std::vector<LanguageModel> stage_models_;
   std::vector<std::vector<std::string>> stage_modules_;  // every stage's modules
   std::unique_ptr<dist::PipelineRunner> pipeline_;
-  int64_t pipeline_seq_len_ = 0;  // the whole sequence's length in the running step or evaluation
+  int64_t pipeline_seq_len_ = 0;  // the attended sequence's length (the rank's CP part) in the running step or evaluation
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<LRSchedule> lr_schedule_;
   std::unique_ptr<data::DataLoader> dataloader_;

@@ -153,15 +153,16 @@ void Trainer::set_up_pipeline(const ModelSpec& spec, ParallelizeContext pctx,
 at::Tensor Trainer::pipeline_forward_backward(int64_t step, double global_tokens) {
   const auto& tr = cfg_.training;
   const int64_t mbs = cfg_.parallelism.pipeline_parallel_microbatch_size;
-  const int64_t seq_local = tensor_parallel_ && tensor_parallel_->options().sequence_parallel ? tr.seq_len / dims_->tp()
-                                                                                              : tr.seq_len;
+  const int64_t attended = tr.seq_len / dims_->cp();  // the rank's context-parallel part
+  const int64_t seq_local =
+      tensor_parallel_ && tensor_parallel_->options().sequence_parallel ? attended / dims_->tp() : attended;
   const std::vector<int64_t> boundary = {mbs, seq_local, model_->hidden_size()};
   at::Tensor total = at::zeros({}, at::TensorOptions().device(device_).dtype(at::kFloat));
   for (int64_t micro = 0; micro < grad_accum_steps_; ++micro) {
     const data::Batch batch = next_batch(step);
     const at::Tensor &inputs_BS = batch.inputs, &labels_BS = batch.labels;
     fault::point("forward", step);
-    pipeline_seq_len_ = tr.seq_len;
+    pipeline_seq_len_ = attended;
     // The backward fault point fires on every rank, at its first backward action of the step; the
     // loss point (and a NaN loss) on the ranks of the last stage, which compute the loss.
     if (fault::enabled())
@@ -174,7 +175,7 @@ at::Tensor Trainer::pipeline_forward_backward(int64_t step, double global_tokens
           return loss_of(logits_BSV, labels_BS.narrow(0, m * mbs, mbs), step, global_tokens);
         });
     total += losses.to(total.device(), at::kFloat);
-    ntokens_seen_ += labels_BS.numel();
+    ntokens_seen_ += labels_BS.numel() * dims_->cp();
   }
   TraceRange range(mem::Phase::Communication, "pipeline gradient reduction");
   for (auto& dp : data_parallel_) dp->reduce_gradients();

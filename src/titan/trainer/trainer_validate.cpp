@@ -15,6 +15,10 @@ void Trainer::set_up_validation() {
   if (!v.enable) return;
   if (dims_->tp() > 1)
     dist::check_sequence_length(v.seq_len, dims_->tp(), tensor_parallel_->options().sequence_parallel, "validation.seq_len");
+  if (context_parallel_)
+    dist::check_context_parallel_sequence(v.seq_len, dims_->cp(), context_parallel_->options().load_balance,
+                                          dims_->tp(), tensor_parallel_ && tensor_parallel_->options().sequence_parallel,
+                                          "validation.seq_len");
   data::DataConfig dc;
   dc.dp_rank = (*mesh_)["dp"].rank();
   dc.dp_world = static_cast<int>(dims_->dp_size());
@@ -52,6 +56,10 @@ metrics::ValidationStats Trainer::validate() {
   // global, so every rank stops at the same batch).
   while (v.steps < 0 ? batches == 0 || val_loader_->epoch() == 0 : batches < v.steps) {
     data::Batch batch = val_loader_->next();
+    if (context_parallel_) {  // this rank's part of every sequence
+      batch.inputs = context_parallel_->shard(batch.inputs, 1);
+      batch.labels = context_parallel_->shard(batch.labels, 1);
+    }
     at::Tensor inputs_BS = batch.inputs.to(device_), labels_BS = batch.labels.to(device_);
     if (pipeline_) {
       loss_sum += pipeline_evaluate(inputs_BS, labels_BS);
@@ -60,10 +68,11 @@ metrics::ValidationStats Trainer::validate() {
       at::Tensor logits_BSV = model_->forward(inputs_BS);
       loss_sum += parallelized_.loss_sum(logits_BSV.flatten(0, 1), labels_BS.flatten(0, 1)).to(at::kDouble);
     }
-    tokens += labels_BS.numel();
+    tokens += labels_BS.numel() * dims_->cp();  // the whole sequences
     ++batches;
   }
   if (pipeline_) (*mesh_)["pp"].all_reduce(loss_sum).wait();  // the last stage's sum, to every rank
+  if (context_parallel_) (*mesh_)["cp"].all_reduce(loss_sum).wait();  // every part of the sequences
   (*mesh_)["dp"].all_reduce(loss_sum).wait();
   metrics::ValidationStats s;
   s.step = step_;

@@ -14,11 +14,11 @@ TEST(ConfigSupported, DefaultsPassTheGate) {
   EXPECT_NO_THROW(check_supported(parse({"--activation_checkpoint.mode", "full"})));
   EXPECT_NO_THROW(check_supported(parse({"--activation_checkpoint.selective_ac_option", "3"})));
   EXPECT_NO_THROW(check_supported(parse({"--parallelism.pipeline_parallel_degree", "2"})));
+  EXPECT_NO_THROW(check_supported(parse({"--parallelism.context_parallel_degree", "2"})));
 }
 
 TEST(ConfigSupported, EachGatedFeatureIsAnErrorNamingItsKey) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
-      {{"--parallelism.context_parallel_degree", "2"}, "--parallelism.context_parallel_degree 1"},
       {{"--activation_checkpoint.mode", "memory_budget"}, "activation_checkpoint.mode = \"memory_budget\""},
       {{"--model.converters", "float8"}, "model.converters = [\"quantize.linear.float8\"]"},
       {{"--float8.enable_float8_linear"}, "--model.converters="},

@@ -191,7 +191,9 @@ at::Tensor AttentionImpl::body(const at::Tensor& x_BSD, const at::Tensor& cis_SE
   at::Tensor v_BSKE = wv(x_BSD).view({B, S, -1, head_dim});
   // A kept operation under per-operator activation checkpointing (see activation_checkpoint.h).
   at::Tensor out_BHSE = saveable_op({q_BSHE.transpose(1, 2), k_BSKE.transpose(1, 2), v_BSKE.transpose(1, 2)},
-                                    [](const std::vector<at::Tensor>& in) { return causal_attention(in[0], in[1], in[2]); });
+                                    [this](const std::vector<at::Tensor>& in) {
+                                      return attend ? attend(in[0], in[1], in[2]) : causal_attention(in[0], in[1], in[2]);
+                                    });
   return wo(out_BHSE.transpose(1, 2).contiguous().view({B, S, -1}));
 }
 

@@ -18,6 +18,7 @@
 #include <torch/nn/module.h>
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -85,6 +86,9 @@ class AttentionImpl : public HookedModule {
   // the heads) runs the same code; n_heads and n_kv_heads stay the model's totals.
   int64_t n_heads, n_kv_heads, head_dim;
   Linear wq{nullptr}, wk{nullptr}, wv{nullptr}, wo{nullptr};
+  // The attention of the rotated q (B, H, S, E) over k, v (B, K, S, E): causal_attention unless a
+  // parallelism replaces it (context parallelism's ring attention over the sequence's shards).
+  std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)> attend;
 
  private:
   at::Tensor body(const at::Tensor& x_BSD, const at::Tensor& cis_SE2);

@@ -161,13 +161,33 @@ at::Tensor TransformerImpl::rope_table(int64_t seq_len, const at::Device& device
   return cis_SE2;
 }
 
+void TransformerImpl::set_sequence_positions(int64_t degree, std::function<at::Tensor(int64_t)> positions) {
+  sequence_degree_ = degree;
+  sequence_positions_ = std::move(positions);
+  local_rope_cache_.clear();
+}
+
 at::Tensor TransformerImpl::forward(const at::Tensor& input, int64_t seq_len) {
   return with_hooks([&] {
     // Tokens (B, S) into the embedding, or a previous stage's hidden states (B, S, D).
     at::Tensor h_BSD = tok_embeddings ? tok_embeddings(input) : input;
-    // The RoPE table covers the whole sequence (under sequence parallelism the blocks' input hooks
-    // gather it before attention).
-    at::Tensor cis_SE2 = rope_table(seq_len > 0 ? seq_len : input.size(1), input.device());
+    // The RoPE table covers the sequence the rank attends with (under sequence parallelism the
+    // blocks' input hooks gather it before attention): the whole sequence, or under context
+    // parallelism the rows of this rank's positions.
+    const int64_t local = seq_len > 0 ? seq_len : input.size(1);
+    at::Tensor cis_SE2;
+    if (sequence_positions_) {
+      const auto key = std::make_pair(local, input.device().str());
+      auto it = local_rope_cache_.find(key);
+      if (it == local_rope_cache_.end()) {
+        const int64_t whole = local * sequence_degree_;
+        at::Tensor rows = sequence_positions_(whole).to(input.device());
+        it = local_rope_cache_.emplace(key, rope_table(whole, input.device()).index_select(0, rows)).first;
+      }
+      cis_SE2 = it->second;
+    } else {
+      cis_SE2 = rope_table(local, input.device());
+    }
     for (const auto& item : layers->items()) h_BSD = item.second->as<TransformerBlockImpl>()->forward(h_BSD, cis_SE2);
     if (norm) h_BSD = norm(h_BSD);
     if (output) return output(h_BSD);

@@ -12,6 +12,7 @@
 
 #include <torch/nn/modules/container/moduledict.h>
 
+#include <functional>
 #include <map>
 #include <utility>
 
@@ -47,6 +48,9 @@ class TransformerImpl : public LanguageModelImpl {
   const ModelArgs& args() const { return args_; }
   // RoPE rotations cos + i sin (S, E/2), complex64 on `device`, computed once per (S, device).
   at::Tensor rope_table(int64_t seq_len, const at::Device& device);
+  // Context parallelism: the input holds, of every sequence of `degree` times its length, the
+  // tokens at positions(that length) (long, ascending per chunk); RoPE rotates them by those positions.
+  void set_sequence_positions(int64_t degree, std::function<at::Tensor(int64_t seq_len)> positions);
 
   // Whether forward returns logits (the whole model, or the last pipeline stage).
   bool holds_output() const { return output || tied_output_; }
@@ -63,6 +67,9 @@ class TransformerImpl : public LanguageModelImpl {
   bool tied_output_ = false;  // holds the output projection as the embedding's table
   at::Tensor freqs_;  // (E/2,) fp32 on the CPU
   std::map<std::pair<int64_t, std::string>, at::Tensor> rope_cache_;
+  int64_t sequence_degree_ = 1;                             // context-parallel ranks
+  std::function<at::Tensor(int64_t)> sequence_positions_;  // null without context parallelism
+  std::map<std::pair<int64_t, std::string>, at::Tensor> local_rope_cache_;  // the rank's rows of the table
 };
 TORCH_MODULE(Transformer);
 

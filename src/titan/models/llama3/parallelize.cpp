@@ -1,6 +1,7 @@
 #include "titan/models/llama3/parallelize.h"
 
 #include "titan/common/error.h"
+#include "titan/distributed/context_parallel.h"
 #include "titan/distributed/data_parallel.h"
 #include "titan/distributed/tensor_parallel.h"
 #include "titan/models/common/activation_checkpoint.h"
@@ -78,6 +79,15 @@ ParallelizedModel parallelize(LanguageModelImpl& model, const ParallelizeContext
         return dist::vocab_parallel_cross_entropy_sum(logits, labels, *group, vocab_begin);
       };
     }
+  }
+
+  // Context parallelism: RoPE follows the rank's positions, attention runs over every rank's keys.
+  if (dist::ContextParallel* cp = ctx.context_parallel) {
+    transformer->set_sequence_positions(cp->degree(), [cp](int64_t seq_len) { return cp->positions(seq_len); });
+    for (const auto& [prefix, block] : transformer->blocks())
+      block->attention->attend = [cp](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+        return cp->attention(q, k, v);
+      };
   }
 
   // Activation checkpointing inside the data-parallel hooks: recomputation in backward gathers no

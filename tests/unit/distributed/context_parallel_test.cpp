@@ -1,0 +1,161 @@
+// Context parallelism's pieces against one process: ring attention (forward and the three input
+// gradients) against full causal attention, the sequence split, and attention's memory per rank.
+//
+// Every worker builds the same whole-sequence q, k, v and output gradient, computes full causal
+// attention and its gradients (the reference, ATen's SDPA), then its own part through
+// ContextParallel::attention, and compares its part of every tensor (fp32: 2e-6 of the tensor's
+// largest magnitude; the blocks are merged exactly, in float32, so only rounding differs).
+#include "test_util.h"
+
+#include "titan/common/error.h"
+#include "titan/common/memory_tracker.h"
+#include "titan/distributed/context_parallel.h"
+#include "titan/distributed/mesh.h"
+#include "titan/models/common/layers.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+namespace titan {
+namespace {
+
+using namespace std::chrono_literals;
+
+int env_int(const char* name, int fallback = 0) {
+  const char* v = std::getenv(name);
+  return v ? std::atoi(v) : fallback;
+}
+
+std::string env_str(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v ? v : fallback;
+}
+
+TITAN_TEST_WORKER_FN(ring_attention) {
+  const int rank = env_int("TITAN_TEST_RANK"), cp = env_int("TITAN_TEST_WORLD");
+  const int64_t H = env_int("TITAN_TEST_HEADS", 4), K = env_int("TITAN_TEST_KV_HEADS", 2);
+  dist::ContextParallelOptions o;
+  o.load_balance = env_int("TITAN_TEST_LOAD_BALANCE", 1) != 0;
+  o.rotate = env_str("TITAN_TEST_ROTATE", "allgather");
+  at::set_num_threads(1);
+  auto store = dist::make_tcp_store("127.0.0.1", static_cast<uint16_t>(env_int("TITAN_TEST_PORT")), false, 60s);
+  dist::ParallelDims dims(1, 1, cp, 1, 1, cp);
+  dist::Mesh mesh(dims, rank, store, dist::BackendKind::Gloo, 60s);
+  dist::ContextParallel ctx(mesh["cp"], o);
+
+  constexpr int64_t B = 2, S = 96, E = 16;
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(3);
+  const at::Tensor q = at::randn({B, H, S, E}, gen), k = at::randn({B, K, S, E}, gen), v = at::randn({B, K, S, E}, gen);
+  const at::Tensor dout = at::randn({B, H, S, E}, gen);
+
+  // Reference: the whole sequence in one process.
+  at::Tensor rq = q.clone().requires_grad_(true), rk = k.clone().requires_grad_(true), rv = v.clone().requires_grad_(true);
+  at::Tensor ref = at::scaled_dot_product_attention(rq, rk, rv, {}, 0.0, /*is_causal=*/true, std::nullopt,
+                                                    /*enable_gqa=*/true);
+  ref.backward(dout);
+
+  // This rank's part, through ring attention.
+  at::Tensor lq = ctx.shard(q, 2).requires_grad_(true), lk = ctx.shard(k, 2).requires_grad_(true),
+             lv = ctx.shard(v, 2).requires_grad_(true);
+  mesh.reset_bytes();
+  at::Tensor out = ctx.attention(lq, lk, lv);
+  out.backward(ctx.shard(dout, 2));
+
+  auto check = [&](const char* what, const at::Tensor& got, const at::Tensor& whole) {
+    const double err = test::relative_error(got, ctx.shard(whole, 2));
+    std::printf("rank %d: %s relative error %.2e\n", rank, what, err);
+    return err <= 2e-6;
+  };
+  TITAN_WORKER_CHECK(check("output", out.detach(), ref.detach()), "output differs");
+  TITAN_WORKER_CHECK(check("dq", lq.grad(), rq.grad()), "dq differs");
+  TITAN_WORKER_CHECK(check("dk", lk.grad(), rk.grad()), "dk differs");
+  TITAN_WORKER_CHECK(check("dv", lv.grad(), rv.grad()), "dv differs");
+  // What moved: K/V of every other rank in forward and backward, and (ring) the K/V gradients.
+  const int64_t kv = 2 * B * K * (S / cp) * E * 4;  // one rank's K and V, fp32
+  const auto& bytes = mesh.bytes().at("cp");
+  auto got = [&](const char* op) {
+    auto it = bytes.find(op);
+    return it == bytes.end() ? int64_t{0} : it->second;
+  };
+  if (o.rotate == "allgather") {
+    TITAN_WORKER_CHECK(got("all_gather") == 2 * cp * kv && got("reduce_scatter") == cp * kv,
+                       "all-gather %lld, reduce-scatter %lld bytes; expected %lld, %lld", (long long)got("all_gather"),
+                       (long long)got("reduce_scatter"), (long long)(2 * cp * kv), (long long)(cp * kv));
+  } else {
+    // Forward and backward: cp - 1 K/V moves each; backward: cp K/V-gradient moves (fp32).
+    TITAN_WORKER_CHECK(got("all_to_all") == (2 * (cp - 1) + cp) * kv, "all-to-all %lld bytes, expected %lld",
+                       (long long)got("all_to_all"), (long long)((2 * (cp - 1) + cp) * kv));
+  }
+  // The split: positions are the shard of 0..S-1, putting the parts back gives the whole sequence
+  // (and the whole output), and under headtail every rank has the same causal-attention work (the
+  // keys its queries see: position + 1 each).
+  const at::Tensor pos = ctx.positions(S);
+  TITAN_WORKER_CHECK(at::equal(pos, ctx.shard(at::arange(S, at::kLong), 0)), "positions are not the shard of 0..S-1");
+  TITAN_WORKER_CHECK(at::equal(ctx.unshard(pos, 0), at::arange(S, at::kLong)), "unshard(positions) is not 0..S-1");
+  TITAN_WORKER_CHECK(test::relative_error(ctx.unshard(out.detach(), 2), ref.detach()) <= 2e-6, "unshard(output)");
+  at::Tensor work = (pos + 1).sum().view({1}).to(at::kDouble), works = at::empty({cp}, at::kDouble);
+  mesh["cp"].all_gather(works, work).wait();
+  const double lo = works.min().item<double>(), hi = works.max().item<double>();
+  std::printf("rank %d: causal work per rank %.0f to %.0f\n", rank, lo, hi);
+  TITAN_WORKER_CHECK(!o.load_balance || lo == hi, "headtail left unequal causal work: %.0f to %.0f", lo, hi);
+  TITAN_WORKER_CHECK(o.load_balance || hi > 2 * lo, "contiguous chunks should be unbalanced: %.0f to %.0f", lo, hi);
+  std::printf("rank %d: ring attention matches full attention\n", rank);
+  return 0;
+}
+
+void run_ring(int cp, std::map<std::string, std::string> env) {
+  auto server = dist::make_tcp_store("127.0.0.1", 0, true, 60s);
+  env["TITAN_TEST_PORT"] = std::to_string(dist::store_port(server));
+  env["TITAN_TEST_WORLD"] = std::to_string(cp);
+  env["OMP_NUM_THREADS"] = "1";
+  auto results = test::run_workers("ring_attention", cp, env, 120s);
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
+    EXPECT_NE(results[r].output.find("matches full attention"), std::string::npos) << results[r].output;
+  }
+}
+
+TEST(RingAttention, Cp2HeadTail) { run_ring(2, {}); }
+TEST(RingAttention, Cp2HeadTailRing) { run_ring(2, {{"TITAN_TEST_ROTATE", "alltoall"}}); }
+TEST(RingAttention, Cp4HeadTail) { run_ring(4, {}); }
+TEST(RingAttention, Cp4HeadTailRing) { run_ring(4, {{"TITAN_TEST_ROTATE", "alltoall"}}); }
+TEST(RingAttention, Cp4Contiguous) { run_ring(4, {{"TITAN_TEST_LOAD_BALANCE", "0"}}); }
+TEST(RingAttention, Cp4ContiguousRing) {
+  run_ring(4, {{"TITAN_TEST_LOAD_BALANCE", "0"}, {"TITAN_TEST_ROTATE", "alltoall"}});
+}
+TEST(RingAttention, Cp2ContiguousWithoutGroupedHeads) {
+  run_ring(2, {{"TITAN_TEST_LOAD_BALANCE", "0"}, {"TITAN_TEST_KV_HEADS", "4"}});
+}
+TEST(RingAttention, Cp4HeadTailRingWithOneKeyValueHead) {
+  run_ring(4, {{"TITAN_TEST_ROTATE", "alltoall"}, {"TITAN_TEST_KV_HEADS", "1"}});
+}
+
+TEST(ContextParallel, SequenceLengthsThatDoNotSplitAreClearErrors) {
+  try {
+    dist::check_context_parallel_sequence(1004, 4, true, 1, false);
+    FAIL() << "no error";
+  } catch (const UserError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("training.seq_len 1004 is not divisible by 8 (2 x parallelism.context_parallel_degree 4)"),
+              std::string::npos) << msg;
+    EXPECT_NE(msg.find("multiple of 8"), std::string::npos) << msg;
+  }
+  EXPECT_NO_THROW(dist::check_context_parallel_sequence(1004, 4, false, 1, false));  // 4 chunks of 251
+  try {
+    dist::check_context_parallel_sequence(72, 2, true, 8, true, "validation.seq_len");
+    FAIL() << "no error";
+  } catch (const UserError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("validation.seq_len 72 gives each of the 2 context-parallel ranks 36 tokens"), std::string::npos)
+        << msg;
+  }
+  EXPECT_THROW(dist::context_parallel_options("ptrr", "allgather"), UserError);
+  EXPECT_THROW(dist::context_parallel_options("headtail", "ring"), UserError);
+  EXPECT_FALSE(dist::context_parallel_options("none", "alltoall").load_balance);
+}
+
+}  // namespace
+}  // namespace titan
