@@ -7,6 +7,7 @@
 // within 1% of lr x steps. Gradient clipping is active (max_norm 1, gradient norms ~1.2-1.4), so
 // the norm summed over stages is checked too. The point-to-point bytes of every rank are checked
 // against the activations and gradients the schedule moves (TITAN_DEBUG_DUMP_COMM).
+#include "launched_training.h"
 #include "test_util.h"
 
 #include "titan/components/checkpoint/safetensors.h"
@@ -34,32 +35,9 @@ std::vector<std::string> train_args(const std::string& dump, int local_batch, in
           "--lr_scheduler.warmup_steps", "2", "--metrics.log_freq", "5"};
 }
 
-struct Result {
-  safetensors::Tensors weights;
-  std::vector<nlohmann::json> comm;  // per rank
-  std::string output;
-};
+using Result = test::LaunchedRun;
 
-Result run(int nproc, std::vector<std::string> args, const test::TempDir& dir) {
-  std::vector<std::string> argv = {kTitan};
-  if (nproc > 1) argv.insert(argv.end(), {"launch", "--nproc-per-node", std::to_string(nproc), "--master-port", "0", "--"});
-  argv.insert(argv.end(), args.begin(), args.end());
-  auto r = test::run_process(argv,
-                             {{"TITAN_DEBUG_DUMP_WEIGHTS", dir / "weights.safetensors"},
-                              {"TITAN_DEBUG_DUMP_COMM", dir / "comm"},
-                              {"OMP_NUM_THREADS", "1"}},
-                             std::chrono::seconds(600));
-  Result out;
-  out.output = r.output;
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  if (r.exit_code != 0) return out;
-  out.weights = safetensors::load(dir / "weights.safetensors").tensors;
-  for (int rank = 0; rank < nproc; ++rank) {
-    std::ifstream f(dir / ("comm.rank" + std::to_string(rank) + ".json"));
-    out.comm.push_back(nlohmann::json::parse(f));
-  }
-  return out;
-}
+Result run(int nproc, std::vector<std::string> args, const test::TempDir& dir) { return test::run_titan(nproc, args, dir); }
 
 const safetensors::Tensors& single_process() {
   static test::TempDir dir;
@@ -69,28 +47,14 @@ const safetensors::Tensors& single_process() {
 
 // Losses of steps first_step .. first_step + steps - 1; the final weights when the run ended at kSteps.
 void expect_same_training(const safetensors::Tensors& got, int steps = kSteps, int first_step = 1) {
-  const auto& ref = single_process();
-  ASSERT_FALSE(ref.empty());
   ASSERT_FALSE(got.empty());
-  at::Tensor want = ref.at("__losses__"), have = got.at("__losses__");
-  ASSERT_EQ(have.numel(), steps);
-  for (int i = 0; i < steps; ++i) {
-    const double w = want[first_step - 1 + i].item<double>();
-    EXPECT_NEAR(have[i].item<double>(), w, 1e-5 * w) << "step " << first_step + i;
-  }
-  ASSERT_EQ(got.size(), ref.size());
-  if (first_step + steps - 1 != kSteps) return;
-  for (const auto& [name, t] : ref) {
-    if (name == "__losses__") continue;
-    ASSERT_TRUE(got.count(name)) << name;
-    EXPECT_LE((got.at(name) - t).abs().max().item<double>(), 0.01 * kLr * kSteps) << name;
-  }
+  ASSERT_EQ(got.at("__losses__").numel(), steps);
+  test::expect_same_training(single_process(), got, first_step + steps - 1 == kSteps ? 0.01 * kLr * kSteps : 0,
+                             first_step);
 }
 
 int64_t comm_bytes(const nlohmann::json& j, const std::string& group, const std::string& op) {
-  const auto& b = j.at("bytes");
-  if (!b.contains(group) || !b.at(group).contains(op)) return 0;
-  return b.at(group).at(op).get<int64_t>() / j.at("steps").get<int64_t>();
+  return test::comm_bytes_per_step(j, group, op);
 }
 
 // Per step, every rank sends one activation per stage boundary it feeds on another rank and one
