@@ -106,9 +106,9 @@ Estimate estimate(const JobConfig& cfg, const EstimateOptions& options) {
                    "parallelism.pipeline_parallel_degree ", p.pipeline_parallel_degree, " is not estimated (set it to 1 "
                    "to estimate the data- and tensor-parallel layout of the whole model)");
   TITAN_USER_CHECK(p.context_parallel_degree == 1, "titan estimate models layouts without context parallelism: "
-                   "parallelism.context_parallel_degree ", p.context_parallel_degree, " is not estimated (activations "
-                   "per rank scale about 1/cp: estimate with context_parallel_degree 1 and seq_len / cp for the "
-                   "activations, and the whole seq_len for the FSDP shards over dp_shard x cp)");
+                   "parallelism.context_parallel_degree ", p.context_parallel_degree, " is not estimated (set it to 1 "
+                   "to estimate the rest of the layout: every activation per rank is then about cp times what CP "
+                   "holds, and FSDP shards over dp_shard x cp)");
 
   // Precision and data parallelism, decided as Trainer::Trainer decides them.
   const bool cuda = options.device == "cuda";
