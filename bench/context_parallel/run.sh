@@ -2,22 +2,24 @@
 # Context parallelism on CPU, measured: (1) the longest sequence one rank can train within a fixed
 # memory budget, without CP and with CP 2 and 4; (2) the step-time overhead of ring attention
 # against one process doing the same total work.
-#   bench/context_parallel/run.sh [BUDGET_MB] [CP_DEGREES] [SEQ] [STEPS] [ROUNDS]
-#   defaults:                      160         "1 2 4"      2048  6       3
+#   bench/context_parallel/run.sh [BUDGET_MB] [CP_DEGREES] [SEQ] [STEPS] [ROUNDS] [PART]
+#   defaults:                      160         "1 2 4"      2048  6       3        "memory time"
 # (1) For every degree, trains the debug model (batch 1, the config's selective activation
 # checkpointing) for 2 steps at growing sequence lengths (doubling from 512, then bisecting to a
 # multiple of 256) and reads each rank's peak CPU memory of step 2 from its memory snapshot
 # (profiling.enable_memory_snapshot): the longest length whose largest rank stays within the budget.
 # Under CP the peak includes FSDP's shards over the cp ranks, as a user's run would.
-# (2) At SEQ tokens and batch 1, the median step time (steps 2..STEPS, from metrics.jsonl) without
-# CP and with each degree and rotate method, in ROUNDS alternating rounds (each figure the median
-# over rounds). Core-seconds per step = step time x min(cp, cores): the same total work costs
-# cp processes' time, so their ratio to one process is the ring's overhead (communication, the
-# merge, the smaller blocks). With more processes than cores the ratio also holds their contention.
+# (2) At SEQ tokens, for each degree cp > 1, the same global batch of cp sequences trained three
+# ways: one process; FSDP over cp ranks (one sequence each); CP over cp ranks (every sequence split,
+# FSDP over the same cp ranks), with each rotate method. The median step time (steps 2..STEPS, from
+# metrics.jsonl) over ROUNDS alternating rounds. Core-seconds per step = step time x min(ranks,
+# cores). CP against FSDP at the same degree isolates the ring (both move the same parameters and
+# gradients); against one process it is the whole cost of spreading the work. With more processes
+# than cores the figures also hold their contention.
 #   env OUT_DIR=DIR keeps every run's folder (default: a temporary folder, removed).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
-BUDGET_MB="${1:-160}" CPS="${2:-1 2 4}" SEQ="${3:-2048}" STEPS="${4:-6}" ROUNDS="${5:-3}"
+BUDGET_MB="${1:-160}" CPS="${2:-1 2 4}" SEQ="${3:-2048}" STEPS="${4:-6}" ROUNDS="${5:-3}" PART="${6:-memory time}"
 LOCK=/tmp/titan-build.lock
 flock "$LOCK" "$ROOT/scripts/build.sh" titan >/dev/null
 TITAN="$ROOT/build/titan"
@@ -61,6 +63,7 @@ fits() {  # cp seq: whether training at seq stays within the budget (prints the 
 exec 9>"$LOCK"
 flock 9  # no build runs while measuring
 echo "# $(date -u +%F), $CORES cores, load average $(cut -d' ' -f1-3 /proc/loadavg) before"
+if [[ " $PART " == *" memory "* ]]; then
 echo
 echo "## Longest sequence within $BUDGET_MB MB per rank (debug model, batch 1)"
 echo
@@ -80,37 +83,59 @@ for cp in $CPS; do
   if ((good == 0)); then echo "| $cp | < 512 | - | - |"; continue; fi
   train "$OUT/best_cp$cp" "$cp" "$good" 2 --profiling.enable_memory_snapshot --profiling.profile_freq 2
   [[ -n "$base" ]] || base=$good
-  echo "| $cp | $good | $(peak_mb "$OUT/best_cp$cp" "$cp") | x$("$PY" -c "print(round($good / $base, 2))") |"
+  echo "| $cp | $good | $("$PY" -c "print(round($(peak_mb "$OUT/best_cp$cp" "$cp"), 1))") | x$("$PY" -c "print(round($good / $base, 2))") |"
 done
+fi
 
+if [[ " $PART " == *" time "* ]]; then
 echo
-echo "## Step time at seq_len $SEQ, batch 1: one process vs CP (median over $ROUNDS rounds)"
+echo "## Step time at seq_len $SEQ: the same global batch of cp sequences (median over $ROUNDS rounds)"
 echo
+timed() {  # name ranks global_batch local_batch [options...]
+  local name=$1 n=$2 gb=$3 lb=$4
+  shift 4
+  local dump="$OUT/$name" args=(train --job.config_file configs/llama3_debugmodel.toml --job.dump_folder "$OUT/$name"
+    --training.seq_len "$SEQ" --training.local_batch_size "$lb" --training.global_batch_size "$gb"
+    --training.steps "$STEPS" --metrics.log_freq 1 "$@")
+  rm -rf "$dump"
+  if ((n > 1)); then
+    OMP_NUM_THREADS=1 "$TITAN" launch --nproc-per-node "$n" --master-port 0 -- "${args[@]}" >"$dump.log" 2>&1
+  else
+    OMP_NUM_THREADS=1 "$TITAN" "${args[@]}" >"$dump.log" 2>&1
+  fi || { echo "run failed: $name" >&2; tail -n 5 "$dump.log" >&2; exit 1; }
+}
 for round in $(seq 1 "$ROUNDS"); do
-  train "$OUT/time_cp1_r$round" 1 "$SEQ" "$STEPS"
   for cp in $CPS; do
     ((cp > 1)) || continue
+    timed "one_b${cp}_r$round" 1 "$cp" "$cp"
+    timed "fsdp${cp}_r$round" "$cp" "$cp" 1 --parallelism.data_parallel_shard_degree "$cp"
     for method in allgather alltoall; do
-      train "$OUT/time_cp${cp}_${method}_r$round" "$cp" "$SEQ" "$STEPS" --parallelism.context_parallel_rotate_method "$method"
+      timed "cp${cp}_${method}_r$round" "$cp" "$cp" "$cp" --parallelism.context_parallel_degree "$cp" \
+        --parallelism.data_parallel_shard_degree 1 --parallelism.context_parallel_rotate_method "$method"
     done
   done
 done
 "$PY" - "$OUT" "$CORES" "$CPS" "$ROUNDS" <<'PYEOF'
 import json, statistics, sys
 out, cores, cps, rounds = sys.argv[1], int(sys.argv[2]), [int(c) for c in sys.argv[3].split()], int(sys.argv[4])
-def step_time(d):
-    t = [json.loads(l)["time"] for l in open(f"{d}/metrics.jsonl") if '"kind":"train"' in l]
-    return statistics.median(b - a for a, b in zip(t, t[1:]))  # steps 2.. (step 1 holds the warm-up)
-one = statistics.median(step_time(f"{out}/time_cp1_r{r}") for r in range(1, rounds + 1))
-print("| layout | step time (s) | core-seconds per step | vs one process |")
-print("|---|---|---|---|")
-print(f"| one process | {one:.3f} | {one:.3f} | 1.00 |")
+def step_time(name):
+    def one(d):
+        t = [json.loads(l)["time"] for l in open(f"{d}/metrics.jsonl") if '"kind":"train"' in l]
+        return statistics.median(b - a for a, b in zip(t, t[1:]))  # steps 2.. (step 1 holds the warm-up)
+    return statistics.median(one(f"{out}/{name}_r{r}") for r in range(1, rounds + 1))
+print("| layout | ranks | step time (s) | core-seconds per step | vs one process | vs FSDP |")
+print("|---|---|---|---|---|---|")
 for cp in cps:
     if cp == 1: continue
+    one = step_time(f"one_b{cp}")
+    fsdp = step_time(f"fsdp{cp}") * min(cp, cores)
+    print(f"| one process, batch {cp} | 1 | {one:.3f} | {one:.3f} | 1.00 | |")
+    print(f"| FSDP {cp}, 1 sequence per rank | {cp} | {fsdp / min(cp, cores):.3f} | {fsdp:.3f} | {fsdp / one:.2f} | 1.00 |")
     for m in ("allgather", "alltoall"):
-        t = statistics.median(step_time(f"{out}/time_cp{cp}_{m}_r{r}") for r in range(1, rounds + 1))
+        t = step_time(f"cp{cp}_{m}")
         cs = t * min(cp, cores)
-        print(f"| cp {cp}, {m} | {t:.3f} | {cs:.3f} | {cs / one:.2f} |")
+        print(f"| CP {cp} ({m}), every sequence split | {cp} | {t:.3f} | {cs:.3f} | {cs / one:.2f} | {cs / fsdp:.2f} |")
 PYEOF
+fi
 echo
 echo "# load average $(cut -d' ' -f1-3 /proc/loadavg) after"
