@@ -33,7 +33,7 @@ ContextParallelOptions context_parallel_options(const std::string& load_balancer
   TITAN_USER_CHECK(load_balancer != "ptrr", "parallelism.context_parallel_load_balancer \"ptrr\" balances per-document "
                    "(flex) attention masks, which titan does not have (its attention is causal over whole sequences): "
                    "use \"headtail\" (the default) or \"none\"");
-  TITAN_USER_CHECK(load_balancer == "headtail" || load_balancer == "none" || load_balancer.empty(),
+  TITAN_USER_CHECK(load_balancer == "headtail" || load_balancer == "none",
                    "parallelism.context_parallel_load_balancer \"", load_balancer,
                    "\" is not one of \"headtail\", \"none\"");
   o.load_balance = load_balancer == "headtail";

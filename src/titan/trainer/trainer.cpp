@@ -131,6 +131,7 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   const bool use_fsdp = dims_->fsdp_enabled() || tr.enable_cpu_offload;
   TITAN_USER_CHECK(!use_fsdp || param_dtype == at::kFloat, "training.dtype bfloat16 with FSDP",
                    tr.enable_cpu_offload ? " (CPU offload shards with FSDP)" : "",
+                   dims_->cp() > 1 ? " (context parallelism shards the parameters over dp_shard x cp with FSDP)" : "",
                    " is not supported; FSDP keeps fp32 shards (use float32)");
   bf16_autocast_ = bf16_compute && !use_fsdp;
 
