@@ -34,17 +34,34 @@ std::string env_str(const char* name, const char* fallback) {
   return v ? v : fallback;
 }
 
+// One rank of a worker group: the cp mesh dimension over TITAN_TEST_WORLD ranks, and context
+// parallelism over it with the balancer and rotate method the test's environment names.
+struct CpRank {
+  int rank = env_int("TITAN_TEST_RANK"), cp = env_int("TITAN_TEST_WORLD");
+  dist::Mesh mesh;
+  dist::ContextParallel ctx;
+  CpRank()
+      : mesh(dist::ParallelDims(1, 1, cp, 1, 1, cp), rank,
+             dist::make_tcp_store("127.0.0.1", static_cast<uint16_t>(env_int("TITAN_TEST_PORT")), false, 60s),
+             dist::BackendKind::Gloo, 60s),
+        ctx(mesh["cp"], options()) {
+    at::set_num_threads(1);
+  }
+  static dist::ContextParallelOptions options() {
+    dist::ContextParallelOptions o;
+    o.load_balance = env_int("TITAN_TEST_LOAD_BALANCE", 1) != 0;
+    o.rotate = env_str("TITAN_TEST_ROTATE", "allgather");
+    return o;
+  }
+};
+
 TITAN_TEST_WORKER_FN(ring_attention) {
-  const int rank = env_int("TITAN_TEST_RANK"), cp = env_int("TITAN_TEST_WORLD");
+  CpRank w;
+  const int rank = w.rank, cp = w.cp;
   const int64_t H = env_int("TITAN_TEST_HEADS", 4), K = env_int("TITAN_TEST_KV_HEADS", 2);
-  dist::ContextParallelOptions o;
-  o.load_balance = env_int("TITAN_TEST_LOAD_BALANCE", 1) != 0;
-  o.rotate = env_str("TITAN_TEST_ROTATE", "allgather");
-  at::set_num_threads(1);
-  auto store = dist::make_tcp_store("127.0.0.1", static_cast<uint16_t>(env_int("TITAN_TEST_PORT")), false, 60s);
-  dist::ParallelDims dims(1, 1, cp, 1, 1, cp);
-  dist::Mesh mesh(dims, rank, store, dist::BackendKind::Gloo, 60s);
-  dist::ContextParallel ctx(mesh["cp"], o);
+  const dist::ContextParallelOptions& o = w.ctx.options();
+  dist::Mesh& mesh = w.mesh;
+  dist::ContextParallel& ctx = w.ctx;
 
   constexpr int64_t B = 2, S = 96, E = 16;
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(3);
@@ -139,14 +156,10 @@ TEST(RingAttention, Cp4HeadTailRingWithOneKeyValueHead) {
 // ranks' K/V at a time; all-gather briefly every rank's K/V of the one block).
 TITAN_TEST_WORKER_FN(ring_attention_memory) {
   mem::install_cpu_tracking();
-  const int rank = env_int("TITAN_TEST_RANK"), cp = env_int("TITAN_TEST_WORLD");
-  dist::ContextParallelOptions o;
-  o.rotate = env_str("TITAN_TEST_ROTATE", "allgather");
-  at::set_num_threads(1);
-  auto store = dist::make_tcp_store("127.0.0.1", static_cast<uint16_t>(env_int("TITAN_TEST_PORT")), false, 60s);
-  dist::ParallelDims dims(1, 1, cp, 1, 1, cp);
-  dist::Mesh mesh(dims, rank, store, dist::BackendKind::Gloo, 60s);
-  dist::ContextParallel ctx(mesh["cp"], o);
+  CpRank w;
+  const int rank = w.rank, cp = w.cp;
+  const dist::ContextParallelOptions& o = w.ctx.options();
+  dist::ContextParallel& ctx = w.ctx;
   constexpr int64_t B = 1, H = 8, K = 2, S = 2048, E = 64;
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(3);
   const at::Tensor q = at::randn({B, H, S, E}, gen), k = at::randn({B, K, S, E}, gen), v = at::randn({B, K, S, E}, gen);
