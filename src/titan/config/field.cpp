@@ -133,15 +133,16 @@ std::optional<double> parse_double(std::string_view text) {
   return out;
 }
 
-std::vector<std::string> split_list(std::string_view text) {
+// "a, b,c" -> ["a", "b", "c"] (split on `separator`, each part trimmed); "" -> [].
+std::vector<std::string> split_list(std::string_view text, char separator = ',') {
   std::vector<std::string> out;
   if (trim(text).empty()) return out;
   size_t start = 0;
   while (true) {
-    size_t comma = text.find(',', start);
-    out.push_back(trim(text.substr(start, comma == std::string_view::npos ? text.npos : comma - start)));
-    if (comma == std::string_view::npos) break;
-    start = comma + 1;
+    size_t at = text.find(separator, start);
+    out.push_back(trim(text.substr(start, at == std::string_view::npos ? text.npos : at - start)));
+    if (at == std::string_view::npos) break;
+    start = at + 1;
   }
   return out;
 }
@@ -149,14 +150,7 @@ std::vector<std::string> split_list(std::string_view text) {
 // "a,b;c" -> [["a", "b"], ["c"]]; "" -> []. Empty parts and names are kept for validation to name.
 std::vector<std::vector<std::string>> split_list_of_lists(std::string_view text) {
   std::vector<std::vector<std::string>> out;
-  if (trim(text).empty()) return out;
-  size_t start = 0;
-  while (true) {
-    size_t semicolon = text.find(';', start);
-    out.push_back(split_list(text.substr(start, semicolon == std::string_view::npos ? text.npos : semicolon - start)));
-    if (semicolon == std::string_view::npos) break;
-    start = semicolon + 1;
-  }
+  for (const std::string& part : split_list(text, ';')) out.push_back(split_list(part));
   return out;
 }
 

@@ -8,6 +8,7 @@
 #include <torch/autograd.h>
 
 #include <optional>
+#include <tuple>
 
 namespace titan::dist {
 
@@ -129,18 +130,19 @@ std::pair<at::Tensor, at::Tensor> unpack(const at::Tensor& flat, at::IntArrayRef
 // Where the K/V blocks come from: all gathered at once, or moved one rank on per block.
 class KvSource {
  public:
-  KvSource(Group& g, const ContextParallelOptions& o, at::Tensor own) : g_(g), ring_(o.rotate == "alltoall") {
+  KvSource(Group& g, const ContextParallelOptions& o, at::Tensor own)
+      : g_(g), ring_(o.rotate == "alltoall"), numel_(own.numel()) {
     if (ring_) {
       current_ = std::move(own);
     } else {
-      all_ = at::empty({g.size() * own.numel()}, own.options());
+      all_ = at::empty({g.size() * numel_}, own.options());
       g.all_gather(all_, own).wait();
       current_ = own;
     }
   }
   // The buffer of block i's source (blocks in ring order: i = 0 is this rank's own).
   const at::Tensor& block(int64_t i) {
-    if (!ring_ && i > 0) current_ = all_.narrow(0, source_of(g_.rank(), i, g_.size()) * current_.numel(), current_.numel());
+    if (!ring_ && i > 0) current_ = all_.narrow(0, source_of(g_.rank(), i, g_.size()) * numel_, numel_);
     return current_;
   }
   // Posts the move to block i + 1 (ring only; overlaps the work on block i), and completes it.
@@ -158,6 +160,7 @@ class KvSource {
  private:
   Group& g_;
   bool ring_;
+  int64_t numel_;  // one rank's K/V
   at::Tensor all_, current_, next_;
   Work pending_;
 };
@@ -215,23 +218,32 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ring_backward(Group& g, const Con
   for (int64_t i = 0; i < cp; ++i) {
     if (i + 1 < cp) kv.post_next();
     const BlockPart p = block_part(g.rank(), i, cp, o.load_balance, S);
-    at::Tensor dkv = ring ? at::zeros({kv_numel}, q.options().dtype(at::kFloat))
-                          : dkv_all.narrow(0, source_of(g.rank(), i, cp) * kv_numel, kv_numel);
+    at::Tensor dkb, dvb;
     if (!p.skip) {
       auto [kb, vb] = unpack(kv.block(i), k.sizes());
-      auto [dqb, dkb, dvb] =
+      at::Tensor dqb;
+      std::tie(dqb, dkb, dvb) =
           block_backward(dout.narrow(2, p.q0, p.nq), q.narrow(2, p.q0, p.nq), kb.narrow(2, p.k0, p.nk),
                          vb.narrow(2, p.k0, p.nk), out.narrow(2, p.q0, p.nq), lse_in.narrow(2, p.q0, p.nq), p.causal);
       dq.narrow(2, p.q0, p.nq).add_(dqb);
+    }
+    // This source's K/V gradient sum: (ring) the one the previous rank sent, waited for only now
+    // that the block is computed, or zeros for the own block; (all-gather) its part of the buffer.
+    at::Tensor dkv;
+    if (!ring) {
+      dkv = dkv_all.narrow(0, source_of(g.rank(), i, cp) * kv_numel, kv_numel);
+    } else if (i == 0) {
+      dkv = at::zeros({kv_numel}, q.options().dtype(at::kFloat));
+    } else {
+      dkv_moving.wait();  // the previous block's sum has left; this block's has arrived
+      dkv = dkv_in;
+    }
+    if (!p.skip) {
       auto [dk, dv] = unpack(dkv, k.sizes());
       dk.narrow(2, p.k0, p.nk).add_(dkb);
       dv.narrow(2, p.k0, p.nk).add_(dvb);
     }
     if (ring) {
-      if (i > 0) {
-        dkv_moving.wait();  // the previous block's sum has left; this block's has arrived
-        dkv.add_(dkv_in);
-      }
       dkv_out = dkv;
       dkv_in = at::empty_like(dkv);
       dkv_moving = g.shift(dkv_in, dkv_out, 1);  // on to the next rank; the previous rank's arrives
