@@ -167,7 +167,8 @@ struct FSDP::Unit {
     // input gradients). If some parameter got none on this rank, it reduces now, at the same point
     // of the backward as on the ranks where its gradients were complete, so that every rank issues
     // the same collectives in the same order.
-    if (backward_before && !fsdp->sync_gradients_) backward_before->reshard();  // gradients stay unreduced
+    if (backward_before && !fsdp->sync_gradients_ && options().reshard_after_backward)
+      backward_before->reshard();  // gradients stay unreduced
     if (backward_before && fsdp->sync_gradients_ && !backward_before->reduced) backward_before->reduce_grads();
     finish_unshard();
     if (next_backward) next_backward->start_unshard();
@@ -418,7 +419,7 @@ std::vector<std::pair<std::string, at::Tensor>> FSDP::sharded_parameters() const
 void FSDP::finish_backward() {
   if (!sync_gradients_) {  // no reductions: the full gradients accumulate; the parameters reshard
     for (auto& u : units_) {
-      u->reshard();
+      if (options_.reshard_after_backward) u->reshard();
       u->grads_ready = 0;
     }
     return;

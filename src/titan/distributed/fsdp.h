@@ -50,6 +50,10 @@ struct FSDPOptions {
   at::ScalarType param_dtype = at::kFloat;   // all-gather and compute dtype (mixed_precision_param)
   at::ScalarType reduce_dtype = at::kFloat;  // gradient reduction dtype (mixed_precision_reduce)
   std::string reshard_after_forward = "default";  // default (blocks only) | always | never
+  // FSDP2's set_reshard_after_backward: with false, a backward without gradient sync leaves the
+  // units gathered, so the next microbatch's forward and backward reuse them (pipeline parallelism:
+  // each unit is gathered once per step and reduce-scattered once, when the step's gradients reduce).
+  bool reshard_after_backward = true;
   bool offload_to_cpu = false;  // training.enable_cpu_offload
 };
 

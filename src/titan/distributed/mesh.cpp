@@ -8,6 +8,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdio>
 #include <memory>
 #include <mutex>
@@ -16,13 +17,21 @@
 namespace titan::dist {
 
 void Work::wait() {
-  if (!work_) return;
-  auto w = std::move(work_);
+  if (work_) wait_one(std::move(work_));
+  auto more = std::move(more_);
+  more_.clear();
+  for (auto& w : more) wait_one(std::move(w));
+}
+
+void Work::wait_one(c10::intrusive_ptr<c10d::Work> w) {
+  if (!w) return;
   TraceRange range("c10d::wait ", op_, " [", group_ ? group_->name() : std::string(), "]");
   try {
-    // A send or receive waits as long as the group's collectives may (the backend's own default is
-    // the timeout it was created with, comm.init_timeout_seconds).
-    if (peer_ >= 0 && group_ && group_->timeout().count() > 0)
+    // On NCCL a wait is a stream wait: the host goes on, and the backend's watchdog fails a
+    // collective that exceeds the group's timeout. (A wait with a timeout would spin the host until
+    // the work completes.) On Gloo a send or receive waits as long as the group's collectives may
+    // (the backend's own default is the timeout it was created with, comm.init_timeout_seconds).
+    if (peer_ >= 0 && group_ && group_->timeout().count() > 0 && !group_->nccl())
       w->wait(group_->timeout());
     else
       w->wait();
@@ -37,7 +46,11 @@ Group::Group(std::string name, std::vector<int> ranks, int rank, c10::intrusive_
              CommBytes* bytes, CommBytes* calls, c10::intrusive_ptr<c10d::Store> store,
              std::chrono::milliseconds timeout)
     : name_(std::move(name)), ranks_(std::move(ranks)), rank_(rank), backend_(std::move(backend)), bytes_(bytes),
-      calls_(calls), store_(std::move(store)), timeout_(timeout) {}
+      calls_(calls), store_(std::move(store)), timeout_(timeout) {
+  nccl_ = backend_ && backend_->getBackendName() == "nccl";
+  const char* matched = std::getenv("TITAN_P2P_ORDER_MATCHED");
+  order_matched_ = nccl_ || (matched && std::string(matched) == "1");
+}
 
 namespace {
 
@@ -232,7 +245,7 @@ Work Group::send(const at::Tensor& t, int peer, int tag) {
   TraceRange range(mem::Phase::Communication, "c10d::send [", name_, "]");
   count("send", t);
   std::vector<at::Tensor> ts{t};
-  return Work(backend_->send(ts, peer, tag), this, "send", ++seq_, peer);
+  return Work(backend_->send(ts, peer, order_matched_ ? 0 : tag), this, "send", ++seq_, peer);
 }
 
 Work Group::recv(at::Tensor& t, int peer, int tag) {
@@ -240,7 +253,29 @@ Work Group::recv(at::Tensor& t, int peer, int tag) {
   TraceRange range(mem::Phase::Communication, "c10d::recv [", name_, "]");
   count("recv", t);
   std::vector<at::Tensor> ts{t};
-  return Work(backend_->recv(ts, peer, tag), this, "recv", ++seq_, peer);
+  return Work(backend_->recv(ts, peer, order_matched_ ? 0 : tag), this, "recv", ++seq_, peer);
+}
+
+Work Group::batch_p2p(std::vector<P2P>& ops, int peer) {
+  TITAN_ASSERT(peer >= 0 && peer < size() && peer != rank_, "batch_p2p: bad peer ", peer);
+  if (ops.empty()) return Work();
+  const bool sends = std::all_of(ops.begin(), ops.end(), [](const P2P& o) { return o.send; });
+  const bool recvs = std::none_of(ops.begin(), ops.end(), [](const P2P& o) { return o.send; });
+  const char* op = sends ? "send" : recvs ? "recv" : "send/recv";
+  TraceRange range(mem::Phase::Communication, "c10d::batch_p2p [", name_, "]");
+  const bool coalesce = nccl_ && ops.size() > 1;
+  if (coalesce) backend_->startCoalescing();
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  for (auto& o : ops) {
+    TITAN_ASSERT(o.tensor.is_contiguous(), "batch_p2p: a non-contiguous tensor");
+    count(o.send ? "send" : "recv", o.tensor);
+    std::vector<at::Tensor> ts{o.tensor};
+    const int tag = order_matched_ ? 0 : o.tag;
+    works.push_back(o.send ? backend_->send(ts, peer, tag) : backend_->recv(ts, peer, tag));
+  }
+  ++seq_;
+  if (coalesce) return Work(backend_->endCoalescing(), this, op, seq_, peer);
+  return Work(std::move(works), this, op, seq_, peer);
 }
 
 Work Group::shift(at::Tensor& out, const at::Tensor& in, int offset) {

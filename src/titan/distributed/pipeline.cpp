@@ -181,6 +181,7 @@ PipelineRunner::PipelineRunner(Group& pp, PipelineOrder order, int num_stages, i
                pp_.size());
   check_schedule(order_, num_stages_, microbatches_);
   stage_ranks_ = stage_ranks(order_, num_stages_);
+  plan_ = communication_plan(order_, num_stages_).at(pp_.rank());
   std::set<int> mine;
   for (const auto& a : order_[pp_.rank()])
     if (a) mine.insert(a->stage);
@@ -198,8 +199,52 @@ PipelineStage& PipelineRunner::local(int stage) {
   return stages_.front();
 }
 
-int PipelineRunner::tag(Kind kind, int stage, int microbatch) const {
-  return (microbatch * 2 + static_cast<int>(kind)) * num_stages_ + stage;
+int PipelineRunner::tag(const PipeMessage& m) const {
+  return (m.microbatch * 2 + (m.gradient ? 1 : 0)) * num_stages_ + m.stage;
+}
+
+void PipelineRunner::execute(const std::vector<PlanStep>& plan, const std::function<void(const PipeAction&)>& compute) {
+  for (const auto& step : plan) {
+    for (const auto& batch : step.batches) {
+      std::vector<Group::P2P> ops;
+      bool sends = false;
+      for (const auto& op : batch) {
+        const auto key = std::make_tuple(op.message.gradient ? kGradient : kActivation, op.message.stage, op.message.microbatch);
+        if (op.send) {
+          auto it = outbox_.find(key);
+          TITAN_ASSERT(it != outbox_.end(), "pipeline: the ", format_message(op.message), " was not produced before its send");
+          ops.push_back({true, std::move(it->second), tag(op.message)});
+          outbox_.erase(it);
+          sends = true;
+        } else {
+          ops.push_back({false, at::empty(boundary_shape_, boundary_options_), tag(op.message)});
+        }
+      }
+      auto work = std::make_shared<Work>(pp_.batch_p2p(ops, batch.front().peer));
+      for (size_t k = 0; k < batch.size(); ++k) {
+        const PipeMessage& m = batch[k].message;
+        if (batch[k].send) continue;
+        inbox_[std::make_tuple(m.gradient ? kGradient : kActivation, m.stage, m.microbatch)] = Posted{work, ops[k].tensor};
+      }
+      if (sends) {
+        // Sends that have completed release their tensors now, not at the end of the step.
+        for (auto it = sends_.begin(); it != sends_.end();) {
+          if (!it->work->completed()) {
+            ++it;
+            continue;
+          }
+          it->work->wait();  // rethrows a failure
+          it = sends_.erase(it);
+        }
+        InFlight f{work, {}};
+        for (auto& op : ops)
+          if (op.send) f.tensors.push_back(op.tensor);
+        sends_.push_back(std::move(f));
+      }
+    }
+    if (step.action) compute(*step.action);
+  }
+  finish_sends();
 }
 
 at::Tensor PipelineRunner::receive(Kind kind, int stage, int microbatch) {
@@ -212,29 +257,14 @@ at::Tensor PipelineRunner::receive(Kind kind, int stage, int microbatch) {
     handoff_.erase(it);
     return t;
   }
-  post_receive(kind, stage, microbatch);
-  auto posted = posted_.find({kind, stage, microbatch});
+  auto posted = inbox_.find({kind, stage, microbatch});
+  TITAN_ASSERT(posted != inbox_.end(), "pipeline: no receive was posted for stage ", stage, " microbatch ", microbatch);
   const auto start = std::chrono::steady_clock::now();
-  posted->second.first.wait();
+  posted->second.work->wait();  // every handle of the batch: a no-op once one has waited
   timing_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  at::Tensor buf = std::move(posted->second.second);
-  posted_.erase(posted);
+  at::Tensor buf = std::move(posted->second.tensor);
+  inbox_.erase(posted);
   return buf;
-}
-
-void PipelineRunner::post_receive(Kind kind, int stage, int microbatch) {
-  const int from = kind == kActivation ? stage - 1 : stage + 1;
-  if (stage_ranks_[from] == pp_.rank() || posted_.count({kind, stage, microbatch})) return;
-  at::Tensor buf = at::empty(boundary_shape_, boundary_options_);
-  Work w = pp_.recv(buf, stage_ranks_[from], tag(kind, stage, microbatch));
-  posted_.emplace(std::make_tuple(kind, stage, microbatch), std::make_pair(std::move(w), buf));
-}
-
-void PipelineRunner::prefetch(const PipeAction& a) {
-  // What the action will receive, posted before the current action computes (it arrives meanwhile).
-  if (a.op == PipeOp::Forward && a.stage > 0) post_receive(kActivation, a.stage, a.microbatch);
-  if ((a.op == PipeOp::Backward || a.op == PipeOp::BackwardInput) && a.stage < num_stages_ - 1)
-    post_receive(kGradient, a.stage, a.microbatch);
 }
 
 void PipelineRunner::deliver(Kind kind, int stage, int microbatch, const at::Tensor& t) {
@@ -247,20 +277,11 @@ void PipelineRunner::deliver(Kind kind, int stage, int microbatch, const at::Ten
     handoff_[{kind, stage, microbatch}] = msg;
     return;
   }
-  // Sends that have completed release their tensors now, not at the end of the step.
-  for (auto it = sends_.begin(); it != sends_.end();) {
-    if (!it->first.completed()) {
-      ++it;
-      continue;
-    }
-    it->first.wait();  // rethrows a failure
-    it = sends_.erase(it);
-  }
-  sends_.emplace_back(pp_.send(msg, stage_ranks_[stage], tag(kind, stage, microbatch)), msg);
+  outbox_[{kind, stage, microbatch}] = msg;  // sent with the next batch to that rank (the plan's order)
 }
 
 void PipelineRunner::finish_sends() {
-  for (auto& [work, tensor] : sends_) work.wait();
+  for (auto& s : sends_) s.work->wait();
   sends_.clear();
 }
 
@@ -345,30 +366,21 @@ at::Tensor PipelineRunner::train_step(const std::vector<int64_t>& boundary_shape
   using Clock = std::chrono::steady_clock;
   const auto step_start = Clock::now();
   at::Tensor loss_sum;
-  const auto& actions = order_[pp_.rank()];
-  for (size_t i = 0; i < actions.size(); ++i) {
-    const auto& a = actions[i];
-    if (!a) continue;
-    for (size_t j = i + 1; j < actions.size(); ++j) {  // the next action's message, received during this one
-      if (!actions[j]) continue;
-      prefetch(*actions[j]);
-      break;
-    }
-    if (before_action) before_action(*a);
+  execute(plan_, [&](const PipeAction& a) {
+    if (before_action) before_action(a);
     const auto start = Clock::now();
     const double waited = timing_.wait_seconds;
-    run(*a, input, loss, loss_sum);
-    const double busy =
-        std::chrono::duration<double>(Clock::now() - start).count() - (timing_.wait_seconds - waited);
+    run(a, input, loss, loss_sum);
+    const double busy = std::chrono::duration<double>(Clock::now() - start).count() - (timing_.wait_seconds - waited);
     timing_.busy_seconds += busy;
-    auto& op = timing_.per_op[static_cast<char>(a->op)];
+    auto& op = timing_.per_op[static_cast<char>(a.op)];
     op.first += busy;
     op.second += 1;
-  }
-  finish_sends();
+  });
   timing_.step_seconds = std::chrono::duration<double>(Clock::now() - step_start).count();
-  TITAN_ASSERT(state_.empty() && handoff_.empty() && posted_.empty(), "pipeline: the step left ", state_.size(),
-               " microbatch states and ", handoff_.size() + posted_.size(), " messages behind");
+  TITAN_ASSERT(state_.empty() && handoff_.empty() && inbox_.empty() && outbox_.empty(), "pipeline: the step left ",
+               state_.size(), " microbatch states and ", handoff_.size() + inbox_.size() + outbox_.size(),
+               " messages behind");
   return loss_sum.defined() ? loss_sum : at::zeros({}, boundary_options_.dtype(at::kFloat));
 }
 
@@ -377,26 +389,31 @@ at::Tensor PipelineRunner::evaluate(int microbatches, const std::vector<int64_t>
                                     const std::function<at::Tensor(int, const at::Tensor&)>& loss) {
   at::NoGradGuard no_grad;
   boundary_shape_ = boundary_shape;
-  at::Tensor loss_sum;
-  std::vector<int> mine;
-  for (const auto& s : stages_) mine.push_back(s.index);
-  std::sort(mine.begin(), mine.end());
-  // Microbatch by microbatch, each through this rank's stages in order: every message an action
-  // waits for comes from an earlier (microbatch, stage), so no rank can wait in a cycle.
-  for (int m = 0; m < microbatches; ++m) {
-    for (int s : mine) {
-      TraceRange range(mem::Phase::Validation, "pipeline ", s, "F", m);
-      at::Tensor in = s == 0 ? input(m) : receive(kActivation, s, m);
-      at::Tensor out = local(s).forward(in);
-      if (s == num_stages_ - 1) {
-        at::Tensor l = loss(m, out);
-        loss_sum = loss_sum.defined() ? loss_sum + l : l;
-      } else {
-        deliver(kActivation, s + 1, m, out);
-      }
-    }
+  auto cached = eval_plans_.find(microbatches);
+  if (cached == eval_plans_.end()) {
+    // Microbatch by microbatch, each through every rank's stages in order: every message an action
+    // waits for comes from an earlier (microbatch, stage), and the messages' order is checked as a
+    // training step's is.
+    PipelineOrder order(pp_.size());
+    for (int m = 0; m < microbatches; ++m)
+      for (int s = 0; s < num_stages_; ++s) order[stage_ranks_[s]].push_back(PipeAction{s, PipeOp::Forward, m});
+    const CommPlan plan = communication_plan(order, num_stages_);
+    check_order_matching(plan);
+    cached = eval_plans_.emplace(microbatches, plan.at(pp_.rank())).first;
   }
-  finish_sends();
+  at::Tensor loss_sum;
+  execute(cached->second, [&](const PipeAction& a) {
+    TraceRange range(mem::Phase::Validation, "pipeline ", format_action(a));
+    const int s = a.stage, m = a.microbatch;
+    at::Tensor in = s == 0 ? input(m) : receive(kActivation, s, m);
+    at::Tensor out = local(s).forward(in);
+    if (s == num_stages_ - 1) {
+      at::Tensor l = loss(m, out);
+      loss_sum = loss_sum.defined() ? loss_sum + l : l;
+    } else {
+      deliver(kActivation, s + 1, m, out);
+    }
+  });
   return loss_sum.defined() ? loss_sum : at::zeros({}, boundary_options_.dtype(at::kFloat));
 }
 

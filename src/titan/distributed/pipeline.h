@@ -12,14 +12,18 @@
 //   W  the weight gradients of a microbatch whose I has run: autograd runs again from the nodes
 //      where the weights' gradient paths leave the input's, with the gradients I captured there, so
 //      no gradient on the input path is computed twice (PyTorch's stage_backward_weight)
-// Sends are asynchronous (completed at the end of the step); the next action's receive is issued
-// before the current action computes, so its message arrives meanwhile, and is waited for when that
-// action runs: the order check_schedule() proves free of deadlock. Every message has its own tag
-// (kind, stage, microbatch), so messages between two ranks cannot be confused. A rank holds a
-// microbatch's activations from its forward to its backward (W for split backwards) only.
+// Messages follow communication_plan() (pipeline_comm.h): before each action the rank posts, per
+// peer as one batch, the previous action's sends and this action's receives; the action waits for
+// its receives (on CUDA a stream wait: the host goes on), sends complete in the background and are
+// waited for at the end of the step. check_schedule() proves that order free of mismatches and
+// deadlocks under NCCL's rules (messages between two ranks match in posting order, tags ignored).
+// On Gloo every message also has its own tag (kind, stage, microbatch) unless
+// TITAN_P2P_ORDER_MATCHED=1 makes Gloo match by order as NCCL does. A rank holds a microbatch's
+// activations from its forward to its backward (W for split backwards) only.
 #pragma once
 
 #include "titan/distributed/mesh.h"
+#include "titan/distributed/pipeline_comm.h"
 #include "titan/distributed/pipeline_schedule.h"
 
 #include <ATen/core/Tensor.h>
@@ -87,11 +91,11 @@ class PipelineRunner {
 
  private:
   enum Kind { kActivation = 0, kGradient = 1 };
-  at::Tensor receive(Kind kind, int stage, int microbatch);  // blocks until it has arrived
-  void post_receive(Kind kind, int stage, int microbatch);  // issues the receive (no-op on one rank, or if issued)
-  void prefetch(const PipeAction& a);                        // posts what `a` will receive
+  // Runs one rank's plan: posts each batch, then computes the step's action with `compute`.
+  void execute(const std::vector<PlanStep>& plan, const std::function<void(const PipeAction&)>& compute);
+  at::Tensor receive(Kind kind, int stage, int microbatch);  // waits until it has arrived
   void deliver(Kind kind, int stage, int microbatch, const at::Tensor& t);  // to the stage that needs it
-  int tag(Kind kind, int stage, int microbatch) const;
+  int tag(const PipeMessage& m) const;
   void run(const PipeAction& a, const std::function<at::Tensor(int)>& input,
            const std::function<at::Tensor(int, const at::Tensor&)>& loss, at::Tensor& loss_sum);
   void finish_sends();
@@ -106,8 +110,19 @@ class PipelineRunner {
   at::TensorOptions boundary_options_;
   std::map<std::pair<int, int>, std::unique_ptr<MicrobatchState>> state_;  // (stage, microbatch)
   std::map<std::tuple<int, int, int>, at::Tensor> handoff_;  // (kind, stage, microbatch): same-rank deliveries
-  std::vector<std::pair<Work, at::Tensor>> sends_;           // in flight, with the tensor they read
-  std::map<std::tuple<int, int, int>, std::pair<Work, at::Tensor>> posted_;  // receives issued ahead
+  std::map<std::tuple<int, int, int>, at::Tensor> outbox_;   // produced for another rank, not yet posted
+  struct Posted {
+    std::shared_ptr<Work> work;  // the batch it belongs to
+    at::Tensor tensor;
+  };
+  std::map<std::tuple<int, int, int>, Posted> inbox_;  // receives posted, not yet read
+  struct InFlight {
+    std::shared_ptr<Work> work;
+    std::vector<at::Tensor> tensors;  // what its sends read
+  };
+  std::vector<InFlight> sends_;  // batches with sends in flight
+  std::vector<PlanStep> plan_;                         // this rank's plan of a training step
+  std::map<int, std::vector<PlanStep>> eval_plans_;    // per number of microbatches: evaluate's
   int64_t weight_fallbacks_ = 0;
   StepTiming timing_;
 };

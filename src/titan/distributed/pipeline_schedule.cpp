@@ -1,6 +1,7 @@
 #include "titan/distributed/pipeline_schedule.h"
 
 #include "titan/common/error.h"
+#include "titan/distributed/pipeline_comm.h"
 
 #include <algorithm>
 #include <cctype>
@@ -397,6 +398,8 @@ void check_schedule(const PipelineOrder& order, int num_stages, int microbatches
                  std::to_string(next[r] + 1) + " of its row)";
   TITAN_USER_CHECK(blocked.empty(), "pipeline schedule: the ranks deadlock: each waits for an action another rank has "
                    "not run yet:", blocked);
+  // The messages the runner posts for it, under NCCL's order matching.
+  check_order_matching(communication_plan(order, num_stages));
 }
 
 }  // namespace titan::dist

@@ -86,8 +86,10 @@ std::vector<int> stage_ranks(const PipelineOrder& order, int num_stages);
 // (stage, microbatch) has one forward and either one B or one I and one W; nothing else; and the
 // ranks, each running its actions in order and waiting only for what the next one needs (the
 // previous stage's forward, the next stage's backward, its own forward before its backward, its
-// own I before its W), all finish. Throws UserError naming the first problem (for a deadlock, what
-// every rank is waiting for).
+// own I before its W), all finish; and the point-to-point messages the runner posts for it
+// (communication_plan, pipeline_comm.h) match and cannot deadlock under NCCL's rules. Throws
+// UserError naming the first problem (for a deadlock, what every rank is waiting for; for messages,
+// the pair of ranks and the operations).
 void check_schedule(const PipelineOrder& order, int num_stages, int microbatches);
 
 }  // namespace titan::dist

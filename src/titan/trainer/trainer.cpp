@@ -12,11 +12,15 @@
 #include "titan/distributed/process_group.h"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/cuda.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstring>
+#include <optional>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -161,6 +165,13 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   dpo.fsdp.param_dtype = bf16_compute ? at::kBFloat16 : at::kFloat;
   dpo.fsdp.reduce_dtype = at::kFloat;
   dpo.fsdp.reshard_after_forward = par.fsdp_reshard_after_forward;
+  if (dims_->pp() > 1) {
+    // Under pipeline parallelism (as torchtitan): by default the units stay gathered across the
+    // step's microbatches and reduce once after the last backward; "always" reshards after every
+    // forward and backward action (lower memory, two all-gathers per unit and microbatch).
+    dpo.fsdp.reshard_after_backward = par.fsdp_reshard_after_forward == "always";
+    if (par.fsdp_reshard_after_forward == "default") dpo.fsdp.reshard_after_forward = "never";
+  }
   dpo.shard_always = tr.enable_cpu_offload;
   auto make_data_parallel = [&, seed] {
     return std::make_unique<dist::DataParallel>(
@@ -380,10 +391,10 @@ data::Batch Trainer::next_batch(int64_t step) {
   return batch;
 }
 
-StepResult Trainer::train_step() {
+Trainer::StepOnDevice Trainer::run_step() {
   const auto& tr = cfg_.training;
   optimizer_->zero_grad();
-  StepResult r;
+  StepOnDevice r;
   r.lr = cfg_.optimizer.lr * lr_schedule_->factor(lr_step_);
   optimizer_->set_lr(r.lr);
 
@@ -413,31 +424,107 @@ StepResult Trainer::train_step() {
   (*mesh_)["dp"].all_reduce(loss_sum).wait();
   (*mesh_)["dp"].all_reduce(local_avg, c10d::ReduceOp::MAX).wait();
   // A non-finite loss or gradient norm (so decided alike on every rank) never updates the model.
-  // Decided on the device: the optimizer's kernels read the flag, no host synchronization.
+  // Decided on the device: the optimizer's kernels read the flag, no host synchronization. Under
+  // nan_policy stop the flag sticks, so that no update follows a bad step before the host reads it
+  // (at the next log, save or validation step) and stops the run.
   at::Tensor nonfinite = at::logical_not(at::isfinite(grad_norm.to(loss_sum.device())) & at::isfinite(loss_sum));
+  if (tr.nan_policy == "stop") {
+    stopped_ = stopped_.defined() ? at::logical_or(stopped_, nonfinite) : nonfinite;
+    nonfinite = stopped_;
+  }
   fault::point("optimizer", step);
   optimizer_->step(nonfinite.to(at::kFloat));
   optimizer_range.reset();
   ++step_;
   ++lr_step_;
-  r.loss = loss_sum.item<double>();
-  r.max_loss = local_avg.item<double>();
-  r.grad_norm = grad_norm.item<double>();
-  r.skipped = !std::isfinite(r.loss) || !std::isfinite(r.grad_norm);
+  r.values = at::stack({loss_sum.to(at::kDouble), local_avg.to(loss_sum.device(), at::kDouble),
+                        grad_norm.to(loss_sum.device(), at::kDouble), nonfinite.to(at::kDouble)});
   return r;
 }
+
+std::vector<StepResult> Trainer::read_steps(const std::vector<StepOnDevice>& steps) {
+  std::vector<StepResult> out;
+  if (steps.empty()) return out;
+  std::vector<at::Tensor> all;
+  for (const auto& s : steps) all.push_back(s.values);
+  const at::Tensor host = at::stack(all).to(at::kCPU);  // (steps, 4): the one host read
+  const auto v = host.accessor<double, 2>();
+  for (size_t i = 0; i < steps.size(); ++i) {
+    StepResult r;
+    r.lr = steps[i].lr;
+    r.loss = v[i][0];
+    r.max_loss = v[i][1];
+    r.grad_norm = v[i][2];
+    r.skipped = v[i][3] != 0;
+    out.push_back(r);
+  }
+  return out;
+}
+
+StepResult Trainer::train_step() { return read_steps({run_step()}).at(0); }
+
+namespace {
+
+// Counts the host reads of tensor values that titan's code makes (an .item(), a bool of a tensor:
+// aten::_local_scalar_dense called directly or through aten::item), on every thread while it lives.
+// Reads inside another operator's kernel are not titan's: ATen's CPU kernel of the fused AdamW reads
+// each parameter's step count on the host (a CPU tensor: no synchronization), where its CUDA kernel
+// reads it on the device.
+class HostReadCounter {
+ public:
+  HostReadCounter() {
+    handle_ = at::addGlobalCallback(
+        at::RecordFunctionCallback(
+            [](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
+              auto& open = stack();
+              if (std::strcmp(fn.name(), "aten::_local_scalar_dense") == 0 &&
+                  (open.empty() || (open.size() == 1 && std::strcmp(open.back(), "aten::item") == 0)))
+                ++count();
+              open.push_back(fn.name());
+              return nullptr;
+            },
+            [](const at::RecordFunction&, at::ObserverContext*) {
+              if (!stack().empty()) stack().pop_back();
+            })
+            .needsInputs(false)
+            .scopes({at::RecordScope::FUNCTION}));
+  }
+  ~HostReadCounter() { at::removeCallback(handle_); }
+  static std::atomic<int64_t>& count() {
+    static std::atomic<int64_t> n{0};
+    return n;
+  }
+
+ private:
+  static std::vector<const char*>& stack() {  // the operators running on this thread, outermost first
+    thread_local std::vector<const char*> open;
+    return open;
+  }
+  at::CallbackHandle handle_;
+};
+
+}  // namespace
 
 std::vector<double> Trainer::train() {
   std::vector<double> losses;
   const auto& tr = cfg_.training;
   auto interval_start = Clock::now();
   int64_t tokens_at_last_log = ntokens_seen_, step_at_last_log = step_;  // after a resume too
+  // Results stay on the device until a step needs them on the host: a log line, a save (never of a
+  // state after a bad step), a validation, the last step.
+  std::vector<StepOnDevice> unread;
+  int64_t first_unread = step_ + 1;
+  std::optional<HostReadCounter> host_reads;
+  if (std::getenv("TITAN_DEBUG_DUMP_COMM")) {
+    host_reads.emplace();
+    host_reads_outside_log_steps_ = 0;
+  }
   while (step_ < tr.steps) {
+    const int64_t reads_before = HostReadCounter::count();
     if (checkpointer_) checkpointer_->check();  // a failed background save stops the run
     if (profiler_) profiler_->step_begin(step_ + 1);
-    StepResult r;
     try {
-      r = train_step();
+      unread.push_back(run_step());
     } catch (const c10::OutOfMemoryError& e) {
       throw_out_of_memory(e, step_ + 1);
     }
@@ -452,10 +539,23 @@ std::vector<double> Trainer::train() {
       mesh_->set_timeout(std::chrono::seconds(cfg_.comm.train_timeout_seconds), "comm.train_timeout_seconds");
       timeout_set_ = true;
     }
-    if (r.skipped) on_nonfinite_step(r);
-    losses.push_back(r.loss);
+    const bool log = metrics_->should_log(step_);
+    const bool save = checkpointer_ && checkpointer_->should_save(step_, tr.steps);
+    const bool validate_now = val_loader_ && (step_ == 1 || step_ % cfg_.validation.freq == 0);
+    const bool read = log || save || validate_now || step_ == tr.steps;
+    StepResult r;
+    if (read) {
+      const std::vector<StepResult> results = read_steps(unread);
+      unread.clear();
+      for (size_t i = 0; i < results.size(); ++i) {
+        losses.push_back(results[i].loss);
+        if (results[i].skipped) on_nonfinite_step(results[i], first_unread + static_cast<int64_t>(i));
+      }
+      first_unread = step_ + 1;
+      r = results.back();
+    }
     metrics_->on_step(step_);
-    if (metrics_->should_log(step_)) {
+    if (log) {
       if (device_.is_cuda()) torch::cuda::synchronize();
       metrics::StepStats s;
       s.step = step_;
@@ -476,7 +576,7 @@ std::vector<double> Trainer::train() {
       data_seconds_ = 0;
     }
     // torchtitan's rule: at step 1 and every validation.freq steps. Its time is not the training's.
-    if (val_loader_ && (step_ == 1 || step_ % cfg_.validation.freq == 0)) {
+    if (validate_now) {
       const auto validation_start = Clock::now();
       TraceRange range(mem::Phase::Validation, "validation");
       try {
@@ -491,15 +591,17 @@ std::vector<double> Trainer::train() {
       profiler_->step_end(step_);
       interval_start += Clock::now() - profiler_start;
     }
-    if (checkpointer_ && checkpointer_->should_save(step_, tr.steps)) save_checkpoint_at_step();
+    if (save) save_checkpoint_at_step();
     if (step_callback_) step_callback_(step_);
+    if (host_reads && !read) host_reads_outside_log_steps_ += HostReadCounter::count() - reads_before;
   }
   if (profiler_) profiler_->finish(step_);
   if (checkpointer_) checkpointer_->wait();
   log_info("Training completed");
   // Debugging aid (docs/parallelism.md): what each mesh dimension moved during the run, per rank.
   if (const char* prefix = std::getenv("TITAN_DEBUG_DUMP_COMM")) {
-    nlohmann::json j = {{"rank", env_.rank}, {"steps", step_}, {"bytes", mesh_->bytes()}, {"calls", mesh_->calls()}};
+    nlohmann::json j = {{"rank", env_.rank}, {"steps", step_}, {"bytes", mesh_->bytes()}, {"calls", mesh_->calls()},
+                        {"host_reads_outside_log_steps", host_reads_outside_log_steps_}};
     if (pipeline_) j["pipeline_weight_pass_fallbacks"] = pipeline_->weight_pass_fallbacks();
     std::ofstream(std::string(prefix) + ".rank" + std::to_string(env_.rank) + ".json") << j.dump(1) << "\n";
   }
@@ -527,11 +629,11 @@ void Trainer::throw_out_of_memory(const c10::OutOfMemoryError& e, int64_t step) 
                   "(FSDP, TP)");
 }
 
-void Trainer::on_nonfinite_step(const StepResult& r) {
+void Trainer::on_nonfinite_step(const StepResult& r, int64_t step) {
   ++skipped_steps_;
   char what[160];
   std::snprintf(what, sizeof what, "step %lld: the loss is %g and the gradient norm %g (not finite), so the model "
-                "was not updated", static_cast<long long>(step_), r.loss, r.grad_norm);
+                "was not updated", static_cast<long long>(step), r.loss, r.grad_norm);
   if (cfg_.training.nan_policy == "skip") {
     log_info(std::string("Warning: ") + what + "; training goes on with the next batch (training.nan_policy = skip; " +
              std::to_string(skipped_steps_) + " step(s) skipped so far)");

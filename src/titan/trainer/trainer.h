@@ -48,8 +48,13 @@ class Trainer {
   // Called by train() after each step (its log line and checkpoint save issued), with the step.
   void set_step_callback(std::function<void(int64_t)> callback) { step_callback_ = std::move(callback); }
 
-  // One optimizer step over gradient_accumulation_steps() micro-batches of local_batch_size.
+  // One optimizer step over gradient_accumulation_steps() micro-batches of local_batch_size, its
+  // results read on the host (train() reads them only at log steps, see StepOnDevice).
   StepResult train_step();
+  // aten::_local_scalar_dense calls (host reads of device values: .item(), a bool of a tensor) made
+  // during train()'s steps that read nothing (not a log, save, validation or final step); counted
+  // only with TITAN_DEBUG_DUMP_COMM set (written there as "host_reads_outside_log_steps"), else -1.
+  int64_t host_reads_outside_log_steps() const { return host_reads_outside_log_steps_; }
 
   // ---- validation (trainer_validate.cpp): with validation.enable, train() evaluates at step 1 and
   // every validation.freq steps. Evaluates the loss on validation.steps batches of the validation set
@@ -113,7 +118,15 @@ class Trainer {
   void for_each_full_parameter(const std::function<void(const std::string&, const at::Tensor&)>& f);
   // After a step whose loss or gradient norm was not finite: a warning (nan_policy skip) or the error
   // that ends the run (stop), once a background save of an earlier step has completed.
-  void on_nonfinite_step(const StepResult& r);
+  void on_nonfinite_step(const StepResult& r, int64_t step);
+  // One step's results while they are still on the device: no host synchronization inside a step.
+  struct StepOnDevice {
+    double lr = 0;
+    at::Tensor values;  // fp64 (4): loss, max_loss, grad_norm, and 1 where the update was skipped
+  };
+  StepOnDevice run_step();
+  // Reads the results of `steps` with one device-to-host copy.
+  std::vector<StepResult> read_steps(const std::vector<StepOnDevice>& steps);
   // After an out-of-memory error in a step: writes the memory snapshot (when configured) and throws
   // the UserError that names the step, the snapshot and what to change.
   [[noreturn]] void throw_out_of_memory(const c10::OutOfMemoryError& e, int64_t step);
@@ -164,6 +177,8 @@ class Trainer {
   double data_seconds_ = 0;  // time spent waiting for batches since the last log
   bool timeout_set_ = false;
   int64_t skipped_steps_ = 0;
+  at::Tensor stopped_;  // nan_policy stop: 1 once a step was not finite; every later update is skipped too
+  int64_t host_reads_outside_log_steps_ = -1;
   std::function<void(int64_t)> step_callback_;  // steps whose update a non-finite loss or gradient norm skipped  // comm.train_timeout_seconds applied (after this run's first step)
 };
 

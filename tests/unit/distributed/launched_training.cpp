@@ -7,15 +7,16 @@
 
 namespace titan::test {
 
-LaunchedRun run_titan(int nproc, const std::vector<std::string>& args, const TempDir& dir) {
+LaunchedRun run_titan(int nproc, const std::vector<std::string>& args, const TempDir& dir,
+                      const std::map<std::string, std::string>& env) {
   std::vector<std::string> argv = {std::string(TITAN_BINARY_DIR) + "/titan"};
   if (nproc > 1) argv.insert(argv.end(), {"launch", "--nproc-per-node", std::to_string(nproc), "--master-port", "0", "--"});
   argv.insert(argv.end(), args.begin(), args.end());
-  auto r = run_process(argv,
-                       {{"TITAN_DEBUG_DUMP_WEIGHTS", dir / "weights.safetensors"},
-                        {"TITAN_DEBUG_DUMP_COMM", dir / "comm"},
-                        {"OMP_NUM_THREADS", "1"}},
-                       std::chrono::seconds(600));
+  std::map<std::string, std::string> all = {{"TITAN_DEBUG_DUMP_WEIGHTS", dir / "weights.safetensors"},
+                                             {"TITAN_DEBUG_DUMP_COMM", dir / "comm"},
+                                             {"OMP_NUM_THREADS", "1"}};
+  for (const auto& [k, v] : env) all[k] = v;
+  auto r = run_process(argv, all, std::chrono::seconds(600));
   LaunchedRun out;
   out.exit_code = r.exit_code;
   out.output = r.output;

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -20,9 +21,11 @@ struct LaunchedRun {
   std::vector<nlohmann::json> comm;  // TITAN_DEBUG_DUMP_COMM, per rank
 };
 
-// Runs `titan args...` in nproc processes (one: without the launcher), with one thread per process,
-// and reads what it dumped into `dir`. A failed run is a test failure (its output in the message).
-LaunchedRun run_titan(int nproc, const std::vector<std::string>& args, const TempDir& dir);
+// Runs `titan args...` in nproc processes (one: without the launcher), with one thread per process
+// and `env` added, and reads what it dumped into `dir`. A failed run is a test failure (its output in
+// the message).
+LaunchedRun run_titan(int nproc, const std::vector<std::string>& args, const TempDir& dir,
+                      const std::map<std::string, std::string>& env = {});
 
 // `got` trained as `ref` did: the losses of steps first_step .. first_step + n - 1 (got holds n of
 // them) within 1e-5 relative of ref's, and, when `weight_tol` > 0, every final weight within

@@ -7,6 +7,10 @@
 // within 1% of lr x steps. Gradient clipping is active (max_norm 1, gradient norms ~1.2-1.4), so
 // the norm summed over stages is checked too. The point-to-point bytes of every rank are checked
 // against the activations and gradients the schedule moves (TITAN_DEBUG_DUMP_COMM).
+//
+// Every run matches point-to-point messages by order, as NCCL does (TITAN_P2P_ORDER_MATCHED=1: one
+// Gloo tag per pair of ranks), so a message posted out of order swaps microbatches or hangs here as
+// it would on a cluster; RunsWithTagsToo repeats a schedule with Gloo's tags.
 #include "launched_training.h"
 #include "test_util.h"
 
@@ -37,7 +41,9 @@ std::vector<std::string> train_args(const std::string& dump, int local_batch, in
 
 using Result = test::LaunchedRun;
 
-Result run(int nproc, std::vector<std::string> args, const test::TempDir& dir) { return test::run_titan(nproc, args, dir); }
+Result run(int nproc, std::vector<std::string> args, const test::TempDir& dir, bool order_matched = true) {
+  return test::run_titan(nproc, args, dir, {{"TITAN_P2P_ORDER_MATCHED", order_matched ? "1" : "0"}});
+}
 
 const safetensors::Tensors& single_process() {
   static test::TempDir dir;
@@ -73,6 +79,8 @@ void expect_pipeline_bytes(const Result& r, const dist::PipelineOrder& order, in
       if (ranks[s] == pp_rank) sends += microbatches, recvs += microbatches;
       if (ranks[s + 1] == pp_rank) sends += microbatches, recvs += microbatches;
     }
+    // No host read of a device value in the steps that do not log (nothing waits for the device).
+    EXPECT_EQ(r.comm[g].at("host_reads_outside_log_steps").get<int64_t>(), 0) << "rank " << g;
     // Split backwards computed each weight gradient once, from the gradients captured in I.
     EXPECT_EQ(r.comm[g].at("pipeline_weight_pass_fallbacks").get<int64_t>(), 0) << "rank " << g;
     EXPECT_EQ(comm_bytes(r.comm[g], "pp", "send"), sends * message_bytes) << "rank " << g;
@@ -107,6 +115,10 @@ void check_schedule_runs(const std::string& schedule) {
 }
 
 TEST(PipelineTrain, GPipe) { check_schedule_runs("GPipe"); }
+TEST(PipelineTrain, RunsWithTagsToo) {
+  test::TempDir dir;
+  expect_same_training(run(2, pp_args(dir, 2, "1F1B"), dir, /*order_matched=*/false).weights);
+}
 TEST(PipelineTrain, OneFOneB) { check_schedule_runs("1F1B"); }
 TEST(PipelineTrain, Interleaved1F1B) { check_schedule_runs("Interleaved1F1B"); }
 TEST(PipelineTrain, InterleavedZeroBubble) { check_schedule_runs("InterleavedZeroBubble"); }
@@ -137,6 +149,47 @@ TEST(PipelineTrain, Pp2xFsdp2) {
   Result r = run(4, pp_args(dir, 2, "1F1B", {"--parallelism.data_parallel_shard_degree", "2"}, 4), dir);
   expect_same_training(r.weights);
   expect_pipeline_bytes(r, dist::schedule_by_name("1F1B", 2, 1, 4), 2, 4, int64_t{1} * kSeq * kDim * 4, 2, 2);
+}
+
+// FSDP under pipeline parallelism (docs/parallelism.md): each unit is all-gathered once per step,
+// at its first forward, stays gathered through every microbatch, and its gradients are
+// reduce-scattered once after the step's last backward. Per step, on every dp_shard rank of a stage:
+// all-gather and reduce-scatter bytes = the stage's parameters, each padded to a multiple of the
+// shard degree in rows, in fp32: the same figure at 4 and at 8 microbatches. With
+// fsdp_reshard_after_forward = "always" the units are gathered again for every forward and backward
+// action: 2 x microbatches all-gathers, still one reduce-scatter.
+TEST(PipelineTrain, FsdpGathersOncePerStepUnderPipelineParallelism) {
+  const auto& ref = single_process();
+  auto padded_bytes_of_stage = [&](int stage) {  // 1F1B at pp 2: stage 0 = embedding + layers 0-2
+    int64_t bytes = 0;
+    for (const auto& [name, t] : ref) {
+      if (name == "__losses__") continue;
+      const bool first = name.rfind("tok_embeddings", 0) == 0 ||
+                         (name.rfind("layers.", 0) == 0 && std::stoi(name.substr(7)) < 3);
+      if (first != (stage == 0)) continue;
+      const int64_t rows = t.size(0), row = t.numel() / rows;
+      bytes += (rows + 1) / 2 * 2 * row * 4;
+    }
+    return bytes;
+  };
+  for (const std::string reshard : {"default", "always"})
+    for (int microbatches : {4, 8}) {
+      SCOPED_TRACE(reshard + ", " + std::to_string(microbatches) + " microbatches");
+      test::TempDir dir;
+      // Local batch 8 (FSDP 2 x 8 = 16 sequences per step) in microbatches of 8 / m.
+      auto args = pp_args(dir, 2, "1F1B", {"--parallelism.data_parallel_shard_degree", "2",
+                                           "--parallelism.pipeline_parallel_microbatch_size",
+                                           std::to_string(8 / microbatches), "--training.global_batch_size", "16",
+                                           "--parallelism.fsdp_reshard_after_forward", reshard, "--training.steps", "2"});
+      Result r = run(4, args, dir);
+      ASSERT_EQ(r.comm.size(), 4u);
+      for (int g = 0; g < 4; ++g) {
+        const int64_t stage_bytes = padded_bytes_of_stage(g / 2);
+        const int64_t gathers = reshard == "default" ? 1 : 2 * microbatches;
+        EXPECT_EQ(comm_bytes(r.comm[g], "dp_shard_cp", "all_gather"), gathers * stage_bytes) << "rank " << g;
+        EXPECT_EQ(comm_bytes(r.comm[g], "dp_shard_cp", "reduce_scatter"), stage_bytes) << "rank " << g;
+      }
+    }
 }
 
 // DDP inside each stage: gradients all-reduced once after the schedule, here after two accumulation

@@ -10,6 +10,7 @@
 
 #include <stdlib.h>
 
+#include <cmath>
 #include <filesystem>
 #include <regex>
 
@@ -47,6 +48,30 @@ TEST(Trainer, GradientAccumulationEqualsTheBigBatch) {
       EXPECT_TRUE(p.value().grad().abs().sum().item<double>() > 0) << p.key();
     }
   }
+}
+
+// A step reads nothing from the device unless it logs (or saves, validates, or is the last): the
+// loss, gradient norm and non-finite flag stay device tensors and are read together at log steps.
+// Counted as aten::_local_scalar_dense calls (every .item()) over the steps that do not log, with
+// gradient clipping on (the debug config's max_norm 1) and gradient accumulation; a callback that
+// reads one value in a non-log step is counted, so the counter can see a read.
+TEST(Trainer, NoHostReadsOutsideLogSteps) {
+  test::TempDir dir;
+  ::setenv("TITAN_DEBUG_DUMP_COMM", (dir / "comm").c_str(), 1);
+  for (const bool read_in_callback : {false, true}) {
+    SCOPED_TRACE(read_in_callback ? "a read in step 3's callback" : "training alone");
+    Trainer t(small_config(dir, {"--training.steps", "6", "--metrics.log_freq", "5", "--training.local_batch_size", "4",
+                                 "--training.global_batch_size", "8"}));
+    if (read_in_callback)
+      t.set_step_callback([](int64_t step) {
+        if (step == 3) (void)at::ones({1}).sum().item<double>();
+      });
+    const std::vector<double> losses = t.train();
+    ASSERT_EQ(losses.size(), 6u);  // every step's loss, read in batches at steps 1, 5 and 6
+    for (double l : losses) EXPECT_TRUE(std::isfinite(l) && l > 0);
+    EXPECT_EQ(t.host_reads_outside_log_steps(), read_in_callback ? 1 : 0);
+  }
+  ::unsetenv("TITAN_DEBUG_DUMP_COMM");
 }
 
 TEST(Trainer, DeterministicRunsAreBitwiseRepeatable) {

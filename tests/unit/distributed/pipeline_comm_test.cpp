@@ -1,0 +1,229 @@
+// The pipeline's point-to-point messages under NCCL's rules (pipeline_comm.h): every built-in
+// schedule's plan matches and completes at pp 2-8, and so does any random order that respects the
+// dependencies; the order the runner used to post (the next action's receive before the current
+// one's) and receives posted where their action needs them are refused on schedules that NCCL would
+// deadlock or swap microbatches on, naming the pair of ranks and the operations.
+#include "titan/common/error.h"
+#include "titan/distributed/pipeline_comm.h"
+#include "titan/distributed/pipeline_schedule.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <set>
+#include <tuple>
+
+namespace titan::dist {
+namespace {
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(PipelineComm, EveryBuiltInScheduleIsSafeUnderNcclOrderMatching) {
+  int checked = 0;
+  for (int pp = 2; pp <= 8; ++pp)
+    for (int m : {pp, 2 * pp, 4 * pp, pp + 1}) {
+      SCOPED_TRACE("pp " + std::to_string(pp) + " m " + std::to_string(m));
+      EXPECT_EQ(error_of([&] { check_order_matching(communication_plan(gpipe_order(pp, m), pp)); }), "") << "GPipe";
+      EXPECT_EQ(error_of([&] { check_order_matching(communication_plan(one_f_one_b_order(pp, m), pp)); }), "") << "1F1B";
+      EXPECT_EQ(error_of([&] { check_order_matching(communication_plan(zbv_order(pp, m), 2 * pp)); }), "") << "ZBV";
+      checked += 3;
+      if (m % std::max(1, m / pp) != 0) continue;
+      for (int spr : {2, 3})
+        for (bool zb : {false, true}) {
+          EXPECT_EQ(error_of([&] { check_order_matching(communication_plan(interleaved_order(pp, spr, m, zb), pp * spr)); }),
+                    "")
+              << (zb ? "InterleavedZeroBubble" : "Interleaved1F1B") << " spr " << spr;
+          ++checked;
+        }
+    }
+  EXPECT_GT(checked, 100);
+}
+
+// The plan posts every message once, and the sends of an action with the next action's receives
+// from the same peer as one batch (1F1B's steady state on rank 0 at pp 2: send the activation of
+// microbatch k + 1 with the receive of microbatch k's gradient).
+TEST(PipelineComm, PlanBatchesSendsWithTheNextReceivesOfOnePeer) {
+  const CommPlan plan = communication_plan(one_f_one_b_order(2, 4), 2);
+  ASSERT_EQ(plan.size(), 2u);
+  // Rank 0: F0, F1, B0, F2, B1, F3, B2, B3.
+  const PlanStep& b0 = plan[0][2];
+  ASSERT_TRUE(b0.action);
+  EXPECT_EQ(format_action(*b0.action), "0B0");
+  ASSERT_EQ(b0.batches.size(), 1u);
+  ASSERT_EQ(b0.batches[0].size(), 2u);
+  EXPECT_TRUE(b0.batches[0][0].send);
+  EXPECT_EQ(format_message(b0.batches[0][0].message), "activation of microbatch 1 (stage 0 -> 1)");
+  EXPECT_FALSE(b0.batches[0][1].send);
+  EXPECT_EQ(format_message(b0.batches[0][1].message), "gradient of microbatch 0 (stage 1 -> 0)");
+  int sends = 0, recvs = 0;
+  for (const auto& row : plan)
+    for (const auto& step : row)
+      for (const auto& batch : step.batches)
+        for (const auto& op : batch) (op.send ? sends : recvs) += 1;
+  EXPECT_EQ(sends, 8);  // 4 activations + 4 gradients
+  EXPECT_EQ(recvs, 8);
+}
+
+// Plans that post receives where their action needs them instead of where the message is
+// produced. `prefetch`: what the runner used to post: before each action, the next action's
+// receive, so that on a rank's first action the receive for microbatch 1 went out before
+// microbatch 0's; every operation alone. Otherwise: each action's receives just before it, its
+// sends just after, batched per peer with the next action's receives.
+CommPlan naive_plan(const PipelineOrder& order, int num_stages, bool prefetch) {
+  const std::vector<int> rank_of = stage_ranks(order, num_stages);
+  CommPlan plan(order.size());
+  for (size_t r = 0; r < order.size(); ++r) {
+    const int me = static_cast<int>(r);
+    std::vector<PipeAction> actions;
+    for (const auto& a : order[r])
+      if (a) actions.push_back(*a);
+    auto reads = [&](const PipeAction& a) {
+      std::vector<P2POp> ops;
+      if (a.op == PipeOp::Forward && a.stage > 0 && rank_of[a.stage - 1] != me)
+        ops.push_back({false, rank_of[a.stage - 1], {false, a.stage, a.microbatch}});
+      if ((a.op == PipeOp::Backward || a.op == PipeOp::BackwardInput) && a.stage < num_stages - 1 &&
+          rank_of[a.stage + 1] != me)
+        ops.push_back({false, rank_of[a.stage + 1], {true, a.stage, a.microbatch}});
+      return ops;
+    };
+    auto writes = [&](const PipeAction& a) {
+      std::vector<P2POp> ops;
+      if (a.op == PipeOp::Forward && a.stage < num_stages - 1 && rank_of[a.stage + 1] != me)
+        ops.push_back({true, rank_of[a.stage + 1], {false, a.stage + 1, a.microbatch}});
+      if ((a.op == PipeOp::Backward || a.op == PipeOp::BackwardInput) && a.stage > 0 && rank_of[a.stage - 1] != me)
+        ops.push_back({true, rank_of[a.stage - 1], {true, a.stage - 1, a.microbatch}});
+      return ops;
+    };
+    std::vector<bool> posted(actions.size(), false);
+    for (size_t i = 0; i <= actions.size(); ++i) {
+      PlanStep step;
+      std::vector<P2POp> ops = i > 0 ? writes(actions[i - 1]) : std::vector<P2POp>{};
+      for (size_t j : prefetch ? std::vector<size_t>{i + 1, i} : std::vector<size_t>{i}) {
+        if (j >= actions.size() || posted[j]) continue;
+        posted[j] = true;
+        for (const auto& op : reads(actions[j])) ops.push_back(op);
+      }
+      for (const auto& op : ops) {
+        if (!prefetch) {
+          auto it = std::find_if(step.batches.begin(), step.batches.end(),
+                                 [&](const std::vector<P2POp>& b) { return b.front().peer == op.peer; });
+          if (it != step.batches.end()) {
+            it->push_back(op);
+            continue;
+          }
+        }
+        step.batches.push_back({op});
+      }
+      if (i < actions.size()) step.action = actions[i];
+      if (step.action || !step.batches.empty()) plan[r].push_back(std::move(step));
+    }
+  }
+  return plan;
+}
+
+TEST(PipelineComm, PrefetchingTheNextReceiveBreaksUnderNccl) {
+  // GPipe: rank 1 receives microbatch 1's activation where rank 0 sends microbatch 0's.
+  const std::string gpipe = error_of([] { check_order_matching(naive_plan(gpipe_order(2, 4), 2, true)); });
+  EXPECT_NE(gpipe.find("rank 0's 1st send to rank 1 is the activation of microbatch 0 (stage 0 -> 1), but rank 1's 1st "
+                       "receive from rank 0 expects the activation of microbatch 1"),
+            std::string::npos)
+      << gpipe;
+  // 1F1B at pp 2: rank 0 waits to receive microbatch 0's gradient before it sends microbatch 1's
+  // activation, which rank 1 waits for before it sends that gradient.
+  const std::string one_f_one_b = error_of([] { check_order_matching(naive_plan(one_f_one_b_order(2, 4), 2, true)); });
+  EXPECT_NE(one_f_one_b.find("the ranks deadlock"), std::string::npos) << one_f_one_b;
+  EXPECT_NE(one_f_one_b.find("rank 0 with rank 1: waits in receive of the gradient of microbatch 0 (stage 1 -> 0)"),
+            std::string::npos)
+      << one_f_one_b;
+  EXPECT_NE(one_f_one_b.find("rank 1 with rank 0: waits in receive of the activation of microbatch 1 (stage 0 -> 1)"),
+            std::string::npos)
+      << one_f_one_b;
+  // The plan the runner follows passes both.
+  EXPECT_EQ(error_of([] { check_order_matching(communication_plan(gpipe_order(2, 4), 2)); }), "");
+  EXPECT_EQ(error_of([] { check_order_matching(communication_plan(one_f_one_b_order(2, 4), 2)); }), "");
+}
+
+// Hand-made schedules that respect every dependency but break NCCL when each receive is posted
+// where its action needs it: refused by the check, naming the pair and the operations. The runner's
+// plan posts receives where messages are produced, so check_schedule accepts them.
+TEST(PipelineComm, SchedulesThatBreakNaivePostingAreRefusedThereAndSafeInThePlan) {
+  // Rank 0 runs three forwards first; rank 1 sends microbatch 0's gradient before it receives
+  // microbatch 1's activation. Both ranks sit in a send to the other, each waiting for a receive
+  // the other posts later on the same stream.
+  const PipelineOrder deadlock = parse_schedule_csv("0F0,0F1,0F2,0I0,0W0,0I1,0W1,0I2,0W2\n"
+                                                    "1F0,1I0,1W0,1F1,1I1,1W1,1F2,1I2,1W2\n");
+  const std::string error = error_of([&] { check_order_matching(naive_plan(deadlock, 2, false)); });
+  EXPECT_NE(error.find("under NCCL's rules"), std::string::npos) << error;
+  EXPECT_NE(error.find("rank 0 with rank 1: waits in send of the activation of microbatch 1 (stage 0 -> 1)"),
+            std::string::npos)
+      << error;
+  EXPECT_NE(error.find("rank 1 with rank 0: waits in send of the gradient of microbatch 0 (stage 1 -> 0)"),
+            std::string::npos)
+      << error;
+  EXPECT_EQ(error_of([&] { check_schedule(deadlock, 2, 3); }), "");
+  // Stage 1 takes microbatch 1 before 0: Gloo's tags would sort the messages out, NCCL would hand
+  // rank 1 microbatch 0's activation as microbatch 1's.
+  const PipelineOrder swapped = parse_schedule_csv("0F0,0F1,0B0,0B1\n1F1,1F0,1B0,1B1\n");
+  const std::string mismatch = error_of([&] { check_order_matching(naive_plan(swapped, 2, false)); });
+  EXPECT_NE(mismatch.find("rank 0's 1st send to rank 1 is the activation of microbatch 0 (stage 0 -> 1), but rank 1's "
+                          "1st receive from rank 0 expects the activation of microbatch 1"),
+            std::string::npos)
+      << mismatch;
+  EXPECT_EQ(error_of([&] { check_schedule(swapped, 2, 2); }), "");
+}
+
+// Any order that respects the dependencies is safe under the plan: random schedules (a random
+// topological order of every (stage, op, microbatch), split into the ranks' rows; looped or V
+// stage placement, full or split backwards) at pp 2-4 pass the NCCL check.
+TEST(PipelineComm, RandomValidSchedulesAreSafe) {
+  std::mt19937 rng(12345);
+  int checked = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    const int pp = 2 + trial % 3, spr = 1 + (trial / 3) % 2, m = 1 + static_cast<int>(rng() % 6);
+    const int stages = pp * spr;
+    const bool split = rng() % 2, vee = spr == 2 && rng() % 2;
+    auto rank_of = [&](int s) { return vee && s >= pp ? stages - 1 - s : s % pp; };
+    std::set<std::tuple<int, char, int>> todo, done;
+    for (int s = 0; s < stages; ++s)
+      for (int mb = 0; mb < m; ++mb) {
+        todo.insert({s, 'F', mb});
+        if (split) {
+          todo.insert({s, 'I', mb});
+          todo.insert({s, 'W', mb});
+        } else {
+          todo.insert({s, 'B', mb});
+        }
+      }
+    auto ready = [&](int s, char op, int mb) {
+      auto has = [&](int st, char o) { return done.count({st, o, mb}) > 0; };
+      if (op == 'F') return s == 0 || has(s - 1, 'F');
+      if (op == 'W') return has(s, 'I');
+      return has(s, 'F') && (s == stages - 1 || has(s + 1, 'B') || has(s + 1, 'I'));
+    };
+    PipelineOrder order(pp);
+    while (!todo.empty()) {
+      std::vector<std::tuple<int, char, int>> now;
+      for (const auto& t : todo)
+        if (ready(std::get<0>(t), std::get<1>(t), std::get<2>(t))) now.push_back(t);
+      ASSERT_FALSE(now.empty());
+      const auto pick = now[rng() % now.size()];
+      todo.erase(pick);
+      done.insert(pick);
+      order[rank_of(std::get<0>(pick))].push_back(
+          PipeAction{std::get<0>(pick), static_cast<PipeOp>(std::get<1>(pick)), std::get<2>(pick)});
+    }
+    EXPECT_EQ(error_of([&] { check_schedule(order, stages, m); }), "") << schedule_csv(order);
+    ++checked;
+  }
+  EXPECT_EQ(checked, 300);
+}
+
+}  // namespace
+}  // namespace titan::dist
