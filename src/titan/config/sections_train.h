@@ -161,12 +161,17 @@ struct ActivationCheckpoint {
   std::string mode = "selective";
   std::string selective_ac_option = "2";
   double memory_budget = 0.5;
+  std::string per_op_policy = "every_other_matmul";
 
   template <class V>
   void visit(V& v) {
     v(mode, "mode", "which activations to recompute in backward", {"selective", "full", "memory_budget", "none"});
     v(selective_ac_option, "selective_ac_option",
       "selective mode: an integer n checkpoints every n-th layer; 'op' selects by operator");
+    v(per_op_policy, "per_op_policy",
+      "selective_ac_option 'op': every_other_matmul keeps attention and every other matmul's output "
+      "(torchtitan's policy); all_matmuls keeps every matmul's (more memory, less recomputation)",
+      {"every_other_matmul", "all_matmuls"});
     v(memory_budget, "memory_budget", "memory_budget mode: 0 recomputes most, 1 recomputes least");
   }
   bool operator==(const ActivationCheckpoint&) const = default;

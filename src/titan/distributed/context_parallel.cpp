@@ -71,51 +71,17 @@ BlockPart block_part(int rank, int64_t i, int64_t cp, bool load_balance, int64_t
   return j < rank ? BlockPart{false, false, 0, S, 0, S} : BlockPart{true};
 }
 
-// One block through the fused kernel: (output (B, H, Sq, E) in q's dtype, log-sum-exp (B, H, Sq)).
-// CUDA: the memory-efficient kernel, whose log-sum-exp rows are padded to a multiple of 32 and which
-// takes no grouped heads (they are repeated, their gradients summed back).
-constexpr int64_t kLseAlign = 32;
-
-at::Tensor repeat_heads(const at::Tensor& t_BKSE, int64_t H) {
-  const int64_t K = t_BKSE.size(1);
-  if (K == H) return t_BKSE;
-  return t_BKSE.unsqueeze(2).expand({t_BKSE.size(0), K, H / K, t_BKSE.size(2), t_BKSE.size(3)})
-      .reshape({t_BKSE.size(0), H, t_BKSE.size(2), t_BKSE.size(3)});
-}
-
-at::Tensor sum_heads(const at::Tensor& g_BHSE, int64_t K) {
-  const int64_t H = g_BHSE.size(1);
-  if (K == H) return g_BHSE;
-  return g_BHSE.view({g_BHSE.size(0), K, H / K, g_BHSE.size(2), g_BHSE.size(3)}).sum(2);
-}
-
+// One block through the fused kernels that return (and back-propagate from) its log-sum-exp.
 std::pair<at::Tensor, at::Tensor> block_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                                 bool causal) {
-  if (q.is_cuda()) {
-    const int64_t H = q.size(1);
-    auto r = at::_scaled_dot_product_efficient_attention(q, repeat_heads(k, H), repeat_heads(v, H), std::nullopt,
-                                                         /*compute_log_sumexp=*/true, 0.0, causal);
-    return {std::get<0>(r), std::get<1>(r).narrow(-1, 0, q.size(2))};
-  }
-  auto r = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal);
-  return {std::get<0>(r), std::get<1>(r)};
+  return nn::attention_block_forward(q, k, v, causal);
 }
 
 // The gradients (dq, dk, dv) of one block given the merged output and log-sum-exp of its query rows.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> block_backward(const at::Tensor& dout, const at::Tensor& q,
                                                               const at::Tensor& k, const at::Tensor& v,
                                                               const at::Tensor& out, const at::Tensor& lse, bool causal) {
-  if (q.is_cuda()) {
-    const int64_t H = q.size(1), K = k.size(1), Sq = q.size(2);
-    const int64_t padded = (Sq + kLseAlign - 1) / kLseAlign * kLseAlign;
-    at::Tensor lse_padded = padded == Sq ? lse.contiguous() : at::constant_pad_nd(lse, {0, padded - Sq}, 0.0);
-    const at::Tensor zero = at::zeros({}, at::TensorOptions().dtype(at::kLong).device(q.device()));
-    auto r = at::_scaled_dot_product_efficient_attention_backward(
-        dout, q, repeat_heads(k, H), repeat_heads(v, H), at::Tensor(), out, lse_padded, zero, zero, 0.0,
-        {true, true, true, false}, causal);
-    return {std::get<0>(r), sum_heads(std::get<1>(r), K), sum_heads(std::get<2>(r), K)};
-  }
-  return at::_scaled_dot_product_flash_attention_for_cpu_backward(dout, q, k, v, out, lse, 0.0, causal);
+  return nn::attention_block_backward(dout, q, k, v, out, lse, causal);
 }
 
 // K and V in one flat buffer (one message per block), and back.
@@ -324,6 +290,19 @@ at::Tensor ContextParallel::unshard(const at::Tensor& x, int64_t dim) {
     }
   }
   return out.movedim(0, dim);
+}
+
+nn::AttentionKernels ContextParallel::attention_kernels() {
+  nn::AttentionKernels k;
+  k.forward = [this](const at::Tensor& q, const at::Tensor& key, const at::Tensor& v) {
+    RingOutput r = ring_forward(group_, options_, q, key, v);
+    return std::make_pair(r.out, r.lse);
+  };
+  k.backward = [this](const at::Tensor& dout, const at::Tensor& q, const at::Tensor& key, const at::Tensor& v,
+                      const at::Tensor& out, const at::Tensor& lse) {
+    return ring_backward(group_, options_, dout.contiguous(), q, key, v, out, lse);
+  };
+  return k;
 }
 
 at::Tensor ContextParallel::attention(const at::Tensor& q_BHSE, const at::Tensor& k_BKSE, const at::Tensor& v_BKSE) {

@@ -28,6 +28,8 @@
 // activation memory of attention per rank is 1/cp of one process's.
 #pragma once
 
+#include "titan/models/common/layers.h"
+
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
@@ -73,6 +75,9 @@ class ContextParallel {
   // (B, H, S/cp, E) in q's dtype. Differentiable in q, k and v; collective over the cp group
   // (forward and backward).
   at::Tensor attention(const at::Tensor& q_BHSE, const at::Tensor& k_BKSE, const at::Tensor& v_BKSE);
+  // The same as two halves for per-operator activation checkpointing: the ring forward returning the
+  // merged output and its log-sum-exp (fp32), and the ring backward from them (no forward again).
+  nn::AttentionKernels attention_kernels();
 
  private:
   Group& group_;

@@ -422,6 +422,7 @@ void FSDP::finish_backward() {
       if (options_.reshard_after_backward) u->reshard();
       u->grads_ready = 0;
     }
+    if (options_.return_buffers) free_.clear();
     return;
   }
   // Units that have not reduced in this backward (the root, and units whose parameters did not all
@@ -434,6 +435,17 @@ void FSDP::finish_backward() {
   for (auto& u : units_) u->reduced = false;
   for (auto& u : units_) u->complete_reduce_scatter();
   for (auto& u : units_) u->complete_all_reduce();
+  // Nothing is in flight: the free buffers go back to the allocator (units kept gathered still hold
+  // theirs).
+  if (options_.return_buffers) free_.clear();
+}
+
+int64_t FSDP::pooled_bytes(at::ScalarType dtype) const {
+  int64_t bytes = 0;
+  for (const auto& [key, list] : free_)
+    if (dtype == at::ScalarType::Undefined || key.first == dtype)
+      for (const auto& b : list) bytes += b.numel() * b.element_size();
+  return bytes;
 }
 
 std::vector<PlacedTensor> FSDP::placed_parameters() const {

@@ -23,7 +23,9 @@
 //
 // Communication buffers come from a pool: a request takes the smallest free buffer of its dtype and
 // device that is large enough (units of every size share them), so the pool holds what is in flight
-// at once, not a set per unit size, and after the first step nothing is allocated again. With offload_to_cpu the flat shards and grads
+// at once, not a set per unit size. When a backward ends the pool returns its buffers to the
+// allocator (on CUDA the caching allocator, where the next forward's activations can use them):
+// each phase takes the buffers it uses, the same number every step. With offload_to_cpu the flat shards and grads
 // live in CPU memory (pinned when the compute device is a GPU): the optimizer steps on the CPU, each
 // all-gather first copies the shard to the device and each reduced gradient is copied back.
 //
@@ -54,6 +56,10 @@ struct FSDPOptions {
   // units gathered, so the next microbatch's forward and backward reuse them (pipeline parallelism:
   // each unit is gathered once per step and reduce-scattered once, when the step's gradients reduce).
   bool reshard_after_backward = true;
+  // Communication buffers go back to the allocator when a backward ends (where nothing is in
+  // flight), so no reduce-scatter buffer sits idle through the next forward. false keeps them
+  // pooled across steps (what FSDP did before), to measure the difference.
+  bool return_buffers = true;
   bool offload_to_cpu = false;  // training.enable_cpu_offload
 };
 
@@ -108,8 +114,12 @@ class FSDP {
   // Most bytes of padded full-size gradients held for reduce-scatters at once so far: one unit's,
   // since a unit's reductions complete before the next unit issues its own.
   int64_t peak_reduction_bytes() const { return peak_reduction_bytes_; }
-  // Communication buffers allocated so far (the pool reuses them: constant after the first step).
+  // Communication buffers allocated so far (the pool reuses them within a step; with
+  // return_buffers the same number is allocated again every step).
   int64_t buffer_allocations() const { return pool_allocations_; }
+  // Bytes of free buffers the pool holds now (0 after a backward with return_buffers), of one
+  // dtype or (Undefined) all.
+  int64_t pooled_bytes(at::ScalarType dtype = at::ScalarType::Undefined) const;
   size_t num_units() const { return units_.size(); }
 
   struct Unit;

@@ -34,8 +34,9 @@ struct ParallelizeContext {
   // sequence; attention becomes ring attention); null when the degree is 1.
   dist::ContextParallel* context_parallel = nullptr;
   // Activation checkpointing of the repeated blocks: "none", "full" (every block), "selective"
-  // (every ac_every-th block, counting from 1, as torchtitan's selective_ac_option k does) or "op"
-  // (every block, keeping the outputs of matmuls and attention: selective_ac_option "op").
+  // (every ac_every-th block, counting from 1, as torchtitan's selective_ac_option k does), "op"
+  // (every block, keeping attention's output and log-sum-exp and every other matmul's output:
+  // selective_ac_option "op", torchtitan's policy) or "op_all_matmuls" (every matmul's output too).
   std::string ac_mode = "none";
   int64_t ac_every = 1;
 };

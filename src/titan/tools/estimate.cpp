@@ -53,7 +53,7 @@ const char* dtype_name(at::ScalarType t) { return t == at::kBFloat16 ? "bfloat16
 // as the trainer maps them.
 std::pair<std::string, int64_t> ac_plan(const config::ActivationCheckpoint& ac) {
   if (ac.mode != "selective") return {ac.mode, 1};
-  if (ac.selective_ac_option == "op") return {"op", 1};
+  if (ac.selective_ac_option == "op") return {ac.per_op_policy == "all_matmuls" ? "op_all_matmuls" : "op", 1};
   int64_t k = 0;
   try {
     k = std::stoll(ac.selective_ac_option);
@@ -68,6 +68,7 @@ std::string ac_words(const std::string& mode, int64_t k) {
   if (mode == "none") return "none";
   if (mode == "full") return "full (every block)";
   if (mode == "op") return "selective per operator";
+  if (mode == "op_all_matmuls") return "selective per operator, all matmuls kept";
   return "selective " + std::to_string(k) + " (1 block in " + std::to_string(k) + ")";
 }
 

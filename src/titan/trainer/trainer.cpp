@@ -202,7 +202,7 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   pctx.ac_mode = cfg_.activation_checkpoint.mode;
   if (pctx.ac_mode == "selective") {
     if (cfg_.activation_checkpoint.selective_ac_option == "op")
-      pctx.ac_mode = "op";
+      pctx.ac_mode = cfg_.activation_checkpoint.per_op_policy == "all_matmuls" ? "op_all_matmuls" : "op";
     else
       pctx.ac_every = std::stoll(cfg_.activation_checkpoint.selective_ac_option);
   }
@@ -315,7 +315,10 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   log_info("Activation checkpointing: " +
            (ac.mode == "none"                   ? std::string("off")
             : ac.mode == "full"                 ? std::string("every block")
-            : ac.selective_ac_option == "op" ? std::string("per operator (matmul and attention outputs kept)")
+            : ac.selective_ac_option == "op"
+                ? std::string(ac.per_op_policy == "all_matmuls"
+                                  ? "per operator (attention and every matmul output kept)"
+                                  : "per operator (attention and every other matmul output kept)")
                                                 : "1 block in " + ac.selective_ac_option));
   log_info("Data: " + dataloader_->description() + "; tokenizer vocabulary " +
            std::to_string(tokenizer_->vocab_size()));

@@ -97,16 +97,17 @@ TITAN_TEST_WORKER_FN(data_parallel) {
                      "data-parallel kind %s", data_par.kind().c_str());
   std::vector<std::pair<std::string, at::Tensor>> par_named = data_par.named_parameters();
   if (ddp) TITAN_WORKER_CHECK(ddp->num_buckets() > 2, "expected several buckets, got %zu", ddp->num_buckets());
-  // FSDP's units: blocks reshard after forward (unless "never"); [norm, output] and the root only
-  // with "always".
+  // FSDP's units: blocks but the last reshard after forward (unless "never": none; "always": every
+  // unit, the last block, [norm, output] and the root too).
   auto unit_of = [](const std::string& name) {
     if (name.rfind("layers.", 0) == 0) return name.substr(0, name.find('.', 7));
     return std::string(name.rfind("norm.", 0) == 0 || name.rfind("output.", 0) == 0 ? "head" : "root");
   };
+  const std::string last_block = "layers." + std::to_string(tiny_args().n_layers - 1);
   auto reshards = [&](const std::string& unit) {
-    return reshard == "always" || (reshard == "default" && unit.rfind("layers.", 0) == 0);
+    return reshard == "always" || (reshard == "default" && unit.rfind("layers.", 0) == 0 && unit != last_block);
   };
-  int64_t buffers_after_first_step = -1;
+  int64_t buffers_per_step = -1, buffers_before = 0;
   OptimizerOptions oo;
   oo.lr = 1e-3;
   Optimizer ref_opt(ref_named, oo), par_opt(par_named, oo);
@@ -190,11 +191,16 @@ TITAN_TEST_WORKER_FN(data_parallel) {
         TITAN_WORKER_CHECK(mesh.calls().at("dp_replicate").at("all_reduce") == n_units, "%lld HSDP all-reduces, expected %lld",
                            (long long)mesh.calls().at("dp_replicate").at("all_reduce"), (long long)n_units);
       }
-      // Communication buffers are allocated in the first step only, then reused.
-      if (step == 0) buffers_after_first_step = fsdp->buffer_allocations();
-      TITAN_WORKER_CHECK(fsdp->buffer_allocations() == buffers_after_first_step,
-                         "step %lld allocated communication buffers (%lld, after step 1: %lld)", (long long)step,
-                         (long long)fsdp->buffer_allocations(), (long long)buffers_after_first_step);
+      // Communication buffers: reused within a step, given back to the allocator when its backward
+      // ends (none left pooled), the same number taken every step.
+      const int64_t taken = fsdp->buffer_allocations() - buffers_before;
+      buffers_before = fsdp->buffer_allocations();
+      if (step == 0) buffers_per_step = taken;
+      TITAN_WORKER_CHECK(taken == buffers_per_step && taken < 3 * static_cast<int64_t>(fsdp->num_units()),
+                         "step %lld took %lld communication buffers (step 1: %lld, units %zu)", (long long)step,
+                         (long long)taken, (long long)buffers_per_step, fsdp->num_units());
+      TITAN_WORKER_CHECK(fsdp->pooled_bytes() == 0, "%lld bytes of buffers stay pooled after the backward",
+                         (long long)fsdp->pooled_bytes());
     } else {
       TITAN_WORKER_CHECK(mesh.bytes().at("dp_replicate").at("all_reduce") == full_bytes, "DDP all-reduce moved %lld bytes",
                     (long long)mesh.bytes().at("dp_replicate").at("all_reduce"));

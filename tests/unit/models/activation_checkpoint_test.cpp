@@ -1,6 +1,7 @@
 // Activation checkpointing: a checkpointed block recomputes in backward exactly what the plain block
 // computed, so losses and every gradient are bitwise those of the model without it; and its
 // activations are not kept (fewer tensors alive between forward and backward).
+#include "models/graph_memory.h"
 #include "models/tiny_llama.h"
 #include "test_util.h"
 
@@ -12,7 +13,10 @@
 #include <torch/csrc/autograd/function.h>
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <gtest/gtest.h>
+
+#include <cstring>
 
 namespace titan {
 namespace {
@@ -89,31 +93,113 @@ TEST(ActivationCheckpoint, PerOperatorPolicyGivesTheSameGradients) {
   for (const auto& [name, g] : ref_grads) EXPECT_LT(test::relative_error(grads.at(name), g), 1e-5) << name;
 }
 
+// Attention's kernels counted: under a per-operator policy its forward kernel runs once (in the
+// forward) and its backward kernel once; the body's cheap operations run twice. Gradients equal the
+// plain computation's under both policies (which matmuls they keep: PerOperatorPolicies* below).
 TEST(ActivationCheckpoint, PerOperatorPolicyRecomputesOnlyTheCheapOperations) {
-  int expensive = 0, cheap = 0;
-  at::Tensor w1 = at::randn({8, 8}).requires_grad_(true), w2 = at::randn({8, 8}).requires_grad_(true);
-  nn::HookedModule::Body body = [&](const std::vector<at::Tensor>& in) {
-    ++cheap;
-    at::Tensor h = at::tanh(nn::saveable_linear(in[0], w1));
-    h = nn::saveable_op({h}, [&](const std::vector<at::Tensor>& a) {
-      ++expensive;
-      return at::softmax(a[0], -1);
-    });
-    return nn::saveable_linear(at::sin(h), w2).sum(1);
+  for (const auto save : {nn::SaveOps::EveryOtherMatmul, nn::SaveOps::AllMatmuls}) {
+    SCOPED_TRACE(save == nn::SaveOps::AllMatmuls ? "all matmuls" : "every other matmul");
+    int forwards = 0, backwards = 0, cheap = 0, plain = 0;
+    nn::AttentionKernels counted = nn::causal_attention_kernels(), base = nn::causal_attention_kernels();
+    counted.forward = [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+      ++forwards;
+      return base.forward(q, k, v);
+    };
+    counted.backward = [&](const at::Tensor& g, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const at::Tensor& o, const at::Tensor& l) {
+      ++backwards;
+      return base.backward(g, q, k, v, o, l);
+    };
+    auto attend = [&](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+      ++plain;
+      return nn::causal_attention(q, k, v);
+    };
+    at::Tensor w1 = at::randn({16, 16}).requires_grad_(true), w2 = at::randn({16, 16}).requires_grad_(true),
+               w3 = at::randn({16, 16}).requires_grad_(true);
+    // x (B, S, 16) -> q, k, v (B, 2 heads, S, 8) -> attention -> back to (B, S, 16).
+    auto heads = [](const at::Tensor& t) { return t.view({t.size(0), t.size(1), 2, 8}).transpose(1, 2); };
+    nn::HookedModule::Body body = [&](const std::vector<at::Tensor>& in) {
+      ++cheap;
+      at::Tensor h = at::tanh(nn::saveable_linear(in[0], w1));
+      at::Tensor g = nn::saveable_linear(h, w2);
+      at::Tensor a = nn::saveable_attention(heads(h), heads(at::sin(h)), heads(g), attend, counted);
+      return nn::saveable_linear(a.transpose(1, 2).reshape(h.sizes()), w3).sum(-1);
+    };
+    at::Tensor x = at::randn({2, 5, 16}).requires_grad_(true);
+    at::Tensor out = nn::checkpoint(body, {x}, save);
+    EXPECT_EQ(cheap, 1);
+    EXPECT_EQ(forwards, 1);
+    out.sum().backward();
+    EXPECT_EQ(cheap, 2);      // the body ran again...
+    EXPECT_EQ(forwards, 1);   // ...without attention's forward kernel
+    EXPECT_EQ(backwards, 1);  // which back-propagated from the kept output and log-sum-exp
+    EXPECT_EQ(plain, 0);
+    at::Tensor xr = x.detach().requires_grad_(true), w1r = w1.detach().clone().requires_grad_(true),
+               w2r = w2.detach().clone().requires_grad_(true), w3r = w3.detach().clone().requires_grad_(true);
+    at::Tensor hr = at::tanh(at::linear(xr, w1r));
+    at::Tensor ar = nn::causal_attention(heads(hr), heads(at::sin(hr)), heads(at::linear(hr, w2r)));
+    at::linear(ar.transpose(1, 2).reshape(hr.sizes()), w3r).sum(-1).sum().backward();
+    EXPECT_LT(test::relative_error(x.grad(), xr.grad()), 1e-5);
+    EXPECT_LT(test::relative_error(w1.grad(), w1r.grad()), 1e-5);
+    EXPECT_LT(test::relative_error(w2.grad(), w2r.grad()), 1e-5);
+    EXPECT_LT(test::relative_error(w3.grad(), w3r.grad()), 1e-5);
+  }
+}
+
+// Calls of one operator (by its name in the dispatcher) on every thread while the counter lives.
+class OpCounter {
+ public:
+  explicit OpCounter(const char* name) {
+    name_ = name;
+    count_ = 0;
+    handle_ = at::addGlobalCallback(at::RecordFunctionCallback([](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
+                                      if (std::strcmp(fn.name(), name_) == 0) ++count_;
+                                      return nullptr;
+                                    }).needsInputs(false).scopes({at::RecordScope::FUNCTION}));
+  }
+  ~OpCounter() { at::removeCallback(handle_); }
+  int count() const { return count_; }
+
+ private:
+  static inline const char* name_ = "";
+  static inline std::atomic<int> count_{0};
+  at::CallbackHandle handle_;
+};
+
+// The model's blocks under the per-operator policies. Measured with the counting allocator: what the
+// forward keeps for backward, torchtitan's policy (every other matmul) against all matmuls kept:
+// less by exactly the outputs of the matmuls it recomputes, the 2nd, 4th and 6th of each block
+// (wk: K x E, wo: dim, and one of w1/w3: hidden, per token). Attention's forward kernel runs in the
+// forward only, under both policies: its output and log-sum-exp are kept, and the backward kernel
+// runs from them (under full checkpointing the forward kernel runs again for every block).
+TEST(ActivationCheckpoint, PerOperatorPoliciesKeepTorchtitansSetAndNeverRunAttentionAgain) {
+  const auto args = tiny();
+  at::Tensor seq = at::randint(101, {3, 16}, at::kLong);
+  auto build = [&](const std::string& mode) {
+    llama3::Transformer m(args, at::TensorOptions());
+    m->init_weights(4);
+    ParallelizeContext ctx;
+    ctx.ac_mode = mode;
+    model_spec("llama3").parallelize(*m, ctx);
+    return m;
   };
-  at::Tensor x = at::randn({4, 8}).requires_grad_(true);
-  at::Tensor out = nn::checkpoint(body, {x}, /*save_ops=*/true);
-  EXPECT_EQ(cheap, 1);
-  EXPECT_EQ(expensive, 1);
-  out.sum().backward();
-  EXPECT_EQ(cheap, 2);      // the body ran again...
-  EXPECT_EQ(expensive, 2);  // ...without the kept op: it ran once more only for its own backward
-  at::Tensor xr = x.detach().requires_grad_(true), w1r = w1.detach().clone().requires_grad_(true),
-             w2r = w2.detach().clone().requires_grad_(true);
-  at::linear(at::sin(at::softmax(at::tanh(at::linear(xr, w1r)), -1)), w2r).sum(1).sum().backward();
-  EXPECT_LT(test::relative_error(x.grad(), xr.grad()), 1e-6);
-  EXPECT_LT(test::relative_error(w1.grad(), w1r.grad()), 1e-6);
-  EXPECT_LT(test::relative_error(w2.grad(), w2r.grad()), 1e-6);
+  std::map<std::string, int64_t> saved;
+  std::map<std::string, int> attention_in_backward;
+  for (const std::string mode : {"op", "op_all_matmuls", "full"}) {
+    llama3::Transformer m = build(mode);
+    saved[mode] = test::measure_graph([&](const std::vector<at::Tensor>& in) { return m->forward(in[0]); }, {seq}).saved;
+    at::Tensor out = m->forward(seq);
+    OpCounter kernel("aten::_scaled_dot_product_flash_attention_for_cpu");
+    out.sum().backward();
+    attention_in_backward[mode] = kernel.count();
+  }
+  const int64_t E = args.dim / args.n_heads, hidden = 192;
+  const int64_t recomputed = args.n_layers * 3 * 16 * (args.n_kv_heads * E + args.dim + hidden) * 4;
+  EXPECT_EQ(saved["op_all_matmuls"] - saved["op"], recomputed);
+  EXPECT_GT(saved["op"], saved["full"]);
+  EXPECT_EQ(attention_in_backward["op"], 0);
+  EXPECT_EQ(attention_in_backward["op_all_matmuls"], 0);
+  EXPECT_EQ(attention_in_backward["full"], args.n_layers);  // the counter sees the kernel where it runs
 }
 
 // A checkpoint inside a per-operator body runs as one unit in both passes: its matmuls are not
@@ -126,7 +212,7 @@ TEST(ActivationCheckpoint, ACheckpointNestedInAPerOperatorBodyKeepsTheTapeAligne
     return nn::saveable_linear(at::sin(h), w2) * nn::saveable_linear(h, w2);
   };
   at::Tensor x = at::randn({4, 8}).requires_grad_(true);
-  nn::checkpoint(body, {x}, /*save_ops=*/true).sum().backward();
+  nn::checkpoint(body, {x}, nn::SaveOps::AllMatmuls).sum().backward();
   at::Tensor xr = x.detach().requires_grad_(true), w1r = w1.detach().clone().requires_grad_(true),
              w2r = w2.detach().clone().requires_grad_(true);
   at::Tensor hr = at::tanh(at::linear(xr, w1r));

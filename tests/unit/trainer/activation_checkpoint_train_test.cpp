@@ -16,17 +16,21 @@ namespace {
 const std::string kSource = TITAN_SOURCE_DIR;
 const std::string kTitan = std::string(TITAN_BINARY_DIR) + "/titan";
 
+// mode: none, full, selective (every 2nd block), op (torchtitan's per-operator policy) or op_all
+// (per operator, every matmul kept).
 std::vector<std::string> args(const std::string& dump, const std::string& mode, int seq_len, int steps) {
+  const bool op = mode.rfind("op", 0) == 0;
   return {"--job.config_file", kSource + "/configs/llama3_debugmodel.toml", "--job.dump_folder", dump,
           "--model.hf_assets_path", kSource + "/assets/tokenizer", "--training.seq_len", std::to_string(seq_len),
           "--training.local_batch_size", "4", "--training.steps", std::to_string(steps), "--metrics.log_freq", "1",
-          "--activation_checkpoint.mode", mode == "op" ? "selective" : mode,
-          "--activation_checkpoint.selective_ac_option", mode == "op" ? "op" : "2"};
+          "--activation_checkpoint.mode", op ? "selective" : mode,
+          "--activation_checkpoint.selective_ac_option", op ? "op" : "2",
+          "--activation_checkpoint.per_op_policy", mode == "op_all" ? "all_matmuls" : "every_other_matmul"};
 }
 
 TEST(ActivationCheckpointTraining, LossesAreIdenticalInEveryMode) {
   std::vector<std::vector<double>> losses;
-  for (const std::string mode : {"none", "full", "selective", "op"}) {
+  for (const std::string mode : {"none", "full", "selective", "op", "op_all"}) {
     test::TempDir dir;
     Trainer t(parse_config(args(dir.path(), mode, 32, 10)));
     losses.push_back(t.train());
@@ -34,7 +38,10 @@ TEST(ActivationCheckpointTraining, LossesAreIdenticalInEveryMode) {
   EXPECT_EQ(losses[1], losses[0]) << "full";
   EXPECT_EQ(losses[2], losses[0]) << "selective";
   // Per operator: kept matmuls back-propagate with written-out formulas (fp32 rounding).
-  for (size_t i = 0; i < losses[0].size(); ++i) EXPECT_NEAR(losses[3][i], losses[0][i], 1e-5 * losses[0][i]) << "op " << i;
+  for (size_t i = 0; i < losses[0].size(); ++i) {
+    EXPECT_NEAR(losses[3][i], losses[0][i], 1e-5 * losses[0][i]) << "op " << i;
+    EXPECT_NEAR(losses[4][i], losses[0][i], 1e-5 * losses[0][i]) << "op, all matmuls " << i;
+  }
 }
 
 // Peak memory (the log line's figure: on CPU the peak bytes of tensors, counted by the allocator) of 3 steps at

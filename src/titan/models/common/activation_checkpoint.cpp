@@ -23,7 +23,10 @@ using torch::autograd::variable_list;
 // recomputation.
 struct OpTape {
   enum class Mode { Record, Replay } mode = Mode::Record;
+  bool all_matmuls = false;
+  int64_t matmuls = 0;  // seen in the current pass (forward, then the recomputation): which are kept
   std::deque<at::Tensor> outputs;
+  bool keeps_next_matmul() { return all_matmuls || ++matmuls % 2 == 1; }
 };
 thread_local OpTape* current_tape = nullptr;
 
@@ -83,7 +86,10 @@ struct CheckpointBackward : torch::autograd::Node {
     {
       at::AutoGradMode grad_mode(true);
       Bf16Autocast cuda(at::kCUDA, cuda_autocast), cpu(at::kCPU, cpu_autocast);
-      if (tape) tape->mode = OpTape::Mode::Replay;
+      if (tape) {
+        tape->mode = OpTape::Mode::Replay;
+        tape->matmuls = 0;
+      }
       TapeScope scope(tape.get());
       out = body(in);
     }
@@ -121,7 +127,7 @@ std::shared_ptr<CheckpointBackward> new_node() {
 
 }  // namespace
 
-at::Tensor checkpoint(const HookedModule::Body& body, const std::vector<at::Tensor>& inputs, bool save_ops) {
+at::Tensor checkpoint(const HookedModule::Body& body, const std::vector<at::Tensor>& inputs, SaveOps save) {
   if (!at::GradMode::is_enabled()) {
     // Inside another checkpoint's forward (or without grad): run plainly, and record nothing on an
     // enclosing per-operator tape, since the recomputation will run this checkpoint as one.
@@ -129,7 +135,10 @@ at::Tensor checkpoint(const HookedModule::Body& body, const std::vector<at::Tens
     return body(inputs);
   }
   auto node = new_node();
-  if (save_ops) node->tape = std::make_unique<OpTape>();
+  if (save != SaveOps::None) {
+    node->tape = std::make_unique<OpTape>();
+    node->tape->all_matmuls = save == SaveOps::AllMatmuls;
+  }
   at::Tensor out;
   {
     at::NoGradGuard no_grad;
@@ -140,7 +149,7 @@ at::Tensor checkpoint(const HookedModule::Body& body, const std::vector<at::Tens
 }
 
 at::Tensor saveable_linear(const at::Tensor& x, const at::Tensor& weight) {
-  if (!current_tape) return at::linear(x, weight);
+  if (!current_tape || !current_tape->keeps_next_matmul()) return at::linear(x, weight);  // recomputed
   if (current_tape->mode == OpTape::Mode::Record) {
     at::Tensor out = at::linear(x, weight);
     current_tape->outputs.push_back(out);
@@ -149,23 +158,46 @@ at::Tensor saveable_linear(const at::Tensor& x, const at::Tensor& weight) {
   return KeptLinear::apply(x, weight, next_kept_output());
 }
 
-at::Tensor saveable_op(const std::vector<at::Tensor>& inputs, const HookedModule::Body& op) {
-  if (!current_tape) return op(inputs);
+namespace {
+
+// An attention whose output and log-sum-exp were kept: forward hands out the kept output, backward
+// runs the attention's backward kernel from them (the forward kernel does not run again).
+struct KeptAttention : public torch::autograd::Function<KeptAttention> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                            const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse,
+                            const AttentionKernels* kernels) {
+    ctx->save_for_backward({q, k, v, out, lse});
+    ctx->saved_data["kernels"] = reinterpret_cast<int64_t>(kernels);
+    return out.detach();
+  }
+  static variable_list backward(torch::autograd::AutogradContext* ctx, variable_list grads) {
+    const auto* kernels = reinterpret_cast<const AttentionKernels*>(ctx->saved_data["kernels"].toInt());
+    const auto s = ctx->get_saved_variables();
+    auto [dq, dk, dv] = kernels->backward(grads[0], s[0], s[1], s[2], s[3], s[4]);
+    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor saveable_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              const std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)>& plain,
+                              const AttentionKernels& kernels) {
+  if (!current_tape) return plain(q, k, v);
   if (current_tape->mode == OpTape::Mode::Record) {
-    at::Tensor out = op(inputs);
+    auto [out, lse] = kernels.forward(q, k, v);
     current_tape->outputs.push_back(out);
+    current_tape->outputs.push_back(lse);
     return out;
   }
-  // The kept output, back-propagated by running op again with a graph (a checkpoint of op alone).
-  at::Tensor kept = next_kept_output().detach();
-  if (!at::GradMode::is_enabled()) return kept;
-  TapeScope none(nullptr);
-  return attach(kept, new_node(), op, inputs);
+  at::Tensor out = next_kept_output(), lse = next_kept_output();
+  if (!at::GradMode::is_enabled()) return out;
+  return KeptAttention::apply(q, k, v, out, lse, &kernels);
 }
 
-void apply_activation_checkpointing(HookedModule& module, bool save_ops) {
-  module.set_forward_wrapper([save_ops](const HookedModule::Body& body, const std::vector<at::Tensor>& inputs) {
-    return checkpoint(body, inputs, save_ops);
+void apply_activation_checkpointing(HookedModule& module, SaveOps save) {
+  module.set_forward_wrapper([save](const HookedModule::Body& body, const std::vector<at::Tensor>& inputs) {
+    return checkpoint(body, inputs, save);
   });
 }
 

@@ -4,31 +4,38 @@
 // recomputation repeats the same operations on the same values (no randomness in the bodies it wraps).
 // Autocast (CUDA and CPU) is restored for the recomputation as it was in forward.
 //
-// Per-operator policy (save_ops, torchtitan's selective_ac_option "op"): the body's expensive
-// operations — every matmul that goes through nn::saveable_linear (all Linear layers) and every
-// operation wrapped in nn::saveable_op (attention) — keep their outputs from the forward; the
-// recomputation in backward runs only the cheap operations between them (norms, RoPE, the SwiGLU
-// product, residual adds, views) and takes the kept outputs instead of running those operations
-// again. A kept matmul back-propagates with its own formulas (grad_x = g W, grad_W = gᵀ x); a kept
-// attention back-propagates through the fused kernel, which runs its forward once more inside its
-// backward (its log-sum-exp is not kept).
+// Per-operator policies (torchtitan's selective_ac_option "op"): the body's expensive operations
+// keep their outputs from the forward; the recomputation in backward runs only what lies between
+// them and takes the kept outputs instead of running those operations again.
+//   every_other_matmul (torchtitan's policy, the default "op"): the 1st, 3rd, 5th ... matmul of the
+//     body (nn::saveable_linear, every Linear) keeps its output, the others are recomputed; every
+//     attention (nn::saveable_attention) keeps its output and log-sum-exp.
+//   all_matmuls: every matmul and attention keeps its output (more memory, less recomputation).
+// A kept matmul back-propagates with its own formulas (grad_x = g W, grad_W = gᵀ x); a kept attention
+// back-propagates through its backward kernel from the kept output and log-sum-exp, so attention's
+// forward never runs again (nor, under context parallelism, the ring's forward exchange of K/V).
 #pragma once
 
 #include "titan/models/common/hooks.h"
+#include "titan/models/common/layers.h"
 
 namespace titan::nn {
 
+enum class SaveOps { None, EveryOtherMatmul, AllMatmuls };
+
 // Runs `body(inputs)` checkpointed: see above. Without grad mode it simply runs the body.
-// save_ops: the per-operator policy.
-at::Tensor checkpoint(const HookedModule::Body& body, const std::vector<at::Tensor>& inputs, bool save_ops = false);
+at::Tensor checkpoint(const HookedModule::Body& body, const std::vector<at::Tensor>& inputs, SaveOps save = SaveOps::None);
 
 // Makes `module`'s body checkpointed (its hooks still run once per forward, outside the recomputation).
-void apply_activation_checkpointing(HookedModule& module, bool save_ops = false);
+void apply_activation_checkpointing(HookedModule& module, SaveOps save = SaveOps::None);
 
-// x Wᵀ (at::linear). Inside a body checkpointed with the per-operator policy its output is kept.
+// x Wᵀ (at::linear). Inside a body checkpointed with a per-operator policy its output may be kept.
 at::Tensor saveable_linear(const at::Tensor& x, const at::Tensor& weight);
-// op(inputs). Inside a body checkpointed with the per-operator policy its output is kept, and its
-// backward runs op again with a graph (for operations whose backward needs their forward's internals).
-at::Tensor saveable_op(const std::vector<at::Tensor>& inputs, const HookedModule::Body& op);
+// plain(q, k, v) outside per-operator checkpointing. Inside it, the forward runs kernels.forward and
+// keeps its output and log-sum-exp; the recomputation hands the kept output out, back-propagated by
+// kernels.backward. `kernels` must compute what `plain` does (and outlive the backward).
+at::Tensor saveable_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              const std::function<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&)>& plain,
+                              const AttentionKernels& kernels);
 
 }  // namespace titan::nn

@@ -171,6 +171,68 @@ at::Tensor causal_attention(const at::Tensor& q_BHSE, const at::Tensor& k_BKSE, 
   return at::scaled_dot_product_attention(q_BHSE, repeat(k_BKSE), repeat(v_BKSE), {}, 0.0, /*is_causal=*/true);
 }
 
+namespace {
+
+constexpr int64_t kLseAlign = 32;  // the CUDA memory-efficient kernel's log-sum-exp row padding
+
+at::Tensor repeat_heads(const at::Tensor& t_BKSE, int64_t H) {
+  const int64_t K = t_BKSE.size(1);
+  if (K == H) return t_BKSE;
+  return t_BKSE.unsqueeze(2)
+      .expand({t_BKSE.size(0), K, H / K, t_BKSE.size(2), t_BKSE.size(3)})
+      .reshape({t_BKSE.size(0), H, t_BKSE.size(2), t_BKSE.size(3)});
+}
+
+at::Tensor sum_heads(const at::Tensor& g_BHSE, int64_t K) {
+  const int64_t H = g_BHSE.size(1);
+  if (K == H) return g_BHSE;
+  return g_BHSE.view({g_BHSE.size(0), K, H / K, g_BHSE.size(2), g_BHSE.size(3)}).sum(2);
+}
+
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> attention_block_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                          bool causal) {
+  if (q.is_cuda()) {
+    const int64_t H = q.size(1);
+    auto r = at::_scaled_dot_product_efficient_attention(q, repeat_heads(k, H), repeat_heads(v, H), std::nullopt,
+                                                         /*compute_log_sumexp=*/true, 0.0, causal);
+    return {std::get<0>(r), std::get<1>(r).narrow(-1, 0, q.size(2))};
+  }
+  auto r = at::_scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal);
+  return {std::get<0>(r), std::get<1>(r)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_block_backward(const at::Tensor& dout, const at::Tensor& q,
+                                                                        const at::Tensor& k, const at::Tensor& v,
+                                                                        const at::Tensor& out, const at::Tensor& lse,
+                                                                        bool causal) {
+  if (q.is_cuda()) {
+    const int64_t H = q.size(1), K = k.size(1), Sq = q.size(2);
+    const int64_t padded = (Sq + kLseAlign - 1) / kLseAlign * kLseAlign;
+    const at::Tensor lse32 = lse.to(at::kFloat);
+    at::Tensor lse_padded = padded == Sq ? lse32.contiguous() : at::constant_pad_nd(lse32, {0, padded - Sq}, 0.0);
+    const at::Tensor zero = at::zeros({}, at::TensorOptions().dtype(at::kLong).device(q.device()));
+    auto r = at::_scaled_dot_product_efficient_attention_backward(
+        dout, q, repeat_heads(k, H), repeat_heads(v, H), at::Tensor(), out, lse_padded, zero, zero, 0.0,
+        {true, true, true, false}, causal);
+    return {std::get<0>(r), sum_heads(std::get<1>(r), K), sum_heads(std::get<2>(r), K)};
+  }
+  return at::_scaled_dot_product_flash_attention_for_cpu_backward(dout, q, k, v, out, lse, 0.0, causal);
+}
+
+AttentionKernels causal_attention_kernels() {
+  AttentionKernels k;
+  k.forward = [](const at::Tensor& q, const at::Tensor& key, const at::Tensor& v) {
+    return attention_block_forward(q, key, v, /*causal=*/true);
+  };
+  k.backward = [](const at::Tensor& dout, const at::Tensor& q, const at::Tensor& key, const at::Tensor& v,
+                  const at::Tensor& out, const at::Tensor& lse) {
+    return attention_block_backward(dout.contiguous(), q, key, v, out, lse, /*causal=*/true);
+  };
+  return k;
+}
+
 AttentionImpl::AttentionImpl(int64_t dim, int64_t n_heads_, int64_t n_kv_heads_, const at::TensorOptions& opts)
     : n_heads(n_heads_), n_kv_heads(n_kv_heads_), head_dim(dim / n_heads_) {
   wq = register_module("wq", Linear(dim, n_heads * head_dim, opts));
@@ -189,11 +251,13 @@ at::Tensor AttentionImpl::body(const at::Tensor& x_BSD, const at::Tensor& cis_SE
   at::Tensor q_BSHE = apply_rope(wq(x_BSD).view({B, S, -1, head_dim}), cis_SE2);
   at::Tensor k_BSKE = apply_rope(wk(x_BSD).view({B, S, -1, head_dim}), cis_SE2);
   at::Tensor v_BSKE = wv(x_BSD).view({B, S, -1, head_dim});
-  // A kept operation under per-operator activation checkpointing (see activation_checkpoint.h).
-  at::Tensor out_BHSE = saveable_op({q_BSHE.transpose(1, 2), k_BSKE.transpose(1, 2), v_BSKE.transpose(1, 2)},
-                                    [this](const std::vector<at::Tensor>& in) {
-                                      return attend ? attend(in[0], in[1], in[2]) : causal_attention(in[0], in[1], in[2]);
-                                    });
+  // Kept with its log-sum-exp under per-operator activation checkpointing (activation_checkpoint.h).
+  at::Tensor out_BHSE = saveable_attention(
+      q_BSHE.transpose(1, 2), k_BSKE.transpose(1, 2), v_BSKE.transpose(1, 2),
+      [this](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+        return attend ? attend(q, k, v) : causal_attention(q, k, v);
+      },
+      kernels);
   return wo(out_BHSE.transpose(1, 2).contiguous().view({B, S, -1}));
 }
 

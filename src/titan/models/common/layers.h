@@ -77,6 +77,32 @@ at::Tensor apply_rope(const at::Tensor& x_BSnE, const at::Tensor& cis_SE2);
 // grouped heads; they are repeated (copied) only where SDPA would otherwise run its math backend.
 at::Tensor causal_attention(const at::Tensor& q_BHSE, const at::Tensor& k_BKSE, const at::Tensor& v_BKSE);
 
+// Attention through the fused kernels that also return the log-sum-exp of each query row's scores,
+// and back-propagate from it without running the forward again. q (B, H, Sq, E), k and v
+// (B, K, Sk, E), K dividing H. Forward: (output (B, H, Sq, E) in q's dtype, log-sum-exp (B, H, Sq)).
+// CPU: the flash kernel, reading grouped heads in place. CUDA: the memory-efficient kernel, whose
+// log-sum-exp rows are padded to a multiple of 32 (cut here, padded again for backward) and which
+// takes no grouped heads (they are repeated, their gradients summed back).
+std::pair<at::Tensor, at::Tensor> attention_block_forward(const at::Tensor& q_BHSE, const at::Tensor& k_BKSE,
+                                                          const at::Tensor& v_BKSE, bool causal);
+// (dq, dk, dv) from the output's gradient, the inputs, the output and its log-sum-exp.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_block_backward(const at::Tensor& dout, const at::Tensor& q,
+                                                                        const at::Tensor& k, const at::Tensor& v,
+                                                                        const at::Tensor& out, const at::Tensor& lse,
+                                                                        bool causal);
+
+// An attention as two halves, for per-operator activation checkpointing (activation_checkpoint.h):
+// forward returns (output, log-sum-exp); backward returns (dq, dk, dv) given the output's gradient,
+// q, k, v, the output and the log-sum-exp.
+struct AttentionKernels {
+  std::function<std::pair<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&)> forward;
+  std::function<std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                               const at::Tensor&, const at::Tensor&, const at::Tensor&)>
+      backward;
+};
+// causal_attention's halves (attention_block_forward/backward, causal).
+AttentionKernels causal_attention_kernels();
+
 // Grouped-query causal self-attention through ATen's scaled_dot_product_attention.
 class AttentionImpl : public HookedModule {
  public:
@@ -89,6 +115,9 @@ class AttentionImpl : public HookedModule {
   // The attention of the rotated q (B, H, S, E) over k, v (B, K, S, E): causal_attention unless a
   // parallelism replaces it (context parallelism's ring attention over the sequence's shards).
   std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)> attend;
+  // The same attention as two halves (output and log-sum-exp, and the backward from them): what
+  // per-operator activation checkpointing keeps and back-propagates through. Set with `attend`.
+  AttentionKernels kernels = causal_attention_kernels();
 
  private:
   at::Tensor body(const at::Tensor& x_BSD, const at::Tensor& cis_SE2);

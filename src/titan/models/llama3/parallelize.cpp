@@ -84,32 +84,40 @@ ParallelizedModel parallelize(LanguageModelImpl& model, const ParallelizeContext
   // Context parallelism: RoPE follows the rank's positions, attention runs over every rank's keys.
   if (dist::ContextParallel* cp = ctx.context_parallel) {
     transformer->set_sequence_positions(cp->degree(), [cp](int64_t seq_len) { return cp->positions(seq_len); });
-    for (const auto& [prefix, block] : transformer->blocks())
+    for (const auto& [prefix, block] : transformer->blocks()) {
       block->attention->attend = [cp](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
         return cp->attention(q, k, v);
       };
+      block->attention->kernels = cp->attention_kernels();
+    }
   }
 
   // Activation checkpointing inside the data-parallel hooks: recomputation in backward gathers no
   // parameters again (TP's collectives inside a block are recomputed with it).
   if (ctx.ac_mode != "none") {
-    TITAN_ASSERT(ctx.ac_mode == "full" || ctx.ac_mode == "op" || (ctx.ac_mode == "selective" && ctx.ac_every >= 1),
+    TITAN_ASSERT(ctx.ac_mode == "full" || ctx.ac_mode == "op" || ctx.ac_mode == "op_all_matmuls" ||
+                     (ctx.ac_mode == "selective" && ctx.ac_every >= 1),
                  "AC mode ", ctx.ac_mode);
     // Counted by layer id, so that a pipeline stage checkpoints the blocks the whole model would.
     for (const auto& [prefix, block] : transformer->blocks()) {
       const int64_t id = std::stoll(prefix.substr(7));
       if (ctx.ac_mode != "selective" || (id + 1) % ctx.ac_every == 0)
-        nn::apply_activation_checkpointing(*block, ctx.ac_mode == "op");
+        nn::apply_activation_checkpointing(*block, ctx.ac_mode == "op"               ? nn::SaveOps::EveryOtherMatmul
+                                                   : ctx.ac_mode == "op_all_matmuls" ? nn::SaveOps::AllMatmuls
+                                                                                     : nn::SaveOps::None);
     }
   }
 
   // Without a data-parallel layer (a plain model in one process) the parameters stay as they are.
   if (!ctx.data_parallel) return out;
   dist::DataParallel& dp = *ctx.data_parallel;
-  // Units as torchtitan makes them: each block; [norm, output] together, kept gathered after the
-  // forward (its backward comes first) and apart from the embedding so that its reduce-scatter
-  // starts as soon as the output layer's backward is done; the root (the embedding) last.
-  for (const auto& [prefix, block] : transformer->blocks()) dp.add_unit({{prefix, block}});
+  // Units as torchtitan makes them: each block, the last one kept gathered after the forward (its
+  // backward comes right after, so resharding it would only gather it again at once); [norm,
+  // output] together, kept too, and apart from the embedding so that its reduce-scatter starts as
+  // soon as the output layer's backward is done; the root (the embedding) last.
+  const auto blocks = transformer->blocks();
+  for (size_t i = 0; i < blocks.size(); ++i)
+    dp.add_unit({{blocks[i].first, blocks[i].second}}, /*keep_after_forward=*/i + 1 == blocks.size());
   std::vector<dist::UnitPart> head;
   if (transformer->norm) head.push_back({"norm.", transformer->norm.get()});
   if (transformer->output) head.push_back({"output.", transformer->output.get()});
