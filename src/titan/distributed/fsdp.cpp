@@ -8,6 +8,7 @@
 #include <c10/core/StorageImpl.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
+#include <torch/cuda.h>
 
 #include <set>
 
@@ -252,10 +253,19 @@ struct FSDP::Unit {
     }
     if (!flat_grad.defined())  // like the shard: pinned host memory when offloaded from a GPU
       flat_grad = at::empty(flat_shard.sizes(), flat_shard.options().pinned_memory(flat_shard.is_pinned()));
+    // Offloaded from a GPU: the reduced shard comes back to pinned host memory without blocking the
+    // host inside backward; finish_backward synchronizes once before the optimizer reads it.
+    const bool to_host = rs_out.is_cuda() && flat_grad.is_cpu() && flat_grad.is_pinned();
     if (fresh) {
-      flat_grad.copy_(rs_out);
+      flat_grad.copy_(rs_out, /*non_blocking=*/to_host);
+      fsdp->host_copies_pending_ = fsdp->host_copies_pending_ || to_host;
       for (auto& p : params)
         p.shard.mutable_grad() = flat_grad.slice(0, p.offset, p.offset + p.shard.numel()).view(p.shard.sizes());
+    } else if (ours && to_host) {
+      at::Tensor staged = at::empty(rs_out.sizes(), flat_grad.options().dtype(rs_out.scalar_type()).pinned_memory(true));
+      staged.copy_(rs_out, /*non_blocking=*/true);
+      fsdp->host_adds_.emplace_back(flat_grad, staged);  // added after the synchronization
+      fsdp->host_copies_pending_ = true;
     } else if (ours) {
       flat_grad.add_(rs_out.to(flat_grad.device(), at::kFloat));
     } else {  // someone replaced the gradients: add per parameter
@@ -435,6 +445,13 @@ void FSDP::finish_backward() {
   for (auto& u : units_) u->reduced = false;
   for (auto& u : units_) u->complete_reduce_scatter();
   for (auto& u : units_) u->complete_all_reduce();
+  if (host_copies_pending_) {  // CPU offload from a GPU: the gradients' copies to the host complete
+    torch::cuda::synchronize();
+    at::NoGradGuard no_grad;
+    for (auto& [grad, staged] : host_adds_) grad.add_(staged.to(at::kFloat));
+    host_adds_.clear();
+    host_copies_pending_ = false;
+  }
   // Nothing is in flight: the free buffers go back to the allocator (units kept gathered still hold
   // theirs).
   if (options_.return_buffers) free_.clear();

@@ -138,6 +138,9 @@ class FSDP {
   std::map<std::pair<at::ScalarType, std::string>, std::vector<at::Tensor>> free_;
   std::map<const void*, at::Tensor> in_use_;
   int64_t pool_allocations_ = 0;
+  // CPU offload from a GPU: gradient copies to pinned host memory in flight, and the sums they feed.
+  bool host_copies_pending_ = false;
+  std::vector<std::pair<at::Tensor, at::Tensor>> host_adds_;
   bool sync_gradients_ = true;
   int64_t peak_reduction_bytes_ = 0;
 };

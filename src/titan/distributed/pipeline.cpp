@@ -2,176 +2,29 @@
 
 #include "titan/common/error.h"
 #include "titan/common/trace.h"
+#include "titan/models/common/split_backward.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>
-#include <torch/csrc/autograd/engine.h>
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/function_hook.h>
-#include <torch/csrc/autograd/variable.h>
 
 #include <chrono>
-#include <numeric>
+#include <optional>
 #include <set>
-#include <unordered_map>
-#include <unordered_set>
 
 namespace titan::dist {
-namespace {
 
-using torch::autograd::Edge;
-using torch::autograd::Node;
 using torch::autograd::variable_list;
-
-// Records the gradients a node receives (its inputs in backward) when it runs.
-struct CaptureGrads : torch::autograd::FunctionPreHook {
-  std::shared_ptr<variable_list> slot;
-  explicit CaptureGrads(std::shared_ptr<variable_list> s) : slot(std::move(s)) {}
-  variable_list operator()(const variable_list& grads) override {
-    *slot = grads;
-    return grads;
-  }
-};
-
-}  // namespace
 
 // One microbatch on one stage, from its forward to the end of its backward.
 struct PipelineRunner::MicrobatchState {
   at::Tensor input;     // a leaf requiring grad (not on the first stage)
   at::Tensor output;    // the stage's output, or the loss on the last stage
   at::Tensor grad_out;  // the gradient of `output` (undefined for the loss)
-  // The weight pass: per group of weights whose gradient paths share nodes, the nodes where those
-  // paths leave the input's (their incoming gradients captured during I) and the weights' edges.
-  struct WeightGroup {
-    std::vector<std::shared_ptr<Node>> starts;
-    std::vector<std::shared_ptr<variable_list>> captured;
-    torch::autograd::edge_list weights;
-  };
-  std::vector<WeightGroup> groups;
-  bool whole_backward_for_weights = false;  // W: a backward restricted to the weights
-  bool input_done = false;                  // I has run
+  std::unique_ptr<nn::WeightPass> weights;         // W: from the gradients captured during I
+  std::vector<std::function<void()>> deferred;     // W of checkpointed blocks recomputed during I
+  bool whole_backward_for_weights = false;         // W: a backward restricted to the weights
+  bool input_done = false;                         // I has run
 };
-
-namespace {
-
-// Splits the backward of `st` into the input's part and the weights' part (PyTorch's
-// stage_backward_input / stage_backward_weight): finds, for every weight, the nodes on the input's
-// gradient path from which its own path leaves (e.g. the matmul whose other operand is the
-// weight), hooks them to capture their incoming gradients during I, and groups weights that share
-// nodes. Returns false when the split would compute a gradient twice (a weight used at two points
-// of one gradient path), where W must instead run a backward restricted to the weights.
-bool plan_weight_pass(PipelineRunner::MicrobatchState& st, const std::vector<at::Tensor>& parameters) {
-  const std::shared_ptr<Node> root = st.output.grad_fn();
-  if (!root) return true;
-  // The graph: every node reachable from the output, and who feeds gradients into whom.
-  std::unordered_map<Node*, std::shared_ptr<Node>> owner{{root.get(), root}};
-  std::unordered_map<Node*, std::vector<Node*>> parents;
-  std::vector<Node*> stack{root.get()};
-  while (!stack.empty()) {
-    Node* n = stack.back();
-    stack.pop_back();
-    for (const Edge& e : n->next_edges()) {
-      if (!e.function) continue;
-      parents[e.function.get()].push_back(n);
-      if (owner.emplace(e.function.get(), e.function).second) stack.push_back(e.function.get());
-    }
-  }
-  // The input's path: nodes from which the input's gradient is reachable.
-  std::unordered_set<Node*> input_path;
-  const std::shared_ptr<Node> input_acc = torch::autograd::impl::try_get_grad_accumulator(st.input);
-  if (input_acc && owner.count(input_acc.get())) {
-    std::vector<Node*> todo{input_acc.get()};
-    while (!todo.empty()) {
-      Node* n = todo.back();
-      todo.pop_back();
-      if (!input_path.insert(n).second) continue;
-      for (Node* p : parents[n]) todo.push_back(p);
-    }
-  }
-  // Per weight: the nodes of its own path (up from its accumulator, short of the input's path) and
-  // the input-path nodes where that path starts.
-  struct Weight {
-    Edge edge;
-    std::set<Node*> own, starts;
-  };
-  std::vector<Weight> weights;
-  for (const auto& p : parameters) {
-    if (!p.requires_grad()) continue;
-    const std::shared_ptr<Node> acc = torch::autograd::impl::try_get_grad_accumulator(p);
-    if (!acc || !owner.count(acc.get())) continue;  // not used by this microbatch's forward
-    Weight w;
-    w.edge = Edge(acc, 0);
-    std::vector<Node*> todo{acc.get()};
-    while (!todo.empty()) {
-      Node* n = todo.back();
-      todo.pop_back();
-      if (input_path.count(n)) {
-        w.starts.insert(n);
-        continue;
-      }
-      if (!w.own.insert(n).second) continue;
-      for (Node* parent : parents[n]) todo.push_back(parent);
-    }
-    if (!w.starts.empty()) weights.push_back(std::move(w));
-    // A weight whose path never meets the input's (the root itself reads only weights) has no
-    // start on it: W cannot begin from captured gradients.
-    else if (w.own.count(root.get())) return false;
-  }
-  // Groups: weights sharing a node (union-find).
-  std::vector<size_t> group(weights.size());
-  std::iota(group.begin(), group.end(), 0);
-  std::function<size_t(size_t)> find = [&](size_t i) { return group[i] == i ? i : group[i] = find(group[i]); };
-  std::unordered_map<Node*, size_t> first_user;
-  for (size_t i = 0; i < weights.size(); ++i) {
-    for (const auto* set : {&weights[i].own, &weights[i].starts}) {
-      for (Node* n : *set) {
-        auto [it, fresh] = first_user.emplace(n, i);
-        if (!fresh) group[find(i)] = find(it->second);
-      }
-    }
-  }
-  std::map<size_t, std::vector<size_t>> members;
-  for (size_t i = 0; i < weights.size(); ++i) members[find(i)].push_back(i);
-  // A start that reaches another start of its group along the input's path would receive that
-  // gradient twice in W (captured, and recomputed through the path).
-  for (const auto& [g, list] : members) {
-    std::set<Node*> starts;
-    for (size_t i : list) starts.insert(weights[i].starts.begin(), weights[i].starts.end());
-    if (starts.size() < 2) continue;
-    for (Node* s : starts) {
-      std::unordered_set<Node*> seen;
-      std::vector<Node*> todo;
-      for (const Edge& e : s->next_edges())
-        if (e.function && input_path.count(e.function.get())) todo.push_back(e.function.get());
-      while (!todo.empty()) {
-        Node* n = todo.back();
-        todo.pop_back();
-        if (!seen.insert(n).second) continue;
-        if (starts.count(n)) return false;
-        for (const Edge& e : n->next_edges())
-          if (e.function && input_path.count(e.function.get())) todo.push_back(e.function.get());
-      }
-    }
-  }
-  for (const auto& [g, list] : members) {
-    PipelineRunner::MicrobatchState::WeightGroup wg;
-    std::set<Node*> starts;
-    for (size_t i : list) {
-      wg.weights.push_back(weights[i].edge);
-      starts.insert(weights[i].starts.begin(), weights[i].starts.end());
-    }
-    for (Node* s : starts) {
-      auto slot = std::make_shared<variable_list>();
-      s->add_pre_hook(std::make_unique<CaptureGrads>(slot));
-      wg.starts.push_back(owner.at(s));
-      wg.captured.push_back(slot);
-    }
-    st.groups.push_back(std::move(wg));
-  }
-  return true;
-}
-
-}  // namespace
 
 PipelineRunner::PipelineRunner(Group& pp, PipelineOrder order, int num_stages, int microbatches,
                                std::vector<PipelineStage> stages, at::TensorOptions boundary_options)
@@ -320,10 +173,18 @@ void PipelineRunner::run(const PipeAction& a, const std::function<at::Tensor(int
   } else if (a.op == PipeOp::BackwardInput) {
     st.input_done = true;
     if (!first) {  // the first stage's input needs no gradient: W runs its whole backward
-      st.whole_backward_for_weights = !plan_weight_pass(st, stage.parameters);
+      st.weights = nn::WeightPass::plan(st.output, {st.input}, stage.parameters);
+      st.whole_backward_for_weights = !st.weights;
       if (st.whole_backward_for_weights) ++weight_fallbacks_;
-      variable_list g = torch::autograd::grad({st.output}, {st.input}, grad_out, /*retain_graph=*/true,
-                                              /*create_graph=*/false, /*allow_unused=*/true);
+      variable_list g;
+      {
+        // Checkpointed blocks recompute their bodies here and leave their weights to W.
+        std::optional<nn::DeferWeights> defer;
+        if (!st.whole_backward_for_weights) defer.emplace();
+        g = torch::autograd::grad({st.output}, {st.input}, grad_out, /*retain_graph=*/true,
+                                  /*create_graph=*/false, /*allow_unused=*/true);
+        if (defer) st.deferred = defer->take();
+      }
       deliver(kGradient, a.stage - 1, a.microbatch, g[0].defined() ? g[0] : at::zeros_like(st.input));
     }
   } else {  // W
@@ -336,22 +197,8 @@ void PipelineRunner::run(const PipeAction& a, const std::function<at::Tensor(int
         if (p.requires_grad()) weights.push_back(p);
       torch::autograd::backward({st.output}, grad_out, /*retain_graph=*/false, /*create_graph=*/false, weights);
     } else {
-      for (auto& g : st.groups) {
-        torch::autograd::edge_list roots;
-        variable_list grads;
-        for (size_t i = 0; i < g.starts.size(); ++i) {
-          const variable_list& captured = *g.captured[i];
-          for (size_t k = 0; k < captured.size(); ++k) {
-            if (!captured[k].defined()) continue;
-            roots.emplace_back(g.starts[i], static_cast<uint32_t>(k));
-            grads.push_back(captured[k]);
-          }
-        }
-        if (roots.empty()) continue;
-        torch::autograd::Engine::get_default_engine().execute(roots, grads, /*keep_graph=*/false,
-                                                               /*create_graph=*/false, /*accumulate_grad=*/true,
-                                                               g.weights);
-      }
+      st.weights->run();
+      for (auto& pass : st.deferred) pass();
     }
     state_.erase(it);
   }

@@ -1,6 +1,7 @@
 #include "titan/models/common/activation_checkpoint.h"
 
 #include "titan/common/autocast.h"
+#include "titan/models/common/split_backward.h"
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
@@ -94,8 +95,24 @@ struct CheckpointBackward : torch::autograd::Node {
       out = body(in);
     }
     tape.reset();
-    torch::autograd::backward({out}, {grads[0]});
     variable_list result;
+    if (DeferWeights* defer = DeferWeights::current()) {
+      // A split backward (zero-bubble pipeline schedules): the inputs' gradients now, the weights'
+      // in the weight pass, from the recomputed graph kept until then.
+      std::vector<at::Tensor> wanted;
+      for (size_t i = 0; i < in.size(); ++i)
+        if (needs_grad[i]) wanted.push_back(in[i]);
+      if (std::shared_ptr<WeightPass> pass = WeightPass::plan(out, wanted)) {
+        const variable_list g = torch::autograd::grad({out}, wanted, {grads[0]}, /*retain_graph=*/true,
+                                                      /*create_graph=*/false, /*allow_unused=*/true);
+        defer->add([pass] { pass->run(); });
+        size_t k = 0;
+        for (size_t i = 0; i < in.size(); ++i) result.push_back(needs_grad[i] ? g[k++] : at::Tensor());
+        inputs.clear();
+        return result;
+      }
+    }
+    torch::autograd::backward({out}, {grads[0]});
     for (size_t i = 0; i < in.size(); ++i) result.push_back(needs_grad[i] ? in[i].grad() : at::Tensor());
     inputs.clear();  // free the saved inputs as soon as they are no longer needed
     return result;
