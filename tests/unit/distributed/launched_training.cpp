@@ -26,6 +26,8 @@ LaunchedRun run_titan(int nproc, const std::vector<std::string>& args, const Tem
   for (int rank = 0; rank < nproc; ++rank) {
     std::ifstream f(dir / ("comm.rank" + std::to_string(rank) + ".json"));
     out.comm.push_back(nlohmann::json::parse(f));
+    // No host read of a device value in the steps that neither log, save nor validate.
+    EXPECT_EQ(out.comm.back().at("host_reads_outside_log_steps").get<int64_t>(), 0) << "rank " << rank;
   }
   return out;
 }

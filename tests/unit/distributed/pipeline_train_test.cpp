@@ -79,8 +79,6 @@ void expect_pipeline_bytes(const Result& r, const dist::PipelineOrder& order, in
       if (ranks[s] == pp_rank) sends += microbatches, recvs += microbatches;
       if (ranks[s + 1] == pp_rank) sends += microbatches, recvs += microbatches;
     }
-    // No host read of a device value in the steps that do not log (nothing waits for the device).
-    EXPECT_EQ(r.comm[g].at("host_reads_outside_log_steps").get<int64_t>(), 0) << "rank " << g;
     // Split backwards computed each weight gradient once, from the gradients captured in I.
     EXPECT_EQ(r.comm[g].at("pipeline_weight_pass_fallbacks").get<int64_t>(), 0) << "rank " << g;
     EXPECT_EQ(comm_bytes(r.comm[g], "pp", "send"), sends * message_bytes) << "rank " << g;
