@@ -358,12 +358,21 @@ std::string format_estimate(const Estimate& e) {
                    : e.param_dtype + std::string(", produced by backward (within the backward row)"));
   row("optimizer state", gib(e.optimizer), "exp_avg, exp_avg_sq and step per parameter" + where);
   row("buffers", gib(e.buffers),
-      e.grads_kept ? "kept across steps: FSDP's gathered units and reduce-scatter buffers, RoPE table"
+      e.grads_kept ? "kept across steps: FSDP's pooled communication buffers, RoPE table"
                    : "kept across steps: RoPE table");
   if (e.ddp_buckets > 0)
     row("DDP buckets", gib(e.ddp_buckets), "25 MB buckets, all in flight at the end of backward (within the backward row)");
-  row("activations", gib(e.activations), "alive at the end of forward: saved for backward, the loss's logits, the batch");
-  row("backward", "+" + gib(e.backward), "over the end of forward at the peak: gradients, recomputation, temporaries");
+  if (e.pp > 1) {
+    row("activations", gib(e.activations),
+        std::string("alive before the first backward: saved for the microbatches in flight, the batch") +
+            (e.grads_kept ? ", FSDP's units gathered for the step" : ""));
+    row("backward", "+" + gib(e.backward), "over that at the peak: gradients, recomputation, temporaries");
+  } else {
+    row("activations", gib(e.activations),
+        std::string("alive at the end of forward: saved for backward, the loss's logits, the batch") +
+            (e.grads_kept ? ", FSDP's units still gathered" : ""));
+    row("backward", "+" + gib(e.backward), "over the end of forward at the peak: gradients, recomputation, temporaries");
+  }
   row("peak", gib(e.peak_device), (e.device == "cpu" ? "CPU, the log line's memory figure: " : "device, allocated: ") +
                                       with_commas(e.peak_device) + " bytes");
   if (host) row("host", gib(e.host), "CPU memory per rank: parameter, gradient and optimizer shards");
