@@ -49,6 +49,8 @@ const char* kEstimateUsage =
     "Predicts, for one rank of the run the config describes, the memory it holds (parameters, gradients,\n"
     "optimizer state, communication buffers, activations and the peak), its training FLOPs per step and\n"
     "the bytes it communicates per step per mesh dimension, and says whether the peak fits the device.\n"
+    "Under pipeline parallelism every pipeline rank is estimated under the schedule (each rank's stages,\n"
+    "microbatches in flight and peak are listed) and the figures are the worst rank's.\n"
     "  --world-size N          ranks of the run (resolves data_parallel_shard_degree -1); default: the\n"
     "                          product of the configured degrees, -1 counting as 1\n"
     "  --device cuda|cpu       what the ranks compute on (default cuda: mixed_precision_param applies;\n"

@@ -1,8 +1,10 @@
 #include "titan/models/pipeline_split.h"
 
 #include "titan/common/error.h"
+#include "titan/models/registry.h"
 
 #include <algorithm>
+#include <cctype>
 
 namespace titan {
 
@@ -49,6 +51,11 @@ std::string join_names(const std::vector<std::string>& v) {
   for (const auto& x : v) out += (out.empty() ? "" : ", ") + x;
   return out;
 }
+
+bool multi_stage_schedule(std::string name) {
+  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return name == "interleaved1f1b" || name == "interleavedzerobubble" || name == "zbvzerobubble";
+}
 }  // namespace
 
 std::vector<std::vector<std::string>> split_at_points(const std::vector<std::string>& all,
@@ -91,6 +98,79 @@ void check_stage_modules(const std::vector<std::vector<std::string>>& stages, co
     }
   }
   TITAN_USER_CHECK(next == all.size(), key, ": '", next < all.size() ? all[next] : "", "' and the modules after it are in no stage");
+}
+
+PipelinePlan plan_pipeline(const ModelSpec& spec, const std::string& flavor, const config::Parallelism& par,
+                           int64_t local_batch_size) {
+  const int pp = static_cast<int>(par.pipeline_parallel_degree);
+  TITAN_USER_CHECK(spec.pipeline_split && spec.build_stage, "model ", spec.name,
+                   " cannot be split into pipeline stages (its spec has no pipeline_split): use "
+                   "parallelism.pipeline_parallel_degree 1");
+  PipelinePlan plan;
+  const int64_t mbs = par.pipeline_parallel_microbatch_size;
+  TITAN_USER_CHECK(local_batch_size % mbs == 0, "training.local_batch_size ", local_batch_size,
+                   " is not a multiple of parallelism.pipeline_parallel_microbatch_size ", mbs,
+                   ": the pipeline runs local_batch_size / microbatch_size microbatches per batch");
+  plan.microbatch_size = mbs;
+  plan.microbatches = static_cast<int>(local_batch_size / mbs);
+
+  // ---- the stages' modules
+  const std::vector<std::string> all = spec.pipeline_split(flavor, 1, 0, 0).at(0);
+  const int64_t n_layers = std::count_if(all.begin(), all.end(), [](const std::string& m) { return m.rfind("layers.", 0) == 0; });
+  const bool csv = !par.pipeline_parallel_schedule_csv.empty();
+  plan.schedule = csv ? par.pipeline_parallel_schedule_csv : par.pipeline_parallel_schedule;
+  int csv_stages = 0;
+  if (csv) {
+    plan.order = dist::read_schedule_csv(par.pipeline_parallel_schedule_csv);
+    for (const auto& row : plan.order)
+      for (const auto& a : row)
+        if (a) csv_stages = std::max(csv_stages, a->stage + 1);
+    TITAN_USER_CHECK(static_cast<int>(plan.order.size()) == pp, "parallelism.pipeline_parallel_schedule_csv ",
+                     par.pipeline_parallel_schedule_csv, " has ", plan.order.size(), " rows, one per pipeline rank, but "
+                     "pipeline_parallel_degree is ", pp);
+  }
+  if (!par.module_fqns_per_model_part.empty()) {
+    plan.stage_modules = par.module_fqns_per_model_part;
+  } else if (!par.pipeline_parallel_split_points.empty()) {
+    plan.stage_modules = split_at_points(all, par.pipeline_parallel_split_points);
+  } else {
+    int64_t num_stages = pp * (multi_stage_schedule(par.pipeline_parallel_schedule) ? 2 : 1);
+    if (par.pipeline_parallel_layers_per_stage) {
+      const int64_t effective =
+          n_layers + par.pipeline_parallel_first_stage_less_layers + par.pipeline_parallel_last_stage_less_layers;
+      num_stages = (effective + *par.pipeline_parallel_layers_per_stage - 1) / *par.pipeline_parallel_layers_per_stage;
+    } else if (csv) {
+      num_stages = csv_stages;
+    }
+    plan.stage_modules = spec.pipeline_split(flavor, num_stages, par.pipeline_parallel_first_stage_less_layers,
+                                             par.pipeline_parallel_last_stage_less_layers);
+  }
+  check_stage_modules(plan.stage_modules, all);
+  const int num_stages = static_cast<int>(plan.stage_modules.size());
+  TITAN_USER_CHECK(num_stages >= pp, "the model is split into ", num_stages, " pipeline stage(s), fewer than "
+                   "pipeline_parallel_degree ", pp, ": every pipeline rank needs a stage; lower "
+                   "pipeline_parallel_layers_per_stage, or give more split points or module_fqns_per_model_part parts");
+  TITAN_USER_CHECK(num_stages % pp == 0, "the model is split into ", num_stages,
+                   " pipeline stages, which do not divide evenly over pipeline_parallel_degree ", pp,
+                   " ranks: choose the split (pipeline_parallel_layers_per_stage, split points or "
+                   "module_fqns_per_model_part) so that every rank holds the same number of stages");
+  const int per_rank = num_stages / pp;
+  if (csv) {
+    TITAN_USER_CHECK(csv_stages == num_stages, "parallelism.pipeline_parallel_schedule_csv ",
+                     par.pipeline_parallel_schedule_csv, " schedules ", csv_stages, " stages but the model is split into ",
+                     num_stages);
+  } else {
+    plan.order = dist::schedule_by_name(par.pipeline_parallel_schedule, pp, per_rank, plan.microbatches);
+  }
+  try {
+    dist::check_schedule(plan.order, num_stages, plan.microbatches);
+  } catch (const UserError& e) {
+    throw UserError(std::string(e.what()) + " (" + (csv ? "parallelism.pipeline_parallel_schedule_csv " +
+                    par.pipeline_parallel_schedule_csv : "schedule " + par.pipeline_parallel_schedule) + " with " +
+                    std::to_string(plan.microbatches) + " microbatches of " + std::to_string(mbs) + ")");
+  }
+  plan.stage_ranks = dist::stage_ranks(plan.order, num_stages);
+  return plan;
 }
 
 }  // namespace titan

@@ -7,11 +7,16 @@
 // last stage ends with "norm", "output"; blocks are "layers.N".
 #pragma once
 
+#include "titan/config/sections_run.h"
+#include "titan/distributed/pipeline_schedule.h"
+
 #include <cstdint>
 #include <string>
 #include <vector>
 
 namespace titan {
+
+struct ModelSpec;
 
 // Throws UserError when the stages cannot all hold something (more stages than effective layers,
 // or a weight larger than a stage's share).
@@ -27,5 +32,25 @@ std::vector<std::vector<std::string>> split_at_points(const std::vector<std::str
 // Checks that `stages` hold every module of `all` exactly once, in forward order (stage k's modules
 // before stage k+1's), and that no stage is empty. Throws UserError naming the first problem.
 void check_stage_modules(const std::vector<std::vector<std::string>>& stages, const std::vector<std::string>& all);
+
+// A run's pipeline as parallelism.* configures it: the modules of every stage and the schedule of
+// every pipeline rank (the trainer builds this rank's stages from it; `titan estimate` every rank's).
+//
+// Stages: module_fqns_per_model_part when given, else cut at pipeline_parallel_split_points, else
+// the model's own split (ModelSpec::pipeline_split) into ceil((layers + first_stage_less_layers +
+// last_stage_less_layers) / layers_per_stage) stages, or pp x (1, or 2 for the multi-stage
+// schedules) without layers_per_stage, or the CSV schedule's stages.
+struct PipelinePlan {
+  std::vector<std::vector<std::string>> stage_modules;  // per stage, in forward order
+  dist::PipelineOrder order;                             // per pipeline rank: its actions (checked)
+  std::vector<int> stage_ranks;                          // stage -> pipeline rank
+  int microbatches = 1;                                  // per local batch
+  int64_t microbatch_size = 1;                           // sequences per microbatch
+  std::string schedule;                                  // the schedule's name, or its CSV file
+};
+
+// Throws UserError for a split or schedule the run cannot use, naming the option to change.
+PipelinePlan plan_pipeline(const ModelSpec& spec, const std::string& flavor, const config::Parallelism& par,
+                           int64_t local_batch_size);
 
 }  // namespace titan

@@ -4,8 +4,10 @@
 #include "titan/common/error.h"
 #include "titan/common/grad_norm.h"
 #include "titan/components/optimizer/optimizer.h"
+#include "titan/distributed/context_parallel.h"
 #include "titan/distributed/ddp.h"
 #include "titan/distributed/data_parallel.h"
+#include "titan/distributed/pipeline.h"
 #include "titan/distributed/placement.h"
 #include "titan/models/common/loss.h"
 #include "titan/models/registry.h"
@@ -241,7 +243,9 @@ class MetaKernels {
 
 // ---------------------------------------------------------------------------------------------
 // A collective backend whose operations complete at once and move nothing (meta tensors hold no
-// data); dist::Group still counts every operation's bytes.
+// data); dist::Group still counts every operation's bytes. Point-to-point messages (pipeline
+// stages) and all-to-all shifts (ring attention's rotation) too: a receive leaves its buffer as
+// allocated, which is all a meta tensor has.
 struct DoneWork : c10d::Work {
   bool wait(std::chrono::milliseconds) override { return true; }
   bool isCompleted() override { return true; }
@@ -264,9 +268,17 @@ struct NoDataBackend : c10d::Backend {
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>&, const c10d::BroadcastOptions&) override {
     return done();
   }
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>&, int, int) override { return done(); }
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>&, int, int) override { return done(); }
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor&, at::Tensor&, std::vector<int64_t>&, std::vector<int64_t>&,
+                                               const c10d::AllToAllOptions&) override {
+    return done();
+  }
 };
 
-// The groups this rank uses, as the trainer's mesh names them; this rank is member 0 of each.
+// The groups this rank uses, as the trainer's mesh names them; this rank is member 0 of each but
+// pp (member pp_rank) and cp (the last member: its queries attend to every rank's keys, so no
+// block of the ring is skipped whatever the split).
 class DryMesh {
  public:
   DryMesh(const DryRunPlan& p) {
@@ -274,6 +286,8 @@ class DryMesh {
     add("dp_replicate", p.dp_replicate);
     add("dp", p.dp_replicate * p.dp_shard);
     add("tp", p.tp);
+    add("cp", p.cp, static_cast<int>(p.cp) - 1);
+    add("pp", p.pp, p.pp_rank);
   }
   dist::Group& operator[](const std::string& name) {
     auto it = groups_.find(name);
@@ -283,12 +297,12 @@ class DryMesh {
   dist::CommBytes bytes, calls;
 
  private:
-  void add(const std::string& name, int64_t size) {
+  void add(const std::string& name, int64_t size, int rank = 0) {
     std::vector<int> ranks(static_cast<size_t>(size));
     std::iota(ranks.begin(), ranks.end(), 0);
     c10::intrusive_ptr<c10d::Backend> backend;
-    if (size > 1) backend = c10::make_intrusive<NoDataBackend>(0, static_cast<int>(size));
-    groups_[name] = std::make_unique<dist::Group>(name, ranks, 0, backend, &bytes, &calls);
+    if (size > 1) backend = c10::make_intrusive<NoDataBackend>(rank, static_cast<int>(size));
+    groups_[name] = std::make_unique<dist::Group>(name, ranks, rank, backend, &bytes, &calls);
   }
   std::map<std::string, std::unique_ptr<dist::Group>> groups_;
 };
@@ -296,8 +310,10 @@ class DryMesh {
 int64_t nbytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
 // dist::clip_grad_norm over the dry run's groups: the sum of squares of the gradients sharded over
-// the same groups is all-reduced over those groups (placement.cpp), then every gradient is scaled.
-void clip_grad_norm(const std::vector<dist::PlacedTensor>& params, double max_norm, DryMesh& mesh) {
+// the same groups is all-reduced over those groups (placement.cpp), the total (fp64) over the
+// `sum_over` groups (pp: every stage's gradients), then every gradient is scaled.
+void clip_grad_norm(const std::vector<dist::PlacedTensor>& params, double max_norm, DryMesh& mesh,
+                    const std::vector<std::string>& sum_over) {
   std::map<std::vector<std::string>, std::vector<at::Tensor>> by_groups;
   std::vector<at::Tensor> grads;
   for (const auto& p : params) {
@@ -314,42 +330,102 @@ void clip_grad_norm(const std::vector<dist::PlacedTensor>& params, double max_no
     for (const auto& name : names) mesh[name].all_reduce(s).wait();
     sum_sq = sum_sq.defined() ? sum_sq + s : s;
   }
-  if (sum_sq.defined()) scale_grads_to_norm(grads, sum_sq.sqrt(), max_norm);
+  if (!sum_sq.defined()) sum_sq = at::zeros({}, at::TensorOptions().device(at::kMeta).dtype(at::kDouble));
+  if (!sum_over.empty()) sum_sq = sum_sq.to(at::kDouble).contiguous();
+  for (const auto& name : sum_over) mesh[name].all_reduce(sum_sq).wait();
+  scale_grads_to_norm(grads, sum_sq.sqrt(), max_norm);
 }
 
 DryRunResult run(const DryRunPlan& plan) {
   const bool autocast = !plan.fsdp && plan.param_dtype == at::kFloat && plan.mixed_dtype != at::kFloat;
+  const bool pipelined = plan.pp > 1;
   MetaCounting memory;
   MetaKernels kernels(autocast);
   DryMesh mesh(plan);
   const auto meta = at::TensorOptions().device(at::kMeta);
   DryRunResult r;
 
-  // ---- the model, parallelized by its own function; DDP; the optimizer (as Trainer::Trainer)
+  // ---- the model (or this rank's pipeline stages), parallelized by its own function; DDP; the
+  // optimizer (as Trainer::Trainer and Trainer::set_up_pipeline)
   const ModelSpec& spec = model_spec(plan.model);
-  LanguageModel model = spec.build(plan.flavor, meta.dtype(plan.param_dtype), plan.seq_len);
   dist::DataParallelOptions dpo;
   dpo.fsdp.param_dtype = plan.mixed_dtype;
   dpo.fsdp.reduce_dtype = at::kFloat;
   dpo.fsdp.reshard_after_forward = plan.reshard_after_forward;
+  if (pipelined) {
+    // As the trainer: units stay gathered across the step's microbatches unless "always".
+    dpo.fsdp.reshard_after_backward = plan.reshard_after_forward == "always";
+    if (plan.reshard_after_forward == "default") dpo.fsdp.reshard_after_forward = "never";
+  }
   dpo.shard_always = plan.fsdp;
   dpo.ddp_bucket_bytes = plan.ddp_bucket_bytes;
-  dist::DataParallel dp(mesh["dp_shard_cp"], mesh["dp_replicate"], dpo,
-                        [](const std::string&, at::Tensor, const std::vector<int64_t>&) {},  // meta: no values
-                        at::Device(at::kMeta));
+  auto make_data_parallel = [&] {
+    return std::make_unique<dist::DataParallel>(mesh["dp_shard_cp"], mesh["dp_replicate"], dpo,
+                                                [](const std::string&, at::Tensor, const std::vector<int64_t>&) {},  // meta: no values
+                                                at::Device(at::kMeta));
+  };
   std::unique_ptr<dist::TensorParallel> tp;
   if (plan.tp > 1) tp = std::make_unique<dist::TensorParallel>(mesh["tp"], plan.tp_options);
+  std::unique_ptr<dist::ContextParallel> cp;
+  if (plan.cp > 1) cp = std::make_unique<dist::ContextParallel>(mesh["cp"], plan.cp_options);
   TITAN_ASSERT(spec.parallelize, "model ", spec.name, " has no parallelize function");
   ParallelizeContext pctx;
-  pctx.data_parallel = &dp;
   pctx.tensor_parallel = tp.get();
+  pctx.context_parallel = cp.get();
   pctx.ac_mode = plan.ac_mode;
   pctx.ac_every = plan.ac_every;
-  const ParallelizedModel parallelized = spec.parallelize(*model, pctx);
-  const std::vector<dist::PlacedTensor>& params = dp.parameters();
-  const auto named = dp.named_parameters();
-  dist::FSDP* fsdp = dp.fsdp();
-  dist::DDP* ddp = dp.ddp();
+  const int64_t B = plan.local_batch_size, S = plan.seq_len, S_local = S / plan.cp;  // the rank's part of each sequence
+  std::vector<std::unique_ptr<dist::DataParallel>> dps;
+  std::vector<LanguageModel> models;  // the whole model, or this rank's stages
+  ParallelizedModel parallelized;     // the loss (the last stage's under pipeline parallelism)
+  std::unique_ptr<dist::PipelineRunner> runner;
+  if (!pipelined) {
+    models.push_back(spec.build(plan.flavor, meta.dtype(plan.param_dtype), plan.seq_len));
+    dps.push_back(make_data_parallel());
+    pctx.data_parallel = dps.back().get();
+    parallelized = spec.parallelize(*models.back(), pctx);
+  } else {
+    const PipelinePlan& pl = plan.pipeline;
+    const int num_stages = static_cast<int>(pl.stage_modules.size());
+    std::vector<dist::PipelineStage> stages;
+    for (int s = 0; s < num_stages; ++s) {
+      if (pl.stage_ranks.at(s) != plan.pp_rank) continue;
+      r.stages.push_back(s);
+      models.push_back(spec.build_stage(plan.flavor, meta.dtype(plan.param_dtype), plan.seq_len, pl.stage_modules[s]));
+      dps.push_back(make_data_parallel());
+      dist::DataParallel* dp = dps.back().get();
+      pctx.data_parallel = dp;
+      ParallelizedModel pm = spec.parallelize(*models.back(), pctx);
+      if (s == num_stages - 1) parallelized = pm;
+      dp->set_gradient_sync(false);  // reduced once per step, after the schedule
+      dist::PipelineStage ps;
+      ps.index = s;
+      LanguageModelImpl* m = models.back().get();
+      ps.forward = [m, autocast, S_local](const at::Tensor& in) {
+        at::Tensor out;
+        {
+          CudaBf16Autocast scope(autocast);
+          out = m->forward(in, S_local);
+        }
+        clear_autocast_casts();
+        return out;
+      };
+      ps.parameters = models.back()->parameters();
+      ps.after_backward = [dp] { dp->after_backward(false); };
+      stages.push_back(std::move(ps));
+    }
+    // Hidden states cross between stages in the compute dtype (FSDP's param_dtype), as the trainer sends them.
+    const at::ScalarType boundary_dtype = plan.fsdp ? plan.mixed_dtype : plan.param_dtype;
+    runner = std::make_unique<dist::PipelineRunner>(mesh["pp"], pl.order, num_stages, pl.microbatches, std::move(stages),
+                                                    meta.dtype(boundary_dtype));
+  }
+  std::vector<dist::PlacedTensor> params;
+  std::vector<std::pair<std::string, at::Tensor>> named;
+  for (const auto& dp : dps) {
+    params.insert(params.end(), dp->parameters().begin(), dp->parameters().end());
+    for (auto& p : dp->named_parameters()) named.push_back(std::move(p));
+  }
+  const bool fsdp = dps.front()->fsdp() != nullptr, ddp = dps.front()->ddp() != nullptr;
   OptimizerOptions oo;
   oo.name = plan.optimizer;
   oo.implementation = plan.optimizer_implementation;
@@ -369,38 +445,70 @@ DryRunResult run(const DryRunPlan& plan) {
   if (ddp) r.ddp_buckets = r.grads;  // every bucket's flat copy is alive until finish_backward
   const int64_t held = memory.current();
 
-  // ---- two steps of Trainer::train_step; the second is measured
-  const int64_t B = plan.local_batch_size, S = plan.seq_len;
+  // ---- three steps of Trainer::train_step; the peak is the largest of the second and third (the
+  // first allocates what later steps reuse; under pipeline parallelism FSDP's buffer pool of the
+  // last stage settles only in the third), the rest is the third's
   const double local_tokens = static_cast<double>(plan.grad_accum_steps * B * S);
   const double global_tokens = local_tokens * static_cast<double>(plan.dp_replicate * plan.dp_shard);
-  for (int step = 0; step < 2; ++step) {
+  constexpr int kSteps = 3, kLast = kSteps - 1;
+  for (int step = 0; step < kSteps; ++step) {
     mesh.bytes.clear();
     mesh.calls.clear();
     memory.reset_peak();
     optimizer.zero_grad();
     at::Tensor loss_sum = at::zeros({}, meta.dtype(at::kFloat));
     for (int64_t micro = 0; micro < plan.grad_accum_steps; ++micro) {
-      at::Tensor inputs_BS = at::empty({B, S}, meta.dtype(at::kLong)), labels_BS = at::empty({B, S}, meta.dtype(at::kLong));
+      // The rank's part of each sequence (all of it without context parallelism).
+      at::Tensor inputs_BS = at::empty({B, S_local}, meta.dtype(at::kLong));
+      at::Tensor labels_BS = at::empty({B, S_local}, meta.dtype(at::kLong));
+      if (pipelined) {
+        // Trainer::pipeline_forward_backward: the schedule's actions over local_batch / mbs microbatches.
+        const int64_t mbs = plan.pipeline.microbatch_size;
+        const int64_t seq_local = tp && plan.tp_options.sequence_parallel ? S_local / plan.tp : S_local;
+        const std::vector<int64_t> boundary = {mbs, seq_local, models.front()->hidden_size()};
+        bool backward_seen = false;
+        runner->before_action = [&](const dist::PipeAction& a) {
+          if (a.op == dist::PipeOp::Forward || backward_seen) return;
+          backward_seen = true;
+          if (step == kLast && micro == 0) r.end_of_forward = memory.current();
+        };
+        at::Tensor losses = runner->train_step(
+            boundary, [&](int m) { return inputs_BS.narrow(0, m * mbs, mbs); },
+            [&](int m, const at::Tensor& logits_BSV) {
+              return parallelized.loss_sum(logits_BSV.flatten(0, 1), labels_BS.narrow(0, m * mbs, mbs).flatten(0, 1)) /
+                     global_tokens;
+            });
+        loss_sum += losses.to(at::kFloat);
+        continue;
+      }
       at::Tensor loss;
       {
         CudaBf16Autocast scope(autocast);
-        at::Tensor logits_BSV = model->forward(inputs_BS);
+        at::Tensor logits_BSV = models.front()->forward(inputs_BS);
         loss = parallelized.loss_sum(logits_BSV.flatten(0, 1), labels_BS.flatten(0, 1)) / global_tokens;
       }
       clear_autocast_casts();  // autocast's cache ends with its scope
-      if (step == 1 && micro == 0) r.end_of_forward = memory.current();
+      if (step == kLast && micro == 0) r.end_of_forward = memory.current();
       const bool last = micro == plan.grad_accum_steps - 1;
-      dp.before_backward(last);
+      dps.front()->before_backward(last);
       loss.backward();
-      dp.after_backward(last);
+      dps.front()->after_backward(last);
       loss_sum += loss.detach();
     }
-    clip_grad_norm(params, plan.max_norm, mesh);
+    if (pipelined) {
+      for (auto& dp : dps) dp->reduce_gradients();
+      mesh["pp"].all_reduce(loss_sum).wait();  // the last stage's loss, to every stage
+    }
+    if (cp) mesh["cp"].all_reduce(loss_sum).wait();  // each cp rank's loss covers its part of the sequences
+    clip_grad_norm(params, plan.max_norm, mesh, pipelined ? std::vector<std::string>{"pp"} : std::vector<std::string>{});
     optimizer.step();
     at::Tensor local_avg = loss_sum * (global_tokens / local_tokens);
     mesh["dp"].all_reduce(loss_sum).wait();
     mesh["dp"].all_reduce(local_avg, c10d::ReduceOp::MAX).wait();
-    (step == 0 ? r.first_step_peak : r.peak) = memory.peak();
+    if (step == 0)
+      r.first_step_peak = memory.peak();
+    else
+      r.peak = std::max(r.peak, memory.peak());
   }
   // Alive after a step beyond the parameters: the optimizer state (created at the first step), the
   // gradients, and what is kept across steps (FSDP's buffer pool; model caches such as the RoPE table).

@@ -1,13 +1,19 @@
 // A dry run: one rank's training steps executed on the meta device, for `titan estimate`.
 //
 // The model is built by its ModelSpec on the meta device (shapes and dtypes, no values, no memory)
-// and parallelized by its own parallelize function (activation checkpointing, FSDP/HSDP) exactly as
-// the trainer does; DDP, the optimizer, the loss, gradient clipping and the step mirror
-// Trainer::train_step. Nothing is approximated by a formula: every tensor the real code would
+// and parallelized by its own parallelize function (TP, CP, activation checkpointing, FSDP/HSDP) exactly
+// as the trainer does; DDP, the optimizer, the loss, gradient clipping and the step mirror
+// Trainer::train_step. Under pipeline parallelism the rank's stages are built and parallelized as
+// Trainer::set_up_pipeline does (one data-parallel layer per stage) and the real dist::PipelineRunner
+// runs the rank's actions of the schedule, so the activations alive follow the schedule's order
+// (microbatches in flight, split backwards) and the boundary messages are the runner's own. Context
+// parallelism runs the real ring attention (dist::ContextParallel) over the fake cp group. Nothing is approximated by a formula: every tensor the real code would
 // allocate is allocated on the meta device, where a counting allocator records the bytes alive and
 // their peak (as titan's counting CPU allocator does for CPU runs, memory_tracker.h). Collectives go
-// through the real dist::Group wrapper over a backend that completes at once and moves nothing, so
-// the bytes counted per mesh dimension are the ones a real run counts (mesh.h).
+// through the real dist::Group wrapper over a backend that completes at once and moves nothing
+// (collectives, point-to-point messages and all-to-all shifts alike), so the bytes counted per mesh
+// dimension are the ones a real run counts (mesh.h). A received message or gathered buffer is
+// allocated as the real code allocates it; what other ranks would send is never computed.
 //
 // What the meta device cannot show by itself is filled in by the dry run, each documented in
 // dry_run.cpp: meta kernels for the few operators libtorch has none for (the CPU flash attention,
@@ -16,8 +22,10 @@
 // autocast emulated for models trained without FSDP in mixed precision.
 #pragma once
 
+#include "titan/distributed/context_parallel.h"
 #include "titan/distributed/mesh.h"
 #include "titan/distributed/tensor_parallel.h"
+#include "titan/models/pipeline_split.h"
 
 #include <c10/core/ScalarType.h>
 
@@ -37,7 +45,10 @@ struct DryRunPlan {
   // The compute dtype under mixed precision: FSDP gathers parameters in it; without FSDP the forward
   // runs under bf16 autocast when it is bf16 and the parameters are fp32 (CUDA training).
   at::ScalarType mixed_dtype = at::kFloat;
-  int64_t dp_replicate = 1, dp_shard = 1, cp = 1;  // resolved degrees; this rank is rank 0 of each group
+  // Resolved degrees. This rank is member 0 of each group but cp's, where it is the last member
+  // (the one whose queries attend to every rank's keys under either split).
+  int64_t dp_replicate = 1, dp_shard = 1, cp = 1;
+  dist::ContextParallelOptions cp_options;  // cp > 1: how sequences are split and K/V move
   bool fsdp = false;  // FSDP (HSDP with dp_replicate > 1); else DDP when dp_replicate > 1
   int64_t tp = 1;     // tensor-parallel degree (this rank holds TP shard 0)
   dist::TensorParallelOptions tp_options;
@@ -47,6 +58,11 @@ struct DryRunPlan {
   std::string optimizer = "AdamW", optimizer_implementation = "fused";
   double max_norm = 1.0;
   int64_t ddp_bucket_bytes = 25 << 20;  // dist::DDP's default
+  // Pipeline parallelism (pp > 1): this rank is member pp_rank of the pp group and runs the stages
+  // and actions `pipeline` gives it; each microbatch holds pipeline.microbatch_size sequences.
+  int64_t pp = 1;
+  int pp_rank = 0;
+  PipelinePlan pipeline;
 };
 
 // Bytes of this rank's tensors (all on its compute device: the meta run does not separate a host).
@@ -60,15 +76,19 @@ struct DryRunResult {
   // DDP's flattened buckets, all alive at the end of backward (their all-reduces are waited for
   // together); 0 without DDP.
   int64_t ddp_buckets = 0;
-  int64_t end_of_forward = 0;  // bytes alive right after the first micro-batch's loss (forward) in the measured step
-  int64_t peak = 0;            // most bytes alive at once in the measured (second) step
+  // Bytes alive right after the first micro-batch's loss (forward) in the last step; under pipeline
+  // parallelism, right before the rank's first backward action of the last step (its warm-up
+  // forwards' activations alive).
+  int64_t end_of_forward = 0;
+  int64_t peak = 0;            // most bytes alive at once in the second and third steps
   int64_t first_step_peak = 0; // the same for the first step (communication buffers and flat gradients appear)
   std::vector<int64_t> unit_shard_numel;  // FSDP: elements of each unit's flat shard (forward order, root last)
-  dist::CommBytes bytes, calls;  // of the measured step, per mesh dimension and operation (mesh.h)
+  dist::CommBytes bytes, calls;  // of the last step, per mesh dimension and operation (mesh.h)
+  std::vector<int> stages;       // pipeline stages this rank holds (empty without pipeline parallelism)
 };
 
-// Runs two training steps of rank 0 on the meta device and measures the second (the first allocates
-// what later steps reuse). Throws UserError for an unknown model or flavor.
+// Runs three training steps of one rank on the meta device and measures the later two (the first
+// allocates what later steps reuse). Throws UserError for an unknown model or flavor.
 DryRunResult dry_run(const DryRunPlan& plan);
 
 }  // namespace titan

@@ -1,7 +1,9 @@
 #include "titan/tools/estimate.h"
 
 #include "titan/common/error.h"
+#include "titan/distributed/context_parallel.h"
 #include "titan/distributed/parallel_dims.h"
+#include "titan/models/pipeline_split.h"
 #include "titan/models/registry.h"
 #include "titan/tools/dry_run.h"
 
@@ -72,6 +74,51 @@ std::string ac_words(const std::string& mode, int64_t k) {
   return "selective " + std::to_string(k) + " (1 block in " + std::to_string(k) + ")";
 }
 
+// Most (stage, microbatch) activations alive at once in one rank's order: a forward keeps its
+// microbatch's activations until the backward that releases them (B, or W after I).
+int most_in_flight(const std::vector<std::optional<dist::PipeAction>>& actions) {
+  std::set<std::pair<int, int>> alive;
+  int most = 0;
+  for (const auto& a : actions) {
+    if (!a) continue;
+    if (a->op == dist::PipeOp::Forward) {
+      alive.emplace(a->stage, a->microbatch);
+      most = std::max(most, static_cast<int>(alive.size()));
+    } else if (a->op != dist::PipeOp::BackwardInput) {
+      alive.erase({a->stage, a->microbatch});
+    }
+  }
+  return most;
+}
+
+// Training FLOPs per token of the modules `modules` (a pipeline stage's, or several): torchtitan's
+// formula split by module: 6 x their parameters outside the token embedding, plus the attention
+// term's share of their blocks (the whole model's term is the same for every block).
+double flops_per_token_of(const LanguageModelImpl& model, const std::vector<std::string>& modules, int64_t seq_len) {
+  int64_t all = 0, embedding = 0, mine = 0, blocks = 0, my_blocks = 0;
+  auto in = [&](const std::string& name) {
+    for (const auto& m : modules)
+      if (name.rfind(m + ".", 0) == 0) return true;
+    return false;
+  };
+  for (const auto& p : model.named_parameters()) {
+    const int64_t n = p.value().numel();
+    const bool embed = p.key().rfind("tok_embeddings.", 0) == 0;
+    all += n;
+    if (embed) embedding += n;
+    if (in(p.key()) && !embed) mine += n;
+  }
+  for (const auto& m : model.named_children())
+    if (m.key() == "layers") blocks = static_cast<int64_t>(m.value()->children().size());
+  for (const auto& m : modules)
+    if (m.rfind("layers.", 0) == 0) ++my_blocks;
+  const double attention = model.flops_per_token(seq_len) - 6.0 * static_cast<double>(all - embedding);
+  return 6.0 * static_cast<double>(mine) +
+         (blocks > 0 ? attention * static_cast<double>(my_blocks) / static_cast<double>(blocks) : 0.0);
+}
+
+int64_t peak_of(const DryRunResult& r) { return std::max(r.peak, r.first_step_peak); }
+
 }  // namespace
 
 ModelEstimate estimate_model(const std::string& model, const std::string& flavor, int64_t seq_len) {
@@ -103,13 +150,6 @@ Estimate estimate(const JobConfig& cfg, const EstimateOptions& options) {
   const dist::ParallelDims dims(p.data_parallel_replicate_degree, p.data_parallel_shard_degree,
                                 p.context_parallel_degree, p.tensor_parallel_degree, p.pipeline_parallel_degree, world);
   check_supported(cfg, world);  // what titan train refuses, the estimate refuses with the same words
-  TITAN_USER_CHECK(p.pipeline_parallel_degree == 1, "titan estimate models layouts without pipeline parallelism: "
-                   "parallelism.pipeline_parallel_degree ", p.pipeline_parallel_degree, " is not estimated (set it to 1 "
-                   "to estimate the data- and tensor-parallel layout of the whole model)");
-  TITAN_USER_CHECK(p.context_parallel_degree == 1, "titan estimate models layouts without context parallelism: "
-                   "parallelism.context_parallel_degree ", p.context_parallel_degree, " is not estimated (set it to 1 "
-                   "to estimate the rest of the layout: every activation per rank is then about cp times what CP "
-                   "holds, and FSDP shards over dp_shard x cp)");
 
   // Precision and data parallelism, decided as Trainer::Trainer decides them.
   const bool cuda = options.device == "cuda";
@@ -118,6 +158,7 @@ Estimate estimate(const JobConfig& cfg, const EstimateOptions& options) {
   const bool use_fsdp = dims.fsdp_enabled() || tr.enable_cpu_offload;
   TITAN_USER_CHECK(!use_fsdp || param_dtype == at::kFloat, "training.dtype bfloat16 with FSDP",
                    tr.enable_cpu_offload ? " (CPU offload shards with FSDP)" : "",
+                   dims.cp() > 1 ? " (context parallelism shards the parameters over dp_shard x cp with FSDP)" : "",
                    " is not supported; FSDP keeps fp32 shards (use float32)");
   const int64_t dp = dims.dp_size();
   const int64_t global_batch = tr.global_batch_size < 0 ? tr.local_batch_size * dp : tr.global_batch_size;
@@ -142,12 +183,32 @@ Estimate estimate(const JobConfig& cfg, const EstimateOptions& options) {
   plan.tp_options.sequence_parallel = p.enable_sequence_parallel;
   plan.tp_options.loss_parallel = !p.disable_loss_parallel;
   plan.tp_options.async = p.enable_async_tensor_parallel;
+  if (dims.cp() > 1) {
+    plan.cp_options = dist::context_parallel_options(p.context_parallel_load_balancer, p.context_parallel_rotate_method);
+    dist::check_context_parallel_sequence(tr.seq_len, dims.cp(), plan.cp_options.load_balance, dims.tp(),
+                                          dims.tp() > 1 && p.enable_sequence_parallel);
+  }
+  const ModelSpec& spec = model_spec(cfg.model.name);
+  if (dims.pp() > 1) {
+    plan.pp = dims.pp();
+    plan.pipeline = plan_pipeline(spec, cfg.model.flavor, p, tr.local_batch_size);
+  }
   plan.reshard_after_forward = p.fsdp_reshard_after_forward;
   std::tie(plan.ac_mode, plan.ac_every) = ac_plan(cfg.activation_checkpoint);
   plan.optimizer = cfg.optimizer.name;
   plan.optimizer_implementation = cfg.optimizer.implementation;
   plan.max_norm = tr.max_norm;
-  const DryRunResult r = dry_run(plan);
+  // One dry run per pipeline rank (one without pipeline parallelism); the worst has the largest peak.
+  auto dry_run_ranks = [](DryRunPlan pl) {
+    std::vector<DryRunResult> out;
+    for (pl.pp_rank = 0; pl.pp_rank < pl.pp; ++pl.pp_rank) out.push_back(dry_run(pl));
+    return out;
+  };
+  const std::vector<DryRunResult> ranks = dry_run_ranks(plan);
+  size_t worst = 0;
+  for (size_t i = 1; i < ranks.size(); ++i)
+    if (peak_of(ranks[i]) > peak_of(ranks[worst])) worst = i;
+  const DryRunResult& r = ranks[worst];
 
   Estimate e;
   e.model = estimate_model(cfg.model.name, cfg.model.flavor, tr.seq_len);
@@ -155,9 +216,10 @@ Estimate estimate(const JobConfig& cfg, const EstimateOptions& options) {
   e.degrees = dims.describe();
   e.shard_degree = use_fsdp ? dims.dp_shard() * dims.cp() : 1;
   e.layout = use_fsdp ? (dims.dp_replicate_enabled() ? "HSDP" : "FSDP") : dims.ddp_enabled() ? "DDP" : "single process";
-  if (dims.tp() > 1)
-    e.layout = (e.layout == "single process" ? "" : e.layout + " + ") + "TP " + std::to_string(dims.tp()) +
-               (p.enable_sequence_parallel ? " (sequence parallel)" : "");
+  auto add_layout = [&](const std::string& part) { e.layout = (e.layout == "single process" ? "" : e.layout + " + ") + part; };
+  if (dims.tp() > 1) add_layout("TP " + std::to_string(dims.tp()) + (p.enable_sequence_parallel ? " (sequence parallel)" : ""));
+  if (dims.cp() > 1) add_layout("CP " + std::to_string(dims.cp()));
+  if (dims.pp() > 1) add_layout("PP " + std::to_string(dims.pp()) + " (" + plan.pipeline.schedule + ")");
   e.device = options.device;
   e.compute_dtype = dtype_name(bf16_compute ? at::kBFloat16 : param_dtype);
   e.param_dtype = dtype_name(param_dtype);
@@ -172,7 +234,7 @@ Estimate estimate(const JobConfig& cfg, const EstimateOptions& options) {
   e.grads_kept = use_fsdp;
   e.buffers = r.buffers;
   e.ddp_buckets = r.ddp_buckets;
-  const int64_t peak = std::max(r.peak, r.first_step_peak);
+  const int64_t peak = peak_of(r);
   const int64_t held = r.params + r.optimizer + r.buffers + (e.grads_kept ? r.grads : 0);
   e.activations = r.end_of_forward - held;
   e.backward = peak - r.end_of_forward;
@@ -193,7 +255,8 @@ Estimate estimate(const JobConfig& cfg, const EstimateOptions& options) {
     e.buffers += staging;
   }
 
-  // The same run under the other activation checkpointing modes (their device peaks).
+  // The same run under the other activation checkpointing modes (their device peaks; the worst
+  // pipeline rank's).
   const int64_t k = plan.ac_mode == "selective" ? plan.ac_every : 2, offloaded = peak - e.peak_device;
   e.peak_by_ac[ac_words(plan.ac_mode, plan.ac_every)] = e.peak_device;
   const std::vector<std::pair<std::string, int64_t>> modes = {{"none", 1}, {"full", 1}, {"selective", k}};
@@ -203,15 +266,52 @@ Estimate estimate(const JobConfig& cfg, const EstimateOptions& options) {
     DryRunPlan other = plan;
     other.ac_mode = mode;
     other.ac_every = every;
-    const DryRunResult o = dry_run(other);
-    e.peak_by_ac[words] = std::max(o.peak, o.first_step_peak) - offloaded;
+    int64_t most = 0;
+    for (const DryRunResult& o : dry_run_ranks(other)) most = std::max(most, peak_of(o));
+    e.peak_by_ac[words] = most - offloaded;
   }
 
+  // This rank's tokens per step; each computes 1/tp of their FLOPs (the tensor-parallel ranks share
+  // every token), 1/cp (the context-parallel ranks share every sequence) and, under pipeline
+  // parallelism, its stages' part.
   e.tokens_per_step = plan.grad_accum_steps * tr.local_batch_size * tr.seq_len;
-  // The tensor-parallel ranks share each of this rank's tokens: each computes 1/tp of their FLOPs.
-  e.flops_per_step = e.model.flops_per_token * static_cast<double>(e.tokens_per_step) / static_cast<double>(dims.tp());
+  const double rank_tokens = static_cast<double>(e.tokens_per_step) / static_cast<double>(dims.tp() * dims.cp());
+  e.flops_per_step = e.model.flops_per_token * rank_tokens;
   e.comm_bytes = r.bytes;
   e.comm_calls = r.calls;
+
+  if (dims.cp() > 1) {
+    e.cp = dims.cp();
+    e.cp_split = plan.cp_options.load_balance ? "headtail" : "contiguous";
+    e.cp_rotate = plan.cp_options.rotate;
+  }
+  if (dims.pp() > 1) {
+    const PipelinePlan& pl = plan.pipeline;
+    e.pp = dims.pp();
+    e.schedule = pl.schedule;
+    e.num_stages = static_cast<int>(pl.stage_modules.size());
+    e.microbatches = pl.microbatches;
+    e.microbatch_size = pl.microbatch_size;
+    e.worst_pp_rank = static_cast<int>(worst);
+    const LanguageModel whole = spec.build(cfg.model.flavor, at::TensorOptions().device(at::kMeta), tr.seq_len);
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      Estimate::PipelineRank pr;
+      pr.rank = static_cast<int>(i);
+      pr.stages = ranks[i].stages;
+      pr.in_flight = most_in_flight(pl.order.at(i));
+      pr.params = ranks[i].params;
+      pr.peak = peak_of(ranks[i]) - offloaded;
+      pr.activations = ranks[i].end_of_forward - (ranks[i].params + ranks[i].optimizer + ranks[i].buffers +
+                                                  (e.grads_kept ? ranks[i].grads : 0));
+      std::vector<std::string> modules;
+      for (int s : pr.stages) modules.insert(modules.end(), pl.stage_modules[s].begin(), pl.stage_modules[s].end());
+      pr.flops_per_step = flops_per_token_of(*whole, modules, tr.seq_len) * rank_tokens;
+      pr.comm_bytes = ranks[i].bytes;
+      pr.comm_calls = ranks[i].calls;
+      e.pipeline_ranks.push_back(std::move(pr));
+    }
+    e.flops_per_step = e.pipeline_ranks[worst].flops_per_step;
+  }
   e.capacity = static_cast<int64_t>(options.device_memory_gib * kGiB);
   e.fits = e.peak_device <= e.capacity;
   return e;
@@ -231,6 +331,15 @@ std::string format_estimate(const Estimate& e) {
   os << "batch per rank: " << e.local_batch_size << " x " << e.model.seq_len << " tokens, " << e.grad_accum_steps
      << " micro-batch" << (e.grad_accum_steps == 1 ? "" : "es") << " per step; activation checkpointing "
      << e.activation_checkpointing << "\n";
+  if (e.cp > 1)
+    os << "context parallel: each of the " << e.cp << " cp ranks holds " << e.model.seq_len / e.cp << " of every sequence's "
+       << e.model.seq_len << " tokens (" << e.cp_split << " split); ring attention moves K/V by " << e.cp_rotate << "\n";
+  if (e.pp > 1) {
+    os << "pipeline: " << e.num_stages << " stages over " << e.pp << " ranks, schedule " << e.schedule << ", "
+       << e.microbatches << " microbatch" << (e.microbatches == 1 ? "" : "es") << " of " << e.microbatch_size
+       << " sequence" << (e.microbatch_size == 1 ? "" : "s") << " per batch; the figures below are pipeline rank "
+       << e.worst_pp_rank << "'s (the largest peak)\n";
+  }
 
   const bool host = e.host > 0;
   os << "memory per rank (" << (e.device == "cpu" ? "CPU" : "device") << (host ? "; offloaded state in host memory" : "")
@@ -249,15 +358,35 @@ std::string format_estimate(const Estimate& e) {
                    : e.param_dtype + std::string(", produced by backward (within the backward row)"));
   row("optimizer state", gib(e.optimizer), "exp_avg, exp_avg_sq and step per parameter" + where);
   row("buffers", gib(e.buffers),
-      e.grads_kept ? "kept across steps: FSDP's gathered units and reduce-scatter buffers, RoPE table"
+      e.grads_kept ? "kept across steps: FSDP's pooled communication buffers, RoPE table"
                    : "kept across steps: RoPE table");
   if (e.ddp_buckets > 0)
     row("DDP buckets", gib(e.ddp_buckets), "25 MB buckets, all in flight at the end of backward (within the backward row)");
-  row("activations", gib(e.activations), "alive at the end of forward: saved for backward, the loss's logits, the batch");
-  row("backward", "+" + gib(e.backward), "over the end of forward at the peak: gradients, recomputation, temporaries");
+  if (e.pp > 1) {
+    row("activations", gib(e.activations),
+        std::string("alive before the first backward: saved for the microbatches in flight, the batch") +
+            (e.grads_kept ? ", FSDP's units gathered for the step" : ""));
+    row("backward", "+" + gib(e.backward), "over that at the peak: gradients, recomputation, temporaries");
+  } else {
+    row("activations", gib(e.activations),
+        std::string("alive at the end of forward: saved for backward, the loss's logits, the batch") +
+            (e.grads_kept ? ", FSDP's units still gathered" : ""));
+    row("backward", "+" + gib(e.backward), "over the end of forward at the peak: gradients, recomputation, temporaries");
+  }
   row("peak", gib(e.peak_device), (e.device == "cpu" ? "CPU, the log line's memory figure: " : "device, allocated: ") +
                                       with_commas(e.peak_device) + " bytes");
   if (host) row("host", gib(e.host), "CPU memory per rank: parameter, gradient and optimizer shards");
+  if (e.pp > 1) {
+    os << "per pipeline rank (activations in flight: most microbatches' held at once, from the schedule's order):\n";
+    for (const auto& pr : e.pipeline_ranks) {
+      std::string stages;
+      for (int s : pr.stages) stages += (stages.empty() ? "" : ",") + std::to_string(s);
+      std::snprintf(line, sizeof line, "  rank %-3d stages %-9s in flight %3d  parameters %11s  activations %11s  peak %11s%s\n",
+                    pr.rank, stages.c_str(), pr.in_flight, human(pr.params).c_str(), human(pr.activations).c_str(),
+                    human(pr.peak).c_str(), pr.rank == e.worst_pp_rank ? "  <- worst" : "");
+      os << line;
+    }
+  }
   os << "peak by activation checkpointing:";
   bool first = true;
   for (const auto& [mode, bytes] : e.peak_by_ac) {
@@ -266,7 +395,9 @@ std::string format_estimate(const Estimate& e) {
   }
   os << "\n";
   std::snprintf(line, sizeof line, "%.3e", e.flops_per_step);
-  os << "compute per rank per step: " << line << " FLOPs (" << with_commas(e.tokens_per_step) << " tokens)\n";
+  os << "compute per rank per step: " << line << " FLOPs (" << with_commas(e.tokens_per_step) << " tokens"
+     << (e.cp > 1 ? ", of which this rank holds 1/" + std::to_string(e.cp) : "")
+     << (e.pp > 1 ? "; its stages' share of the model" : "") << ")\n";
   os << "communication per rank per step (full buffer sizes, as the mesh counts them):";
   if (e.comm_bytes.empty()) os << " none";
   os << "\n";

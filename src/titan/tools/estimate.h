@@ -8,6 +8,10 @@
 // figure the log line's `memory:` reports (peak bytes of CPU tensors, memory_tracker.h); on CUDA it
 // is the caching allocator's allocated bytes, which its reserved bytes (the log line) exceed by the
 // allocator's fragmentation, and the CUDA context and NCCL's buffers come on top.
+//
+// Context parallelism: the dry run's rank holds seq_len / cp tokens of every sequence and runs the
+// real ring attention. Pipeline parallelism: every pipeline rank is dry-run (its stages, its actions
+// of the schedule); the report's figures are the worst rank's, and each rank's peak is listed.
 #pragma once
 
 #include "titan/config/job_config.h"
@@ -45,7 +49,8 @@ struct EstimateOptions {
 
 struct Estimate {
   ModelEstimate model;
-  std::string layout;        // "FSDP", "HSDP", "DDP" or "single process"
+  // "FSDP", "HSDP", "DDP" or "single process", then "+ TP n", "+ CP n", "+ PP n" where they apply
+  std::string layout;
   std::string degrees;       // ParallelDims::describe()
   int64_t world_size = 1, shard_degree = 1;  // shard_degree: the ranks parameters are sharded over
   std::string device;        // "cuda" or "cpu"
@@ -67,9 +72,33 @@ struct Estimate {
   // The device peak under the other activation checkpointing modes: "none", "full", "selective k".
   std::map<std::string, int64_t> peak_by_ac;
 
-  double flops_per_step = 0;  // this rank's training FLOPs per optimizer step
-  int64_t tokens_per_step = 0;
+  double flops_per_step = 0;  // this rank's training FLOPs per optimizer step (its stages' under PP)
+  int64_t tokens_per_step = 0;  // of this rank's data-parallel share (whole sequences; CP ranks hold 1/cp of each)
   dist::CommBytes comm_bytes, comm_calls;  // per step, per mesh dimension and operation (mesh.h's counting)
+
+  // Context parallelism (cp > 1): how sequences are split and K/V move (parallelism.context_parallel_*).
+  int64_t cp = 1;
+  std::string cp_split, cp_rotate;
+
+  // Pipeline parallelism (pp > 1). The figures above are those of the worst pipeline rank (the
+  // largest peak); every rank's are here.
+  int64_t pp = 1;
+  std::string schedule;  // the schedule's name, or its CSV file
+  int num_stages = 1, microbatches = 1;
+  int64_t microbatch_size = 0;
+  struct PipelineRank {
+    int rank = 0;
+    std::vector<int> stages;  // the stages it holds
+    // Most (stage, microbatch) activations alive at once: from a forward to the backward (W for a
+    // split backward) that releases them, counted from the rank's order of actions. GPipe: all
+    // microbatches; 1F1B: min(pp - rank, microbatches).
+    int in_flight = 0;
+    int64_t params = 0, peak = 0, activations = 0;
+    double flops_per_step = 0;
+    dist::CommBytes comm_bytes, comm_calls;
+  };
+  std::vector<PipelineRank> pipeline_ranks;
+  int worst_pp_rank = 0;
 
   int64_t capacity = 0;  // bytes
   bool fits = false;

@@ -2,10 +2,7 @@
 // this rank's stages built and parallelized like whole models (TP inside, activation checkpointing,
 // FSDP/HSDP/DDP per stage), and a schedule run by dist::PipelineRunner (docs/parallelism.md).
 //
-// Stages: parallelism.module_fqns_per_model_part when given, else cut at
-// pipeline_parallel_split_points, else the model's own split (ModelSpec::pipeline_split) into
-// ceil((layers + first_stage_less_layers + last_stage_less_layers) / layers_per_stage) stages, or
-// pp x (1, or 2 for the multi-stage schedules) without layers_per_stage, or the CSV schedule's stages.
+// Stages and schedule: plan_pipeline (models/pipeline_split.h), which `titan estimate` uses too.
 // Every parameter keeps its global name and its initial values (a function of seed and name), so a
 // stage initializes exactly what the single process would, and checkpoints are layout-free.
 #include "titan/common/autocast.h"
@@ -19,25 +16,11 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
-#include <cctype>
 #include <chrono>
 #include <limits>
 #include <set>
 
 namespace titan {
-namespace {
-
-std::string lower(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
-
-bool multi_stage_schedule(const std::string& name) {
-  const std::string n = lower(name);
-  return n == "interleaved1f1b" || n == "interleavedzerobubble" || n == "zbvzerobubble";
-}
-
-}  // namespace
 
 void Trainer::set_up_pipeline(const ModelSpec& spec, ParallelizeContext pctx,
                               const std::function<std::unique_ptr<dist::DataParallel>()>& make_dp,
@@ -45,71 +28,13 @@ void Trainer::set_up_pipeline(const ModelSpec& spec, ParallelizeContext pctx,
   const auto& par = cfg_.parallelism;
   const auto& tr = cfg_.training;
   const int pp = static_cast<int>(dims_->pp());
-  TITAN_USER_CHECK(spec.pipeline_split && spec.build_stage, "model ", spec.name,
-                   " cannot be split into pipeline stages (its spec has no pipeline_split): use "
-                   "parallelism.pipeline_parallel_degree 1");
-  const int64_t mbs = par.pipeline_parallel_microbatch_size;
-  TITAN_USER_CHECK(tr.local_batch_size % mbs == 0, "training.local_batch_size ", tr.local_batch_size,
-                   " is not a multiple of parallelism.pipeline_parallel_microbatch_size ", mbs,
-                   ": the pipeline runs local_batch_size / microbatch_size microbatches per batch");
-  const int microbatches = static_cast<int>(tr.local_batch_size / mbs);
-
-  // ---- the stages' modules
-  const std::vector<std::string> all = spec.pipeline_split(cfg_.model.flavor, 1, 0, 0).at(0);
-  const int64_t n_layers = std::count_if(all.begin(), all.end(), [](const std::string& m) { return m.rfind("layers.", 0) == 0; });
-  const bool csv = !par.pipeline_parallel_schedule_csv.empty();
-  dist::PipelineOrder order;
-  int csv_stages = 0;
-  if (csv) {
-    order = dist::read_schedule_csv(par.pipeline_parallel_schedule_csv);
-    for (const auto& row : order)
-      for (const auto& a : row)
-        if (a) csv_stages = std::max(csv_stages, a->stage + 1);
-    TITAN_USER_CHECK(static_cast<int>(order.size()) == pp, "parallelism.pipeline_parallel_schedule_csv ",
-                     par.pipeline_parallel_schedule_csv, " has ", order.size(), " rows, one per pipeline rank, but "
-                     "pipeline_parallel_degree is ", pp);
-  }
-  if (!par.module_fqns_per_model_part.empty()) {
-    stage_modules_ = par.module_fqns_per_model_part;
-  } else if (!par.pipeline_parallel_split_points.empty()) {
-    stage_modules_ = split_at_points(all, par.pipeline_parallel_split_points);
-  } else {
-    int64_t num_stages = pp * (multi_stage_schedule(par.pipeline_parallel_schedule) ? 2 : 1);
-    if (par.pipeline_parallel_layers_per_stage) {
-      const int64_t effective =
-          n_layers + par.pipeline_parallel_first_stage_less_layers + par.pipeline_parallel_last_stage_less_layers;
-      num_stages = (effective + *par.pipeline_parallel_layers_per_stage - 1) / *par.pipeline_parallel_layers_per_stage;
-    } else if (csv) {
-      num_stages = csv_stages;
-    }
-    stage_modules_ = spec.pipeline_split(cfg_.model.flavor, num_stages, par.pipeline_parallel_first_stage_less_layers,
-                                         par.pipeline_parallel_last_stage_less_layers);
-  }
-  check_stage_modules(stage_modules_, all);
-  const int num_stages = static_cast<int>(stage_modules_.size());
-  TITAN_USER_CHECK(num_stages >= pp, "the model is split into ", num_stages, " pipeline stage(s), fewer than "
-                   "pipeline_parallel_degree ", pp, ": every pipeline rank needs a stage; lower "
-                   "pipeline_parallel_layers_per_stage, or give more split points or module_fqns_per_model_part parts");
-  TITAN_USER_CHECK(num_stages % pp == 0, "the model is split into ", num_stages,
-                   " pipeline stages, which do not divide evenly over pipeline_parallel_degree ", pp,
-                   " ranks: choose the split (pipeline_parallel_layers_per_stage, split points or "
-                   "module_fqns_per_model_part) so that every rank holds the same number of stages");
-  const int per_rank = num_stages / pp;
-  if (csv) {
-    TITAN_USER_CHECK(csv_stages == num_stages, "parallelism.pipeline_parallel_schedule_csv ",
-                     par.pipeline_parallel_schedule_csv, " schedules ", csv_stages, " stages but the model is split into ",
-                     num_stages);
-  } else {
-    order = dist::schedule_by_name(par.pipeline_parallel_schedule, pp, per_rank, microbatches);
-  }
-  try {
-    dist::check_schedule(order, num_stages, microbatches);
-  } catch (const UserError& e) {
-    throw UserError(std::string(e.what()) + " (" + (csv ? "parallelism.pipeline_parallel_schedule_csv " +
-                    par.pipeline_parallel_schedule_csv : "schedule " + par.pipeline_parallel_schedule) + " with " +
-                    std::to_string(microbatches) + " microbatches of " + std::to_string(mbs) + ")");
-  }
-  const std::vector<int> ranks = dist::stage_ranks(order, num_stages);
+  const PipelinePlan plan = plan_pipeline(spec, cfg_.model.flavor, par, tr.local_batch_size);
+  stage_modules_ = plan.stage_modules;
+  const dist::PipelineOrder& order = plan.order;
+  const std::vector<int>& ranks = plan.stage_ranks;
+  const int num_stages = static_cast<int>(stage_modules_.size()), per_rank = num_stages / pp;
+  const int microbatches = plan.microbatches;
+  const int64_t mbs = plan.microbatch_size;
 
   // ---- this rank's stages, each parallelized like a whole model
   dist::Group& pp_group = (*mesh_)["pp"];
@@ -145,9 +70,8 @@ void Trainer::set_up_pipeline(const ModelSpec& spec, ParallelizeContext pctx,
   pipeline_ = std::make_unique<dist::PipelineRunner>(pp_group, order, num_stages, microbatches, std::move(stages),
                                                      at::TensorOptions().device(device_).dtype(boundary_dtype));
   log_info("Pipeline: " + std::to_string(num_stages) + " stages over " + std::to_string(pp) + " ranks (" +
-           std::to_string(per_rank) + " per rank), schedule " +
-           (csv ? par.pipeline_parallel_schedule_csv : par.pipeline_parallel_schedule) + ", " +
-           std::to_string(microbatches) + " microbatches of " + std::to_string(mbs) + "; rank 0 holds stage(s) " + held);
+           std::to_string(per_rank) + " per rank), schedule " + plan.schedule + ", " + std::to_string(microbatches) +
+           " microbatches of " + std::to_string(mbs) + "; rank 0 holds stage(s) " + held);
 }
 
 at::Tensor Trainer::pipeline_forward_backward(int64_t step, double global_tokens) {

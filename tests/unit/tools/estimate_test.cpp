@@ -10,6 +10,10 @@
 //
 // Communication: workers run the trainer's step over Gloo and print what the mesh counted; the
 // estimate's bytes and calls per mesh dimension and operation must be equal.
+//
+// Pipeline and context parallelism (EstimateMatchesEveryRank): every rank's trainer runs in a worker
+// of this binary; each rank's measured peak and counted bytes are compared with the estimate's for
+// its pipeline rank.
 #include "models/tiny_llama.h"
 #include "test_util.h"
 
@@ -31,9 +35,11 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
 #include <mutex>
 #include <regex>
 #include <sstream>
@@ -228,6 +234,144 @@ INSTANTIATE_TEST_SUITE_P(Runs, EstimateMatchesMeasuredPeak, ::testing::Values(
 // clang-format on
 
 // ---------------------------------------------------------------------------------------------
+// Pipeline and context parallelism: every rank's peak and bytes.
+//
+// Each run trains the debug model in worker processes of this binary, each the trainer of one rank
+// (as `titan train` under `titan launch`): three steps one by one, each rank's peak of CPU tensor
+// bytes read per step (the figure its log line would print), then a fourth through
+// Trainer::train(), which writes what the mesh counted over the four steps (TITAN_DEBUG_DUMP_COMM).
+// The estimate with --device cpu must give every pipeline rank's peak within 10% of the largest
+// measured on its ranks (FSDP's first shard holds the padding), the worst rank's within 10% of the
+// largest of all, and every rank's bytes and calls per mesh dimension and operation exactly.
+
+struct RankedRun {
+  std::string name;
+  int nproc;
+  int64_t seq_len, local_batch;
+  std::string ac;
+  int pp = 1;
+  std::string schedule = "1F1B";
+  int cp = 1;
+  std::string rotate = "allgather";
+  int tp = 1;
+};
+
+void PrintTo(const RankedRun& r, std::ostream* os) { *os << r.name; }
+
+constexpr int kMeasuredSteps = 3, kRunSteps = 4;
+
+std::vector<std::string> ranked_args(const RankedRun& r) {
+  const int dp = r.nproc / (r.pp * r.cp * r.tp);
+  std::vector<std::string> a = {"--job.config_file", kDebugConfig, "--training.seq_len", std::to_string(r.seq_len),
+                                "--training.local_batch_size", std::to_string(r.local_batch),
+                                "--training.global_batch_size", std::to_string(r.local_batch * dp), "--training.steps",
+                                std::to_string(kRunSteps), "--metrics.log_freq", "1", "--metrics.disable_color_printing",
+                                "--parallelism.pipeline_parallel_degree", std::to_string(r.pp),
+                                "--parallelism.pipeline_parallel_schedule", r.schedule,
+                                "--parallelism.context_parallel_degree", std::to_string(r.cp),
+                                "--parallelism.context_parallel_rotate_method", r.rotate,
+                                "--parallelism.tensor_parallel_degree", std::to_string(r.tp)};
+  std::istringstream ac(r.ac);
+  std::string mode, every;
+  ac >> mode >> every;
+  a.insert(a.end(), {"--activation_checkpoint.mode", mode});
+  if (!every.empty()) a.insert(a.end(), {"--activation_checkpoint.selective_ac_option", every});
+  return a;
+}
+
+// Worker: one rank's trainer; prints "PEAK <bytes>" (the largest of the measured steps' peaks).
+TITAN_TEST_WORKER_FN(estimate_train_ranked) {
+  const std::string rank = std::getenv("TITAN_TEST_RANK"), world = std::getenv("TITAN_TEST_WORLD");
+  for (const char* name : {"RANK", "LOCAL_RANK"}) setenv(name, rank.c_str(), 1);
+  for (const char* name : {"WORLD_SIZE", "LOCAL_WORLD_SIZE"}) setenv(name, world.c_str(), 1);
+  setenv("MASTER_ADDR", "127.0.0.1", 1);
+  setenv("MASTER_PORT", std::getenv("TITAN_TEST_PORT"), 1);
+  setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);
+  Trainer trainer(parse_config(split_lines(std::getenv("TITAN_TEST_ARGS"))));
+  int64_t peak = 0;
+  for (int step = 0; step < kMeasuredSteps; ++step) {
+    mem::reset_cpu_peak();
+    trainer.train_step();
+    peak = std::max(peak, mem::cpu_peak_bytes());
+  }
+  trainer.train();  // the last step, and the dump of what the mesh counted
+  std::printf("PEAK %lld\n", static_cast<long long>(peak));
+  return 0;
+}
+
+class EstimateMatchesEveryRank : public ::testing::TestWithParam<RankedRun> {};
+
+TEST_P(EstimateMatchesEveryRank, PeaksWithinTenPercentAndBytesExactly) {
+  const RankedRun& r = GetParam();
+  test::TempDir dir;
+  std::vector<std::string> args = ranked_args(r);
+  args.insert(args.end(), {"--job.dump_folder", dir.path()});
+  auto store = dist::make_tcp_store("127.0.0.1", 0, true, 60s);
+  const auto workers = test::run_workers(
+      "estimate_train_ranked", r.nproc,
+      {{"TITAN_TEST_ARGS", join_lines(args)}, {"TITAN_TEST_WORLD", std::to_string(r.nproc)},
+       {"TITAN_TEST_PORT", std::to_string(dist::store_port(store))}, {"TITAN_DEBUG_DUMP_COMM", dir / "comm"},
+       {"TITAN_P2P_ORDER_MATCHED", "1"}, {"OMP_NUM_THREADS", "1"}},
+      600s);
+  std::vector<int64_t> measured;
+  for (const auto& w : workers) {
+    ASSERT_EQ(w.exit_code, 0) << w.output;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(w.output, m, std::regex(R"(PEAK (\d+))"))) << w.output;
+    measured.push_back(std::stoll(m[1]));
+  }
+
+  EstimateOptions opts;
+  opts.world_size = r.nproc;
+  opts.device = "cpu";
+  const Estimate e = estimate(parse_config(ranked_args(r)), opts);
+  const int per_pp_rank = r.nproc / r.pp;  // pp is the outermost mesh dimension
+  ASSERT_EQ(e.pipeline_ranks.size(), r.pp > 1 ? static_cast<size_t>(r.pp) : 0u);
+  auto expect_near = [&](int64_t estimated, int64_t got, const std::string& what) {
+    const double ratio = static_cast<double>(estimated) / static_cast<double>(got);
+    std::printf("%s %s: measured %.1f MiB, estimated %.1f MiB (%+.1f%%)\n", r.name.c_str(), what.c_str(),
+                got / 1048576.0, estimated / 1048576.0, 100 * (ratio - 1));
+    EXPECT_NEAR(ratio, 1.0, 0.10) << what << ": measured " << got << " bytes, estimated " << estimated << "\n"
+                                  << format_estimate(e);
+  };
+  for (size_t pr = 0; pr < e.pipeline_ranks.size(); ++pr) {
+    const int64_t most = *std::max_element(measured.begin() + pr * per_pp_rank, measured.begin() + (pr + 1) * per_pp_rank);
+    expect_near(e.pipeline_ranks[pr].peak, most, "pipeline rank " + std::to_string(pr));
+  }
+  expect_near(e.peak_device, *std::max_element(measured.begin(), measured.end()), "worst rank");
+
+  for (int g = 0; g < r.nproc; ++g) {
+    std::ifstream f(dir / ("comm.rank" + std::to_string(g) + ".json"));
+    const nlohmann::json j = nlohmann::json::parse(f);
+    ASSERT_EQ(j.at("steps").get<int>(), kRunSteps);
+    const Estimate::PipelineRank* pr = r.pp > 1 ? &e.pipeline_ranks.at(g / per_pp_rank) : nullptr;
+    auto over_the_run = [](const dist::CommBytes& per_step) {
+      dist::CommBytes all;
+      for (const auto& [group, ops] : per_step)
+        for (const auto& [op, v] : ops) all[group][op] = v * kRunSteps;
+      return all;
+    };
+    const dist::CommBytes bytes = over_the_run(pr ? pr->comm_bytes : e.comm_bytes);
+    const dist::CommBytes calls = over_the_run(pr ? pr->comm_calls : e.comm_calls);
+    EXPECT_EQ(j.at("bytes").get<dist::CommBytes>(), bytes) << "rank " << g << "\n" << format_estimate(e);
+    EXPECT_EQ(j.at("calls").get<dist::CommBytes>(), calls) << "rank " << g;
+  }
+}
+
+// clang-format off
+INSTANTIATE_TEST_SUITE_P(Runs, EstimateMatchesEveryRank, ::testing::Values(
+    //        name                              nproc seq  batch AC      pp  schedule            cp  rotate
+    RankedRun{"Pp2Fsdp2OneFOneBSeq512NoAC",     4,    512, 4,    "none", 2},
+    RankedRun{"Pp2Interleaved1F1BSeq512NoAC",   2,    512, 4,    "none", 2,  "Interleaved1F1B"},
+    RankedRun{"Pp2GPipeSeq512Selective2",       2,    512, 4,    "selective 2", 2, "GPipe"},
+    RankedRun{"Pp2ZBVZeroBubbleSeq512Full",     2,    512, 4,    "full", 2,  "ZBVZeroBubble"},
+    RankedRun{"Cp2Seq1024NoAC",                 2,   1024, 2,    "none", 1,  "1F1B",             2},
+    RankedRun{"Cp2Fsdp2Seq1024NoACAlltoall",    4,   1024, 2,    "none", 1,  "1F1B",             2,  "alltoall"},
+    RankedRun{"Pp2Cp2Seq1024Full",              4,   1024, 2,    "full", 2,  "1F1B",             2}),
+    [](const ::testing::TestParamInfo<RankedRun>& info) { return info.param.name; });
+// clang-format on
+
+// ---------------------------------------------------------------------------------------------
 // Communication: the trainer's step (Trainer::train_step: forward, loss, backward, FSDP/DDP
 // reductions, gradient clipping, the loss all-reduces) over Gloo, counted by the real mesh.
 
@@ -391,7 +535,7 @@ TEST(Estimate, Llama405BTakesSecondsAndNoMemoryForWeights) {
   const auto start = std::chrono::steady_clock::now();
   const Estimate e = estimate_of(args, 128);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  EXPECT_LT(seconds, 60.0);  // about 4 s on an idle core, for four dry runs
+  EXPECT_LT(seconds, 60.0);  // about 1.5 s on an idle core, for four dry runs of three steps
   EXPECT_LT(scope.peak_above_start(), 64 << 20) << "bytes of CPU tensors";
   EXPECT_EQ(e.model.params, 405853388800);
   EXPECT_EQ(e.shard_degree, 128);
@@ -436,12 +580,21 @@ TEST(Estimate, CpuOffloadMovesTheShardsToTheHost) {
 }
 
 TEST(Estimate, LayoutsTitanCannotTrainAreUserErrorsNamingTheOption) {
-  try {
-    estimate_of({"--parallelism.pipeline_parallel_degree", "2"}, 2);
-    FAIL() << "pipeline parallelism was estimated";  // titan trains it; the estimate does not model it
-  } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("parallelism.pipeline_parallel_degree"), std::string::npos) << e.what();
-  }
+  auto expect_refused = [](const std::vector<std::string>& args, int world, const std::string& option) {
+    try {
+      estimate_of(args, world);
+      ADD_FAILURE() << "estimated: " << option;
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(option), std::string::npos) << e.what();
+    }
+  };
+  expect_refused({"--parallelism.expert_parallel_degree", "2"}, 2, "expert_parallel_degree");
+  // Pipeline and context parallelism are estimated, and refused where titan train refuses them.
+  expect_refused({"--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_microbatch_size", "3"},
+                 2, "pipeline_parallel_microbatch_size");
+  expect_refused({"--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_schedule", "Zigzag"}, 2,
+                 "Zigzag");
+  expect_refused({"--parallelism.context_parallel_degree", "2", "--training.seq_len", "2046"}, 2, "training.seq_len");
   // Tensor parallelism is estimated, and refused where it does not divide the model.
   EXPECT_THROW(estimate_of({"--parallelism.tensor_parallel_degree", "3"}, 3), UserError);
   EXPECT_THROW(estimate_of({}, 3, "tpu"), UserError);
@@ -469,6 +622,90 @@ TEST(Estimate, TensorParallelDividesTheHeldState) {
   // TP 8 communicates activations over tp, FSDP 8 parameters over dp_shard_cp.
   EXPECT_GT(tp8.comm_bytes.at("tp").at("all_gather"), 0);
   EXPECT_EQ(tp8.comm_bytes.count("dp_shard_cp"), 0u);
+}
+
+// Each pipeline rank holds as many microbatches' activations as its order keeps between a forward
+// and the backward that releases them: GPipe all of them, 1F1B min(pp - rank, microbatches); the
+// ranks that hold more peak higher.
+TEST(Estimate, PipelineRanksHoldTheActivationsTheirScheduleKeeps) {
+  auto pp4 = [](const std::string& schedule) {
+    return estimate_of({"--parallelism.pipeline_parallel_degree", "4", "--parallelism.data_parallel_shard_degree", "1",
+                        "--parallelism.pipeline_parallel_schedule", schedule, "--training.seq_len", "256",
+                        "--training.local_batch_size", "8", "--activation_checkpoint.mode", "none"},
+                       4, "cpu");
+  };
+  const Estimate gpipe = pp4("GPipe"), one_f_one_b = pp4("1F1B");
+  ASSERT_EQ(gpipe.pipeline_ranks.size(), 4u);
+  ASSERT_EQ(one_f_one_b.pipeline_ranks.size(), 4u);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(gpipe.pipeline_ranks[r].stages, std::vector<int>{r});
+    EXPECT_EQ(gpipe.pipeline_ranks[r].in_flight, 8);
+    EXPECT_EQ(one_f_one_b.pipeline_ranks[r].in_flight, 4 - r);
+    // The middle stages hold two blocks each: activations follow the microbatches in flight.
+    if (r == 1 || r == 2)
+      EXPECT_GT(gpipe.pipeline_ranks[r].activations, 2 * one_f_one_b.pipeline_ranks[r].activations) << "rank " << r;
+  }
+  EXPECT_GT(one_f_one_b.pipeline_ranks[1].activations, one_f_one_b.pipeline_ranks[2].activations);
+  // The stages' FLOPs add up to the model's.
+  double flops = 0;
+  for (const auto& pr : one_f_one_b.pipeline_ranks) flops += pr.flops_per_step;
+  EXPECT_NEAR(flops / (one_f_one_b.model.flops_per_token * 8 * 256), 1.0, 1e-9);
+  EXPECT_GT(gpipe.peak_device, one_f_one_b.peak_device);
+  EXPECT_NE(format_estimate(one_f_one_b).find("pipeline: 4 stages over 4 ranks, schedule 1F1B, 8 microbatches"),
+            std::string::npos) << format_estimate(one_f_one_b);
+}
+
+// What crosses a stage boundary per microbatch is microbatch x (seq / tp under sequence parallel) x
+// dim in the compute dtype (bf16 under FSDP on CUDA); each rank sends one activation per boundary
+// it feeds and one gradient per boundary it feeds back, and receives the mirror image
+// (pipeline_train_test.cpp counts the same in real runs).
+TEST(Estimate, PipelineBoundaryBytesAreMicrobatchTimesSequenceTimesWidth) {
+  for (const std::string schedule : {"1F1B", "Interleaved1F1B"}) {
+    SCOPED_TRACE(schedule);
+    const Estimate e = estimate_of({"--parallelism.pipeline_parallel_degree", "2", "--parallelism.tensor_parallel_degree",
+                                    "2", "--parallelism.pipeline_parallel_schedule", schedule,
+                                    "--parallelism.pipeline_parallel_microbatch_size", "2", "--training.seq_len", "256",
+                                    "--training.local_batch_size", "8"},
+                                   8);
+    const int64_t message = 2 * (256 / 2) * 256 * 2;  // microbatch x seq / tp x dim x bf16
+    const int stages = schedule == "1F1B" ? 2 : 4;
+    ASSERT_EQ(e.num_stages, stages);
+    ASSERT_EQ(e.microbatches, 4);
+    for (const auto& pr : e.pipeline_ranks) {
+      int64_t messages = 0;  // every boundary crosses ranks here (stages alternate between the two)
+      for (int s = 0; s + 1 < stages; ++s) {
+        const bool mine = std::count(pr.stages.begin(), pr.stages.end(), s) + std::count(pr.stages.begin(), pr.stages.end(), s + 1);
+        if (mine) messages += e.microbatches;
+      }
+      EXPECT_EQ(pr.comm_bytes.at("pp").at("send"), messages * message) << "rank " << pr.rank;
+      EXPECT_EQ(pr.comm_bytes.at("pp").at("recv"), messages * message) << "rank " << pr.rank;
+    }
+  }
+}
+
+// Ring attention's K/V traffic with the all-gather method, per block and microbatch: forward
+// all-gathers every rank's K and V (cp x B x kv_heads x S/cp x head_dim x 2, compute dtype),
+// backward all-gathers them again and reduce-scatters their gradients (as large, fp32); the loss is
+// summed over cp. Each rank attends with S/cp tokens: its activations are those of FSDP on as many
+// ranks with 1/cp of the batch (the same tokens per rank), half of FSDP's at the same batch.
+TEST(Estimate, ContextParallelMovesKeysAndValuesAndHoldsTheRanksPart) {
+  auto run = [](int64_t cp, int64_t batch) {
+    return estimate_of({"--training.seq_len", "1024", "--training.local_batch_size", std::to_string(batch),
+                        "--activation_checkpoint.mode", "none", "--parallelism.context_parallel_degree",
+                        std::to_string(cp)},
+                       4, "cpu");
+  };
+  const Estimate cp2 = run(2, 2), fsdp4 = run(1, 2), fsdp4_half_batch = run(1, 1);
+  EXPECT_NE(cp2.layout.find("FSDP + CP 2"), std::string::npos) << cp2.layout;
+  EXPECT_EQ(cp2.shard_degree, 4);  // FSDP shards over dp_shard x cp
+  EXPECT_EQ(cp2.params, fsdp4.params);
+  const int64_t layers = 6, kv = 2 * 2 * 16 * 1024 * 16 * 4;  // K and V: B x kv heads x S x head_dim, fp32
+  EXPECT_EQ(cp2.comm_bytes.at("cp").at("all_gather"), 2 * layers * kv);
+  EXPECT_EQ(cp2.comm_calls.at("cp").at("all_gather"), 2 * layers);
+  EXPECT_EQ(cp2.comm_bytes.at("cp").at("reduce_scatter"), layers * kv);
+  EXPECT_EQ(cp2.comm_bytes.at("cp").at("all_reduce"), 4);  // the loss
+  EXPECT_NEAR(static_cast<double>(cp2.activations) / static_cast<double>(fsdp4_half_batch.activations), 1.0, 0.05);
+  EXPECT_NEAR(static_cast<double>(cp2.activations) / static_cast<double>(fsdp4.activations), 0.5, 0.05);
 }
 
 TEST(EstimateCli, PrintsThePerRankReportAndTheVerdict) {
