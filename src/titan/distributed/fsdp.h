@@ -58,7 +58,7 @@ struct FSDPOptions {
   bool reshard_after_backward = true;
   // Communication buffers go back to the allocator when a backward ends (where nothing is in
   // flight), so no reduce-scatter buffer sits idle through the next forward. false keeps them
-  // pooled across steps (what FSDP did before), to measure the difference.
+  // pooled across steps, to measure what returning them saves.
   bool return_buffers = true;
   bool offload_to_cpu = false;  // training.enable_cpu_offload
 };

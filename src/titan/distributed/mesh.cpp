@@ -17,14 +17,8 @@
 namespace titan::dist {
 
 void Work::wait() {
-  if (work_) wait_one(std::move(work_));
-  auto more = std::move(more_);
-  more_.clear();
-  for (auto& w : more) wait_one(std::move(w));
-}
-
-void Work::wait_one(c10::intrusive_ptr<c10d::Work> w) {
-  if (!w) return;
+  if (!work_) return;
+  auto w = std::move(work_);
   TraceRange range("c10d::wait ", op_, " [", group_ ? group_->name() : std::string(), "]");
   try {
     // On NCCL a wait is a stream wait: the host goes on, and the backend's watchdog fails a
@@ -254,28 +248,6 @@ Work Group::recv(at::Tensor& t, int peer, int tag) {
   count("recv", t);
   std::vector<at::Tensor> ts{t};
   return Work(backend_->recv(ts, peer, order_matched_ ? 0 : tag), this, "recv", ++seq_, peer);
-}
-
-Work Group::batch_p2p(std::vector<P2P>& ops, int peer) {
-  TITAN_ASSERT(peer >= 0 && peer < size() && peer != rank_, "batch_p2p: bad peer ", peer);
-  if (ops.empty()) return Work();
-  const bool sends = std::all_of(ops.begin(), ops.end(), [](const P2P& o) { return o.send; });
-  const bool recvs = std::none_of(ops.begin(), ops.end(), [](const P2P& o) { return o.send; });
-  const char* op = sends ? "send" : recvs ? "recv" : "send/recv";
-  TraceRange range(mem::Phase::Communication, "c10d::batch_p2p [", name_, "]");
-  const bool coalesce = nccl_ && ops.size() > 1;
-  if (coalesce) backend_->startCoalescing();
-  std::vector<c10::intrusive_ptr<c10d::Work>> works;
-  for (auto& o : ops) {
-    TITAN_ASSERT(o.tensor.is_contiguous(), "batch_p2p: a non-contiguous tensor");
-    count(o.send ? "send" : "recv", o.tensor);
-    std::vector<at::Tensor> ts{o.tensor};
-    const int tag = order_matched_ ? 0 : o.tag;
-    works.push_back(o.send ? backend_->send(ts, peer, tag) : backend_->recv(ts, peer, tag));
-  }
-  ++seq_;
-  if (coalesce) return Work(backend_->endCoalescing(), this, op, seq_, peer);
-  return Work(std::move(works), this, op, seq_, peer);
 }
 
 Work Group::shift(at::Tensor& out, const at::Tensor& in, int offset) {

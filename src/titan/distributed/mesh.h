@@ -44,21 +44,12 @@ class Work {
   Work() = default;
   Work(c10::intrusive_ptr<c10d::Work> w, Group* group, const char* op, int64_t seq, int peer = -1)
       : work_(std::move(w)), group_(group), op_(op), seq_(seq), peer_(peer) {}
-  // Several handles completed together (a batch of point-to-point operations posted one by one).
-  Work(std::vector<c10::intrusive_ptr<c10d::Work>> more, Group* group, const char* op, int64_t seq, int peer)
-      : more_(std::move(more)), group_(group), op_(op), seq_(seq), peer_(peer) {}
   void wait();
   // Whether it has finished (without waiting); a failure shows when wait() is called.
-  bool completed() const {
-    for (const auto& w : more_)
-      if (w && !w->isCompleted()) return false;
-    return !work_ || work_->isCompleted();
-  }
+  bool completed() const { return !work_ || work_->isCompleted(); }
 
  private:
-  void wait_one(c10::intrusive_ptr<c10d::Work> w);
   c10::intrusive_ptr<c10d::Work> work_;
-  std::vector<c10::intrusive_ptr<c10d::Work>> more_;
   Group* group_ = nullptr;
   const char* op_ = "";
   int64_t seq_ = 0;
@@ -95,16 +86,6 @@ class Group {
   // separate sends and receives match by order). Counted as "all_to_all" bytes (the message).
   Work shift(at::Tensor& out, const at::Tensor& in, int offset);
   Work recv(at::Tensor& t, int peer, int tag);
-  // Sends and receives with one member posted as one batch (PyTorch's batch_isend_irecv): on NCCL
-  // one group launch, so a send and a receive with the same member cannot block each other; on Gloo,
-  // whose sends never wait for receives, the operations are posted one by one. The returned handle
-  // completes when all of them have.
-  struct P2P {
-    bool send;
-    at::Tensor tensor;  // contiguous; filled by a receive
-    int tag;
-  };
-  Work batch_p2p(std::vector<P2P>& ops, int peer);
   // Whether point-to-point messages match by order (NCCL, or Gloo under TITAN_P2P_ORDER_MATCHED=1).
   bool order_matched() const { return order_matched_; }
   bool nccl() const { return nccl_; }

@@ -22,7 +22,7 @@ struct PipelineRunner::MicrobatchState {
   at::Tensor grad_out;  // the gradient of `output` (undefined for the loss)
   std::unique_ptr<nn::WeightPass> weights;         // W: from the gradients captured during I
   std::vector<std::function<void()>> deferred;     // W of checkpointed blocks recomputed during I
-  bool whole_backward_for_weights = false;         // W: a backward restricted to the weights
+  bool whole_backward_done = false;                // I ran the whole backward (no split possible)
   bool input_done = false;                         // I has run
 };
 
@@ -58,42 +58,27 @@ int PipelineRunner::tag(const PipeMessage& m) const {
 
 void PipelineRunner::execute(const std::vector<PlanStep>& plan, const std::function<void(const PipeAction&)>& compute) {
   for (const auto& step : plan) {
-    for (const auto& batch : step.batches) {
-      std::vector<Group::P2P> ops;
-      bool sends = false;
-      for (const auto& op : batch) {
-        const auto key = std::make_tuple(op.message.gradient ? kGradient : kActivation, op.message.stage, op.message.microbatch);
-        if (op.send) {
-          auto it = outbox_.find(key);
-          TITAN_ASSERT(it != outbox_.end(), "pipeline: the ", format_message(op.message), " was not produced before its send");
-          ops.push_back({true, std::move(it->second), tag(op.message)});
-          outbox_.erase(it);
-          sends = true;
-        } else {
-          ops.push_back({false, at::empty(boundary_shape_, boundary_options_), tag(op.message)});
+    for (const P2POp& op : step.ops) {
+      const auto key = std::make_tuple(op.message.gradient ? kGradient : kActivation, op.message.stage, op.message.microbatch);
+      if (!op.send) {
+        at::Tensor buf = at::empty(boundary_shape_, boundary_options_);
+        inbox_[key] = Posted{std::make_shared<Work>(pp_.recv(buf, op.peer, tag(op.message))), buf};
+        continue;
+      }
+      auto it = outbox_.find(key);
+      TITAN_ASSERT(it != outbox_.end(), "pipeline: the ", format_message(op.message), " was not produced before its send");
+      // Sends that have completed release their tensors now, not at the end of the step.
+      for (auto done = sends_.begin(); done != sends_.end();) {
+        if (!done->work->completed()) {
+          ++done;
+          continue;
         }
+        done->work->wait();  // rethrows a failure
+        done = sends_.erase(done);
       }
-      auto work = std::make_shared<Work>(pp_.batch_p2p(ops, batch.front().peer));
-      for (size_t k = 0; k < batch.size(); ++k) {
-        const PipeMessage& m = batch[k].message;
-        if (batch[k].send) continue;
-        inbox_[std::make_tuple(m.gradient ? kGradient : kActivation, m.stage, m.microbatch)] = Posted{work, ops[k].tensor};
-      }
-      if (sends) {
-        // Sends that have completed release their tensors now, not at the end of the step.
-        for (auto it = sends_.begin(); it != sends_.end();) {
-          if (!it->work->completed()) {
-            ++it;
-            continue;
-          }
-          it->work->wait();  // rethrows a failure
-          it = sends_.erase(it);
-        }
-        InFlight f{work, {}};
-        for (auto& op : ops)
-          if (op.send) f.tensors.push_back(op.tensor);
-        sends_.push_back(std::move(f));
-      }
+      at::Tensor msg = std::move(it->second);
+      outbox_.erase(it);
+      sends_.push_back(Posted{std::make_shared<Work>(pp_.send(msg, op.peer, tag(op.message))), msg});
     }
     if (step.action) compute(*step.action);
   }
@@ -174,28 +159,29 @@ void PipelineRunner::run(const PipeAction& a, const std::function<at::Tensor(int
     st.input_done = true;
     if (!first) {  // the first stage's input needs no gradient: W runs its whole backward
       st.weights = nn::WeightPass::plan(st.output, {st.input}, stage.parameters);
-      st.whole_backward_for_weights = !st.weights;
-      if (st.whole_backward_for_weights) ++weight_fallbacks_;
-      variable_list g;
-      {
+      at::Tensor g;
+      if (st.weights) {
         // Checkpointed blocks recompute their bodies here and leave their weights to W.
-        std::optional<nn::DeferWeights> defer;
-        if (!st.whole_backward_for_weights) defer.emplace();
+        nn::DeferWeights defer;
         g = torch::autograd::grad({st.output}, {st.input}, grad_out, /*retain_graph=*/true,
-                                  /*create_graph=*/false, /*allow_unused=*/true);
-        if (defer) st.deferred = defer->take();
+                                  /*create_graph=*/false, /*allow_unused=*/true)[0];
+        st.deferred = defer.take();
+        weight_fallbacks_ += defer.whole_backwards();
+      } else {
+        // The split would compute a gradient twice: the whole backward runs here, W has nothing left.
+        ++weight_fallbacks_;
+        st.whole_backward_done = true;
+        torch::autograd::backward({st.output}, grad_out);
+        g = st.input.grad();
       }
-      deliver(kGradient, a.stage - 1, a.microbatch, g[0].defined() ? g[0] : at::zeros_like(st.input));
+      deliver(kGradient, a.stage - 1, a.microbatch, g.defined() ? g : at::zeros_like(st.input));
     }
   } else {  // W
     TITAN_ASSERT(st.input_done, "pipeline: ", label, " before the I of its microbatch");
     if (first) {
       torch::autograd::backward({st.output}, grad_out);
-    } else if (st.whole_backward_for_weights) {
-      std::vector<at::Tensor> weights;
-      for (const auto& p : stage.parameters)
-        if (p.requires_grad()) weights.push_back(p);
-      torch::autograd::backward({st.output}, grad_out, /*retain_graph=*/false, /*create_graph=*/false, weights);
+    } else if (st.whole_backward_done) {
+      // The weights' gradients came with I.
     } else {
       st.weights->run();
       for (auto& pass : st.deferred) pass();

@@ -12,10 +12,10 @@
 //   W  the weight gradients of a microbatch whose I has run: autograd runs again from the nodes
 //      where the weights' gradient paths leave the input's, with the gradients I captured there, so
 //      no gradient on the input path is computed twice (PyTorch's stage_backward_weight)
-// Messages follow communication_plan() (pipeline_comm.h): before each action the rank posts, per
-// peer as one batch, the previous action's sends and this action's receives; the action waits for
-// its receives (on CUDA a stream wait: the host goes on), sends complete in the background and are
-// waited for at the end of the step. check_schedule() proves that order free of mismatches and
+// Messages follow communication_plan() (pipeline_comm.h): each is posted alone, the send by its
+// producer and the receive by its consumer, both in the order messages are produced; an action
+// waits for its receives (on CUDA a stream wait: the host goes on), sends complete in the background
+// and are waited for at the end of the step. check_schedule() proves that order free of mismatches and
 // deadlocks under NCCL's rules (messages between two ranks match in posting order, tags ignored).
 // On Gloo every message also has its own tag (kind, stage, microbatch) unless
 // TITAN_P2P_ORDER_MATCHED=1 makes Gloo match by order as NCCL does. A rank holds a microbatch's
@@ -83,8 +83,9 @@ class PipelineRunner {
     std::map<char, std::pair<double, int>> per_op;
   };
   const StepTiming& last_step_timing() const { return timing_; }
-  // Weight passes that fell back to a whole backward restricted to the weights (a graph where one
-  // weight's gradient path reaches another use of it); 0 for the models titan ships.
+  // Split backwards that ran whole in I instead, for a stage or for a checkpointed block in it (a
+  // graph where one weight's gradient path reaches another use of it, so W could not start from I's
+  // captured gradients); 0 for the models titan ships.
   int64_t weight_pass_fallbacks() const { return weight_fallbacks_; }
 
   struct MicrobatchState;
@@ -116,11 +117,7 @@ class PipelineRunner {
     at::Tensor tensor;
   };
   std::map<std::tuple<int, int, int>, Posted> inbox_;  // receives posted, not yet read
-  struct InFlight {
-    std::shared_ptr<Work> work;
-    std::vector<at::Tensor> tensors;  // what its sends read
-  };
-  std::vector<InFlight> sends_;  // batches with sends in flight
+  std::vector<Posted> sends_;  // sends in flight, with the tensors they read
   std::vector<PlanStep> plan_;                         // this rank's plan of a training step
   std::map<int, std::vector<PlanStep>> eval_plans_;    // per number of microbatches: evaluate's
   int64_t weight_fallbacks_ = 0;

@@ -20,18 +20,10 @@ CommPlan communication_plan(const PipelineOrder& order, int num_stages) {
   CommPlan plan(n);
   std::vector<std::vector<P2POp>> pending(n);  // posted before the rank's next action
   auto post = [&](size_t r, const std::optional<PipeAction>& action) {
-    // One batch per peer, in the order the peers first appear; each peer's operations in time order.
+    // Every operation alone, in the order the messages were produced.
     PlanStep step;
     step.action = action;
-    std::vector<int> peers;
-    for (const auto& op : pending[r])
-      if (std::find(peers.begin(), peers.end(), op.peer) == peers.end()) peers.push_back(op.peer);
-    for (int peer : peers) {
-      std::vector<P2POp> batch;
-      for (const auto& op : pending[r])
-        if (op.peer == peer) batch.push_back(op);
-      step.batches.push_back(std::move(batch));
-    }
+    step.ops = std::move(pending[r]);
     pending[r].clear();
     plan[r].push_back(std::move(step));
   };
@@ -91,7 +83,7 @@ std::string ordinal(size_t k) {
 }  // namespace
 
 void check_order_matching(const CommPlan& plan) {
-  // Units: the batches, in posting order per rank; each waits for the computations posted before it.
+  // Units: the operations, in posting order per rank; each waits for the computations posted before it.
   struct Unit {
     int rank, peer;
     std::vector<P2POp> ops;
@@ -110,14 +102,13 @@ void check_order_matching(const CommPlan& plan) {
     const int me = static_cast<int>(r);
     for (const auto& step : plan[r]) {
       std::vector<size_t> needs;
-      for (const auto& batch : step.batches) {
-        if (batch.empty()) continue;
-        Unit u{me, batch.front().peer, batch, static_cast<int>(computes[r].size()), std::vector<bool>(batch.size()),
+      for (const auto& op : step.ops) {
+        const std::vector<P2POp> batch{op};  // every operation alone on its pair's stream
+        Unit u{me, op.peer, batch, static_cast<int>(computes[r].size()), std::vector<bool>(batch.size()),
                static_cast<int>(batch.size())};
         const size_t id = units.size();
         bool reads = false;
         for (size_t k = 0; k < batch.size(); ++k) {
-          TITAN_ASSERT(batch[k].peer == u.peer, "a batch of point-to-point operations with two peers");
           if (batch[k].send) {
             sends[{me, u.peer}].emplace_back(id, k);
           } else {

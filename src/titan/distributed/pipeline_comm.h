@@ -8,18 +8,20 @@
 //     its message blocks a send posted after it to the same peer;
 //   - a send completes only when its receive runs (a rendezvous: true of every message larger than
 //     NCCL's buffers, so assumed of all);
-//   - operations posted together as one batch (ncclGroupStart/End: PyTorch's batch_isend_irecv)
-//     run as one, each matching on its own;
 //   - an operation waits for the computation posted before it on the rank (ProcessGroupNCCL makes
 //     its stream wait for the compute stream), and a computation waits for the receives it reads.
+// Every message is posted alone: ProcessGroupNCCL runs a lone send or receive on the pair's own
+// two-rank communicator (one stream per pair, the FIFO above), but a coalesced group
+// (batch_isend_irecv) on the whole group's communicator, so a pair whose two sides grouped their
+// messages differently would split one ordered stream of messages over two communicators.
 //
 // The plan (PyTorch's pipelining runtime builds its sends and receives the same way): the ranks'
 // orders are replayed in lockstep, each rank running its next action once what it reads is done.
 // When an action produces an activation or gradient for a stage on another rank, the producer posts
 // the send and the consumer the receive, each before its own next action: so for every pair of
-// ranks both sides post their messages in one order, the order they are produced in. What a rank
-// posts between two of its actions goes out as one batch per peer. A receive may thus be posted
-// some actions before the one that reads it; that action waits for it. Stages held by one rank hand
+// ranks both sides post their messages in one order, the order they are produced in (PyTorch's
+// pipelining runtime, _add_send_recv, places them the same way). A receive may thus be posted some
+// actions before the one that reads it; that action waits for it. Stages held by one rank hand
 // tensors over without messages.
 #pragma once
 
@@ -49,10 +51,10 @@ struct P2POp {
   PipeMessage message;
 };
 
-// One step of a rank's plan: post each batch (all operations of a batch with one peer), then run
-// `action` (none after the last action: the final sends).
+// One step of a rank's plan: post `ops`, each alone and in this order, then run `action` (none
+// after the last action: the final sends).
 struct PlanStep {
-  std::vector<std::vector<P2POp>> batches;
+  std::vector<P2POp> ops;
   std::optional<PipeAction> action;
 };
 using CommPlan = std::vector<std::vector<PlanStep>>;  // per pipeline rank

@@ -3,6 +3,7 @@
 #include "titan/common/autocast.h"
 #include "titan/common/error.h"
 #include "titan/common/fault_injection.h"
+#include "titan/common/host_reads.h"
 #include "titan/common/memory_tracker.h"
 #include "titan/common/tensor_storage.h"
 #include "titan/common/trace.h"
@@ -12,14 +13,11 @@
 #include "titan/distributed/process_group.h"
 
 #include <ATen/ATen.h>
-#include <ATen/record_function.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/cuda.h>
 
-#include <atomic>
 #include <chrono>
-#include <cstring>
 #include <optional>
 #include <cstdio>
 #include <filesystem>
@@ -466,48 +464,6 @@ std::vector<StepResult> Trainer::read_steps(const std::vector<StepOnDevice>& ste
 
 StepResult Trainer::train_step() { return read_steps({run_step()}).at(0); }
 
-namespace {
-
-// Counts the host reads of tensor values that titan's code makes (an .item(), a bool of a tensor:
-// aten::_local_scalar_dense called directly or through aten::item), on every thread while it lives.
-// Reads inside another operator's kernel are not titan's: ATen's CPU kernel of the fused AdamW reads
-// each parameter's step count on the host (a CPU tensor: no synchronization), where its CUDA kernel
-// reads it on the device.
-class HostReadCounter {
- public:
-  HostReadCounter() {
-    handle_ = at::addGlobalCallback(
-        at::RecordFunctionCallback(
-            [](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
-              auto& open = stack();
-              if (std::strcmp(fn.name(), "aten::_local_scalar_dense") == 0 &&
-                  (open.empty() || (open.size() == 1 && std::strcmp(open.back(), "aten::item") == 0)))
-                ++count();
-              open.push_back(fn.name());
-              return nullptr;
-            },
-            [](const at::RecordFunction&, at::ObserverContext*) {
-              if (!stack().empty()) stack().pop_back();
-            })
-            .needsInputs(false)
-            .scopes({at::RecordScope::FUNCTION}));
-  }
-  ~HostReadCounter() { at::removeCallback(handle_); }
-  static std::atomic<int64_t>& count() {
-    static std::atomic<int64_t> n{0};
-    return n;
-  }
-
- private:
-  static std::vector<const char*>& stack() {  // the operators running on this thread, outermost first
-    thread_local std::vector<const char*> open;
-    return open;
-  }
-  at::CallbackHandle handle_;
-};
-
-}  // namespace
-
 std::vector<double> Trainer::train() {
   std::vector<double> losses;
   const auto& tr = cfg_.training;
@@ -517,13 +473,13 @@ std::vector<double> Trainer::train() {
   // state after a bad step), a validation, the last step.
   std::vector<StepOnDevice> unread;
   int64_t first_unread = step_ + 1;
-  std::optional<HostReadCounter> host_reads;
+  std::optional<HostReadCounter> host_reads;  // only with TITAN_DEBUG_DUMP_COMM
   if (std::getenv("TITAN_DEBUG_DUMP_COMM")) {
     host_reads.emplace();
     host_reads_outside_log_steps_ = 0;
   }
   while (step_ < tr.steps) {
-    const int64_t reads_before = HostReadCounter::count();
+    const int64_t reads_before = host_reads ? host_reads->count() : 0;
     if (checkpointer_) checkpointer_->check();  // a failed background save stops the run
     if (profiler_) profiler_->step_begin(step_ + 1);
     try {
@@ -596,7 +552,7 @@ std::vector<double> Trainer::train() {
     }
     if (save) save_checkpoint_at_step();
     if (step_callback_) step_callback_(step_);
-    if (host_reads && !read) host_reads_outside_log_steps_ += HostReadCounter::count() - reads_before;
+    if (host_reads && !read) host_reads_outside_log_steps_ += host_reads->count() - reads_before;
   }
   if (profiler_) profiler_->finish(step_);
   if (checkpointer_) checkpointer_->wait();

@@ -96,6 +96,9 @@ TEST(ConfigValidate, SanityChecks) {
       {{"--parallelism.tensor_parallel_degree", "0"}, "parallelism.tensor_parallel_degree must be positive"},
       {{"--checkpoint.keep_latest_k", "1"}, "checkpoint.keep_latest_k must be 0"},
       {{"--activation_checkpoint.selective_ac_option", "every"}, "must be 'op' or a positive integer"},
+      {{"--activation_checkpoint.per_op_policy", "all_matmuls"},
+       "activation_checkpoint.per_op_policy 'all_matmuls' chooses what the per-operator policy keeps, which runs only "
+       "with mode = \"selective\" and selective_ac_option = \"op\""},
       {{"--metrics.log_freq", "0"}, "metrics.log_freq must be positive"},
       {{"--validation.steps", "0"}, "validation.steps must be positive or -1"},
       {{"--parallelism.module_fqns_per_model_part", "layers.0;"},

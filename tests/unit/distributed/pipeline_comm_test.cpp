@@ -1,8 +1,8 @@
 // The pipeline's point-to-point messages under NCCL's rules (pipeline_comm.h): every built-in
 // schedule's plan matches and completes at pp 2-8, and so does any random order that respects the
-// dependencies; the order the runner used to post (the next action's receive before the current
-// one's) and receives posted where their action needs them are refused on schedules that NCCL would
-// deadlock or swap microbatches on, naming the pair of ranks and the operations.
+// dependencies; receives posted where their action needs them (or the next action's before the
+// current one's) are refused on schedules that NCCL would deadlock or swap microbatches on, naming
+// the pair of ranks and the operations.
 #include "titan/common/error.h"
 #include "titan/distributed/pipeline_comm.h"
 #include "titan/distributed/pipeline_schedule.h"
@@ -28,7 +28,7 @@ std::string error_of(const std::function<void()>& f) {
 TEST(PipelineComm, EveryBuiltInScheduleIsSafeUnderNcclOrderMatching) {
   int checked = 0;
   for (int pp = 2; pp <= 8; ++pp)
-    for (int m : {pp, 2 * pp, 4 * pp, pp + 1}) {
+    for (int m : {pp, 2 * pp, 4 * pp, pp + 1, pp == 8 ? 64 : 1}) {
       SCOPED_TRACE("pp " + std::to_string(pp) + " m " + std::to_string(m));
       EXPECT_EQ(error_of([&] { check_order_matching(communication_plan(gpipe_order(pp, m), pp)); }), "") << "GPipe";
       EXPECT_EQ(error_of([&] { check_order_matching(communication_plan(one_f_one_b_order(pp, m), pp)); }), "") << "1F1B";
@@ -46,36 +46,37 @@ TEST(PipelineComm, EveryBuiltInScheduleIsSafeUnderNcclOrderMatching) {
   EXPECT_GT(checked, 100);
 }
 
-// The plan posts every message once, and the sends of an action with the next action's receives
-// from the same peer as one batch (1F1B's steady state on rank 0 at pp 2: send the activation of
-// microbatch k + 1 with the receive of microbatch k's gradient).
-TEST(PipelineComm, PlanBatchesSendsWithTheNextReceivesOfOnePeer) {
+// The plan posts every message once, alone, and both sides of every pair in one order: 1F1B at pp 2,
+// rank 0 before 0B0 sends microbatch 1's activation (produced by 0F1) and receives microbatch 0's
+// gradient (produced by 1B0 after that), in that order, as rank 1 receives and sends them.
+TEST(PipelineComm, PlanPostsEachMessageAloneInTheOrderItIsProduced) {
   const CommPlan plan = communication_plan(one_f_one_b_order(2, 4), 2);
   ASSERT_EQ(plan.size(), 2u);
   // Rank 0: F0, F1, B0, F2, B1, F3, B2, B3.
   const PlanStep& b0 = plan[0][2];
   ASSERT_TRUE(b0.action);
   EXPECT_EQ(format_action(*b0.action), "0B0");
-  ASSERT_EQ(b0.batches.size(), 1u);
-  ASSERT_EQ(b0.batches[0].size(), 2u);
-  EXPECT_TRUE(b0.batches[0][0].send);
-  EXPECT_EQ(format_message(b0.batches[0][0].message), "activation of microbatch 1 (stage 0 -> 1)");
-  EXPECT_FALSE(b0.batches[0][1].send);
-  EXPECT_EQ(format_message(b0.batches[0][1].message), "gradient of microbatch 0 (stage 1 -> 0)");
-  int sends = 0, recvs = 0;
-  for (const auto& row : plan)
-    for (const auto& step : row)
-      for (const auto& batch : step.batches)
-        for (const auto& op : batch) (op.send ? sends : recvs) += 1;
-  EXPECT_EQ(sends, 8);  // 4 activations + 4 gradients
-  EXPECT_EQ(recvs, 8);
+  ASSERT_EQ(b0.ops.size(), 2u);
+  EXPECT_TRUE(b0.ops[0].send);
+  EXPECT_EQ(format_message(b0.ops[0].message), "activation of microbatch 1 (stage 0 -> 1)");
+  EXPECT_FALSE(b0.ops[1].send);
+  EXPECT_EQ(format_message(b0.ops[1].message), "gradient of microbatch 0 (stage 1 -> 0)");
+  // Per pair, rank 0's k-th operation and rank 1's k-th are the two ends of one message.
+  std::vector<P2POp> zero, one;
+  for (const auto& step : plan[0]) zero.insert(zero.end(), step.ops.begin(), step.ops.end());
+  for (const auto& step : plan[1]) one.insert(one.end(), step.ops.begin(), step.ops.end());
+  ASSERT_EQ(zero.size(), 8u);  // 4 activations sent, 4 gradients received
+  ASSERT_EQ(one.size(), zero.size());
+  for (size_t k = 0; k < zero.size(); ++k) {
+    EXPECT_EQ(zero[k].message, one[k].message) << k;
+    EXPECT_NE(zero[k].send, one[k].send) << k;
+  }
 }
 
 // Plans that post receives where their action needs them instead of where the message is
-// produced. `prefetch`: what the runner used to post: before each action, the next action's
-// receive, so that on a rank's first action the receive for microbatch 1 went out before
-// microbatch 0's; every operation alone. Otherwise: each action's receives just before it, its
-// sends just after, batched per peer with the next action's receives.
+// produced, every operation alone: each action's receives just before it and its sends just after;
+// with `prefetch`, the next action's receives before the current action's too (so that on a rank's
+// first action the receive for microbatch 1 goes out before microbatch 0's).
 CommPlan naive_plan(const PipelineOrder& order, int num_stages, bool prefetch) {
   const std::vector<int> rank_of = stage_ranks(order, num_stages);
   CommPlan plan(order.size());
@@ -110,19 +111,9 @@ CommPlan naive_plan(const PipelineOrder& order, int num_stages, bool prefetch) {
         posted[j] = true;
         for (const auto& op : reads(actions[j])) ops.push_back(op);
       }
-      for (const auto& op : ops) {
-        if (!prefetch) {
-          auto it = std::find_if(step.batches.begin(), step.batches.end(),
-                                 [&](const std::vector<P2POp>& b) { return b.front().peer == op.peer; });
-          if (it != step.batches.end()) {
-            it->push_back(op);
-            continue;
-          }
-        }
-        step.batches.push_back({op});
-      }
+      step.ops = ops;
       if (i < actions.size()) step.action = actions[i];
-      if (step.action || !step.batches.empty()) plan[r].push_back(std::move(step));
+      if (step.action || !step.ops.empty()) plan[r].push_back(std::move(step));
     }
   }
   return plan;
@@ -152,7 +143,9 @@ TEST(PipelineComm, PrefetchingTheNextReceiveBreaksUnderNccl) {
 
 // Hand-made schedules that respect every dependency but break NCCL when each receive is posted
 // where its action needs it: refused by the check, naming the pair and the operations. The runner's
-// plan posts receives where messages are produced, so check_schedule accepts them.
+// plan posts receives where messages are produced, so check_schedule accepts them: with that plan
+// no schedule that passes the dependency check can fail NCCL's (RandomValidSchedulesAreSafe); the
+// check guards the plan itself.
 TEST(PipelineComm, SchedulesThatBreakNaivePostingAreRefusedThereAndSafeInThePlan) {
   // Rank 0 runs three forwards first; rank 1 sends microbatch 0's gradient before it receives
   // microbatch 1's activation. Both ranks sit in a send to the other, each waiting for a receive

@@ -111,6 +111,7 @@ struct CheckpointBackward : torch::autograd::Node {
         inputs.clear();
         return result;
       }
+      defer->note_whole_backward();  // its weights' gradients come now, with the inputs'
     }
     torch::autograd::backward({out}, {grads[0]});
     for (size_t i = 0; i < in.size(); ++i) result.push_back(needs_grad[i] ? in[i].grad() : at::Tensor());

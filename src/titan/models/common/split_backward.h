@@ -56,10 +56,14 @@ class DeferWeights {
   void add(std::function<void()> weight_pass) { passes_.push_back(std::move(weight_pass)); }
   // What was collected, in the order it was (the caller runs them for its weight pass).
   std::vector<std::function<void()>> take() { return std::move(passes_); }
+  // A checkpointed block whose split was impossible (WeightPass::plan null) back-propagated whole.
+  void note_whole_backward() { ++whole_; }
+  int whole_backwards() const { return whole_; }
 
  private:
   DeferWeights* previous_;
   std::vector<std::function<void()>> passes_;
+  int whole_ = 0;
 };
 
 }  // namespace titan::nn
