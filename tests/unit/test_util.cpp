@@ -1,5 +1,7 @@
 #include "test_util.h"
 
+#include "titan/common/error.h"
+
 #include <ATen/ATen.h>
 
 #include <cerrno>
@@ -155,6 +157,15 @@ std::string python() {
   if (access(py.c_str(), X_OK) != 0)
     throw std::runtime_error(py + " not found: run scripts/setup.sh to create the Python environment");
   return py;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
 }
 
 double relative_error(const at::Tensor& actual, const at::Tensor& expected) {

@@ -54,6 +54,9 @@ std::string python();
 // Largest absolute difference relative to the largest magnitude of `expected`.
 double relative_error(const at::Tensor& actual, const at::Tensor& expected);
 
+// The message of the titan::UserError that `f` throws, "" when it throws none.
+std::string error_of(const std::function<void()>& f);
+
 using WorkerFn = std::function<int()>;
 std::map<std::string, WorkerFn>& workers();
 struct RegisterWorker {

@@ -83,133 +83,106 @@ std::string ordinal(size_t k) {
 }  // namespace
 
 void check_order_matching(const CommPlan& plan) {
-  // Units: the operations, in posting order per rank; each waits for the computations posted before it.
-  struct Unit {
-    int rank, peer;
-    std::vector<P2POp> ops;
-    int computes_before;
-    std::vector<bool> matched;
-    int unmatched;
+  // Every posted operation, in posting order per rank; each waits for the computations posted before it.
+  struct Posted {
+    int rank;
+    P2POp op;
+    size_t computes_before;
+    size_t partner = 0;  // the other end of its message
     bool done = false;
   };
-  std::vector<Unit> units;
-  std::vector<std::vector<std::vector<size_t>>> compute_needs(plan.size());  // per rank, per compute: units
+  std::vector<Posted> posted;
+  std::vector<std::vector<std::vector<size_t>>> needs(plan.size());  // per rank, per computation: its receives
   std::vector<std::vector<PipeAction>> computes(plan.size());
-  std::map<std::pair<int, int>, std::vector<size_t>> queue;  // (rank, peer) -> units in posting order
+  std::map<std::pair<int, int>, std::vector<size_t>> stream;  // (rank, peer): operations in posting order
   // Per directed pair (from, to): the sends in `from`'s posting order and the receives in `to`'s.
-  std::map<std::pair<int, int>, std::vector<std::pair<size_t, size_t>>> sends, recvs;  // (unit, op)
+  std::map<std::pair<int, int>, std::vector<size_t>> sends, recvs;
   for (size_t r = 0; r < plan.size(); ++r) {
     const int me = static_cast<int>(r);
     for (const auto& step : plan[r]) {
-      std::vector<size_t> needs;
+      std::vector<size_t> reads;
       for (const auto& op : step.ops) {
-        const std::vector<P2POp> batch{op};  // every operation alone on its pair's stream
-        Unit u{me, op.peer, batch, static_cast<int>(computes[r].size()), std::vector<bool>(batch.size()),
-               static_cast<int>(batch.size())};
-        const size_t id = units.size();
-        bool reads = false;
-        for (size_t k = 0; k < batch.size(); ++k) {
-          if (batch[k].send) {
-            sends[{me, u.peer}].emplace_back(id, k);
-          } else {
-            recvs[{u.peer, me}].emplace_back(id, k);
-            reads = true;
-          }
+        const size_t id = posted.size();
+        posted.push_back({me, op, computes[r].size()});
+        stream[{me, op.peer}].push_back(id);
+        if (op.send) {
+          sends[{me, op.peer}].push_back(id);
+        } else {
+          recvs[{op.peer, me}].push_back(id);
+          reads.push_back(id);
         }
-        units.push_back(std::move(u));
-        queue[{me, units.back().peer}].push_back(id);
-        if (reads) needs.push_back(id);
       }
       if (step.action) {
         computes[r].push_back(*step.action);
-        compute_needs[r].push_back(std::move(needs));
+        needs[r].push_back(std::move(reads));
       }
     }
   }
   // Order matching: the k-th send of a pair is the k-th receive of the other side.
-  std::map<std::pair<size_t, size_t>, std::pair<size_t, size_t>> partner;
   std::map<std::pair<int, int>, int> pairs;
   for (const auto& [key, list] : sends) pairs[key] = 0;
   for (const auto& [key, list] : recvs) pairs[key] = 0;
-  const std::vector<std::pair<size_t, size_t>> none;
+  const std::vector<size_t> none;
   for (const auto& [key, unused] : pairs) {
     const auto& [from, to] = key;
     const auto& out = sends.count(key) ? sends.at(key) : none;
     const auto& in = recvs.count(key) ? recvs.at(key) : none;
     for (size_t k = 0; k < std::min(out.size(), in.size()); ++k) {
-      const PipeMessage& sent = units[out[k].first].ops[out[k].second].message;
-      const PipeMessage& expected = units[in[k].first].ops[in[k].second].message;
+      const PipeMessage& sent = posted[out[k]].op.message;
+      const PipeMessage& expected = posted[in[k]].op.message;
       TITAN_USER_CHECK(sent == expected, "pipeline schedule: under NCCL's order matching (tags are ignored), rank ",
                        from, "'s ", ordinal(k), " send to rank ", to, " is the ", format_message(sent), ", but rank ",
                        to, "'s ", ordinal(k), " receive from rank ", from, " expects the ", format_message(expected),
                        ": two ranks must exchange their messages in one order (reorder the schedule so that stage ",
                        sent.stage, " runs its microbatches in the order stage ", sent.from_stage(), " produces them)");
-      partner[out[k]] = in[k];
-      partner[in[k]] = out[k];
+      posted[out[k]].partner = in[k];
+      posted[in[k]].partner = out[k];
     }
     TITAN_ASSERT(out.size() == in.size(), "pipeline plan: rank ", from, " sends ", out.size(), " messages to rank ", to,
                  ", which receives ", in.size());
   }
-  // Run every stream until nothing moves.
+  // Run every stream until nothing moves: an operation runs when it heads its pair's stream and the
+  // computations before it are done; a message passes when both its ends run.
   std::vector<size_t> done_computes(plan.size(), 0);
   std::map<std::pair<int, int>, size_t> head;
-  auto active = [&](size_t id) {
-    const Unit& u = units[id];
-    if (u.done || static_cast<int>(done_computes[u.rank]) < u.computes_before) return false;
-    const auto& q = queue.at({u.rank, u.peer});
-    return q[head[{u.rank, u.peer}]] == id;
+  auto running = [&](size_t id) {
+    const Posted& p = posted[id];
+    if (p.done || done_computes[p.rank] < p.computes_before) return false;
+    return stream.at({p.rank, p.op.peer})[head[{p.rank, p.op.peer}]] == id;
   };
   for (bool progress = true; progress;) {
     progress = false;
     for (size_t r = 0; r < plan.size(); ++r) {
       while (done_computes[r] < computes[r].size()) {
         bool ready = true;
-        for (size_t id : compute_needs[r][done_computes[r]]) ready = ready && units[id].done;
+        for (size_t id : needs[r][done_computes[r]]) ready = ready && posted[id].done;
         if (!ready) break;
         ++done_computes[r];
         progress = true;
       }
     }
-    for (size_t id = 0; id < units.size(); ++id) {
-      if (!active(id)) continue;
-      Unit& u = units[id];
-      std::vector<size_t> touched{id};
-      for (size_t k = 0; k < u.ops.size(); ++k) {
-        if (u.matched[k]) continue;
-        const auto [pid, pk] = partner.at({id, k});
-        if (!active(pid)) continue;
-        u.matched[k] = true;
-        --u.unmatched;
-        units[pid].matched[pk] = true;
-        --units[pid].unmatched;
-        touched.push_back(pid);
-        progress = true;
+    for (size_t id = 0; id < posted.size(); ++id) {
+      if (!running(id) || !running(posted[id].partner)) continue;
+      for (size_t end : {id, posted[id].partner}) {
+        posted[end].done = true;
+        ++head[{posted[end].rank, posted[end].op.peer}];
       }
-      for (size_t x : touched) {
-        Unit& w = units[x];
-        if (!w.done && w.unmatched == 0) {
-          w.done = true;
-          ++head[{w.rank, w.peer}];
-          progress = true;
-        }
-      }
+      progress = true;
     }
   }
   std::string blocked;
   for (size_t r = 0; r < plan.size(); ++r) {
-    for (const auto& [key, q] : queue) {
-      if (key.first != static_cast<int>(r) || head[key] >= q.size()) continue;
-      const Unit& u = units[q[head[key]]];
-      std::string ops;
-      for (size_t k = 0; k < u.ops.size(); ++k)
-        if (!u.matched[k])
-          ops += std::string(ops.empty() ? "" : ", ") + (u.ops[k].send ? "send of the " : "receive of the ") +
-                 format_message(u.ops[k].message);
-      blocked += "\n  rank " + std::to_string(r) + " with rank " + std::to_string(u.peer) + ": waits in " + ops;
-      if (static_cast<int>(done_computes[r]) < u.computes_before)
-        blocked += " (posted after " + format_action(computes[r][u.computes_before - 1]) + ", which cannot run)";
+    bool waits = false;
+    for (const auto& [key, ops] : stream) {
+      if (key.first != static_cast<int>(r) || head[key] >= ops.size()) continue;
+      const Posted& p = posted[ops[head[key]]];
+      blocked += "\n  rank " + std::to_string(r) + " with rank " + std::to_string(p.op.peer) + ": waits in " +
+                 (p.op.send ? "send of the " : "receive of the ") + format_message(p.op.message);
+      if (done_computes[r] < p.computes_before)
+        blocked += " (posted after " + format_action(computes[r][p.computes_before - 1]) + ", which cannot run)";
+      waits = true;
     }
-    if (done_computes[r] < computes[r].size() && blocked.find("rank " + std::to_string(r) + " ") == std::string::npos)
+    if (done_computes[r] < computes[r].size() && !waits)
       blocked += "\n  rank " + std::to_string(r) + ": " + format_action(computes[r][done_computes[r]]) +
                  " waits for its input";
   }

@@ -3,6 +3,8 @@
 // dependencies; receives posted where their action needs them (or the next action's before the
 // current one's) are refused on schedules that NCCL would deadlock or swap microbatches on, naming
 // the pair of ranks and the operations.
+#include "test_util.h"
+
 #include "titan/common/error.h"
 #include "titan/distributed/pipeline_comm.h"
 #include "titan/distributed/pipeline_schedule.h"
@@ -16,14 +18,7 @@
 namespace titan::dist {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
 TEST(PipelineComm, EveryBuiltInScheduleIsSafeUnderNcclOrderMatching) {
   int checked = 0;

@@ -47,14 +47,7 @@ std::vector<std::string> actions_of(const nlohmann::json& ref_cells) {
   return out;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::error_of;
 
 TEST(PipelineSchedule, GPipeIsPyTorchs) {
   for (int pp : {2, 4})

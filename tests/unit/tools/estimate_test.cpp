@@ -154,6 +154,16 @@ struct MemoryRun {
 
 void PrintTo(const MemoryRun& r, std::ostream* os) { *os << r.name; }
 
+// "mode [selective_ac_option]" as command-line options.
+std::vector<std::string> ac_args(const std::string& spec) {
+  std::istringstream in(spec);
+  std::string mode, every;
+  in >> mode >> every;
+  std::vector<std::string> a = {"--activation_checkpoint.mode", mode};
+  if (!every.empty()) a.insert(a.end(), {"--activation_checkpoint.selective_ac_option", every});
+  return a;
+}
+
 std::vector<std::string> config_args(const MemoryRun& r) {
   std::vector<std::string> a = {"--job.config_file", kDebugConfig, "--model.name", r.model, "--model.flavor", r.flavor,
                                 "--training.seq_len", std::to_string(r.seq_len), "--training.local_batch_size",
@@ -162,11 +172,8 @@ std::vector<std::string> config_args(const MemoryRun& r) {
                                 "--metrics.log_freq", "1", "--metrics.disable_color_printing",
                                 "--parallelism.data_parallel_replicate_degree", std::to_string(r.replicate),
                                 "--parallelism.tensor_parallel_degree", std::to_string(r.tp)};
-  std::istringstream ac(r.ac);
-  std::string mode, every;
-  ac >> mode >> every;
-  a.insert(a.end(), {"--activation_checkpoint.mode", mode});
-  if (!every.empty()) a.insert(a.end(), {"--activation_checkpoint.selective_ac_option", every});
+  const auto ac = ac_args(r.ac);
+  a.insert(a.end(), ac.begin(), ac.end());
   return a;
 }
 
@@ -271,11 +278,8 @@ std::vector<std::string> ranked_args(const RankedRun& r) {
                                 "--parallelism.context_parallel_degree", std::to_string(r.cp),
                                 "--parallelism.context_parallel_rotate_method", r.rotate,
                                 "--parallelism.tensor_parallel_degree", std::to_string(r.tp)};
-  std::istringstream ac(r.ac);
-  std::string mode, every;
-  ac >> mode >> every;
-  a.insert(a.end(), {"--activation_checkpoint.mode", mode});
-  if (!every.empty()) a.insert(a.end(), {"--activation_checkpoint.selective_ac_option", every});
+  const auto ac = ac_args(r.ac);
+  a.insert(a.end(), ac.begin(), ac.end());
   return a;
 }
 
