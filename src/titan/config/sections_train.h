@@ -134,6 +134,7 @@ struct Checkpoint {
   bool enable_first_step_checkpoint = false;
   bool create_seed_checkpoint = false;
   bool load_only = false;
+  int64_t save_timeout_seconds = 600;
 
   template <class V>
   void visit(V& v) {
@@ -153,6 +154,8 @@ struct Checkpoint {
     v(enable_first_step_checkpoint, "enable_first_step_checkpoint", "also save right after the first step");
     v(create_seed_checkpoint, "create_seed_checkpoint", "write the initialized model as step-0 and exit");
     v(load_only, "load_only", "load checkpoints but never save");
+    v(save_timeout_seconds, "save_timeout_seconds",
+      "how long a rank waits for the others to finish writing a save (a dead rank is noticed at once)");
   }
   bool operator==(const Checkpoint&) const = default;
 };

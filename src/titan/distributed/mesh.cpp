@@ -285,6 +285,23 @@ Work Group::broadcast(at::Tensor& t, int root) {
   return issue(backend_->broadcast(ts, opts), "broadcast");
 }
 
+Work Group::gather(at::Tensor& out, const at::Tensor& in, int root) {
+  TITAN_ASSERT(rank_ != root || (out.is_contiguous() && out.numel() == in.numel() * size()),
+               "gather: the root's output must hold size x input");
+  TraceRange range(mem::Phase::Communication, "c10d::gather [", name_, "]");
+  count("gather", in);
+  if (size() == 1) {
+    out.view(in.sizes()).copy_(in);
+    return Work();
+  }
+  std::vector<at::Tensor> inputs{in.contiguous()};
+  std::vector<std::vector<at::Tensor>> outputs;
+  if (rank_ == root) outputs.push_back(out.view({size(), -1}).unbind(0));
+  c10d::GatherOptions opts;
+  opts.rootRank = root;
+  return issue(backend_->gather(outputs, inputs, opts), "gather");
+}
+
 void Group::barrier() {
   if (size() > 1) issue(backend_->barrier(), "barrier").wait();
 }
@@ -301,7 +318,7 @@ void Mesh::set_timeout(std::chrono::milliseconds timeout, const std::string& lab
 
 Mesh::Mesh(const ParallelDims& dims, int rank, const c10::intrusive_ptr<c10d::Store>& store, BackendKind backend,
            std::chrono::milliseconds timeout, const std::string& gloo_host)
-    : dims_(dims), rank_(rank), backend_(backend) {
+    : dims_(dims), rank_(rank), backend_(backend), store_(store), gloo_host_(gloo_host) {
   const std::vector<std::string> names = {"pp", "dp_replicate", "dp_shard", "cp", "tp", "dp", "dp_shard_cp",
                                           "dp_cp", "world"};
   // Dimensions with the same members (e.g. dp_shard, dp and world under plain FSDP) share one
@@ -319,6 +336,21 @@ Mesh::Mesh(const ParallelDims& dims, int rank, const c10::intrusive_ptr<c10d::St
     groups_[name] = std::make_unique<Group>(name, ranks, dims_.rank_in(name, rank), b, &bytes_, &calls_, failures,
                                             timeout);
   }
+}
+
+Group& Mesh::host_group(const std::string& name, std::chrono::milliseconds timeout, const std::string& label) {
+  auto& g = host_groups_[name];
+  if (g) return *g;
+  std::vector<int> ranks(static_cast<size_t>(dims_.world_size()));
+  for (size_t i = 0; i < ranks.size(); ++i) ranks[i] = static_cast<int>(i);
+  c10::intrusive_ptr<c10d::Backend> b;
+  if (ranks.size() > 1)
+    b = make_backend(BackendKind::Gloo, c10::make_intrusive<c10d::PrefixStore>("host/" + name, store_), rank_,
+                     static_cast<int>(ranks.size()), timeout, gloo_host_);
+  g = std::make_unique<Group>(name, ranks, rank_, b, &host_bytes_, &host_calls_,
+                              c10::make_intrusive<c10d::PrefixStore>("titan", store_), timeout);
+  g->set_timeout(timeout, label);
+  return *g;
 }
 
 at::Device Mesh::device() const {

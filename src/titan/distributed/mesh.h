@@ -73,6 +73,9 @@ class Group {
   Work reduce_scatter(at::Tensor& out, const at::Tensor& in);
   Work all_reduce(at::Tensor& t, c10d::ReduceOp op = c10d::ReduceOp::SUM);
   Work broadcast(at::Tensor& t, int root);  // root: index in the group
+  // Member `root` receives every member's `in` (the same size on every member) into `out` (contiguous,
+  // size x in.numel(), in group order); `out` is ignored on the other members.
+  Work gather(at::Tensor& out, const at::Tensor& in, int root);
   // Point-to-point: `t` (contiguous) to or from member `peer` (index in the group). On Gloo a send
   // and a receive match when their tags are equal (messages between two members with one tag arrive
   // in order). NCCL ignores tags: between two members, the k-th send matches the k-th receive, and
@@ -143,6 +146,12 @@ class Mesh {
   }
   // Where collective inputs must live: the current CUDA device under NCCL, the CPU under Gloo.
   at::Device device() const;
+  // A Gloo group of every rank for host-side coordination beside training (checkpoint saves, also
+  // from a background thread): CPU tensors on any device type, its own timeout (`label` names the
+  // setting in errors), unchanged by set_timeout, and its own byte counts (host_bytes()). Created on
+  // the first call with a name, which every rank must make at the same point.
+  Group& host_group(const std::string& name, std::chrono::milliseconds timeout, const std::string& label);
+  const CommBytes& host_bytes() const { return host_bytes_; }
 
  private:
   ParallelDims dims_;
@@ -150,6 +159,10 @@ class Mesh {
   BackendKind backend_;
   CommBytes bytes_, calls_;
   std::map<std::string, std::unique_ptr<Group>> groups_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::string gloo_host_;
+  CommBytes host_bytes_, host_calls_;
+  std::map<std::string, std::unique_ptr<Group>> host_groups_;
 };
 
 }  // namespace titan::dist

@@ -145,7 +145,6 @@ class Trainer {
   dist::LaunchEnv env_;
   std::unique_ptr<dist::ParallelDims> dims_;
   c10::intrusive_ptr<c10d::Store> store_;
-  std::string run_id_;  // random, the same on every rank: names this run's keys in the store
   std::unique_ptr<dist::Mesh> mesh_;
   // FSDP, HSDP, DDP or none: one for the model, or one per pipeline stage this rank holds.
   std::vector<std::unique_ptr<dist::DataParallel>> data_parallel_;

@@ -88,7 +88,14 @@ void Trainer::save_checkpoint(bool model_only, std::optional<at::ScalarType> cas
   so.reuse = checkpointer_->reusable_snapshot();
   so.pin = device_.is_cuda() && cfg_.checkpoint.async_mode == "async_with_pinned_mem";
   so.cast_floats_to = cast;
-  checkpoint::Snapshot snap = checkpoint::take_snapshot(checkpoint_tensors(parts), so);
+  // Each replicated piece (HSDP/DDP replicas, TP-replicated norms) is written by one of its holders,
+  // chosen so that every rank writes about the same bytes.
+  std::vector<dist::PlacedTensor> tensors = checkpoint_tensors(parts);
+  checkpoint::assign_writers(tensors, [&](const std::string& dim) {
+    auto& g = (*mesh_)[dim];
+    return std::pair<int, int>(g.rank(), g.size());
+  });
+  checkpoint::Snapshot snap = checkpoint::take_snapshot(tensors, so);
   nlohmann::json contents = parts;
   snap.info = {{"step", step_},
                {"model", {{"name", cfg_.model.name}, {"flavor", cfg_.model.flavor}}},
@@ -147,12 +154,13 @@ void Trainer::on_every_rank(const std::function<void()>& f, const std::string& w
 void Trainer::load_checkpoint(checkpoint::Source& source, std::vector<std::string> parts, const nlohmann::json& state,
                               bool allow_cast) {
   TraceRange range(mem::Phase::Checkpoint, "checkpoint_load");
-  // Read and check everything first; nothing is modified unless every rank succeeded.
-  checkpoint::Staged staged;
+  // Read and check everything first (one block in memory at a time); nothing is modified unless every
+  // rank succeeded. Then the blocks are read again straight into the live tensors: no second copy of
+  // the model and optimizer state is ever held.
   std::optional<int64_t> step, tokens, lr_step;
   const std::vector<dist::PlacedTensor> tensors = checkpoint_tensors(parts);
   on_every_rank([&] {
-    staged = checkpoint::stage(source, tensors, allow_cast);
+    checkpoint::check(source, tensors, allow_cast);
     if (has(parts, "train_state")) {
       step = state.at("train_state").at("step").get<int64_t>();
       tokens = state.at("train_state").at("ntokens_seen").get<int64_t>();
@@ -164,11 +172,12 @@ void Trainer::load_checkpoint(checkpoint::Source& source, std::vector<std::strin
     if (has(parts, "lr_scheduler")) lr_step = state.at("lr_scheduler").at("step").get<int64_t>();
     if (has(parts, "dataloader")) dataloader_->load_state(state.at("dataloader").dump());
   }, "load " + source.describe());
-  staged.apply();
+  on_every_rank([&] { checkpoint::load_into(source, tensors, allow_cast); },
+                "load " + source.describe() + " (after it was checked: the state is partly loaded, so the run stops)");
   if (step) step_ = *step;
   if (lr_step) lr_step_ = *lr_step;
   if (tokens) ntokens_seen_ = *tokens / dims_->dp_size();
-  for (const auto& t : tensors) {  // the generator states were staged into copies: set them
+  for (const auto& t : tensors) {  // the generator states were loaded into copies: set them
     if (t.name != "rng.cpu" && t.name != "rng.cuda") continue;
     at::Generator g = t.name == "rng.cpu" ? at::detail::getDefaultCPUGenerator()
                                           : at::globalContext().defaultGenerator(device_);
@@ -194,17 +203,23 @@ void Trainer::set_up_checkpointing() {
     return;
   }
 
-  // A run id shared by all ranks keeps the store keys of this run apart from a restarted one's.
-  at::Tensor id = at::zeros({1}, at::TensorOptions().dtype(at::kLong).device(device_));
-  if (env_.rank == 0) id.fill_(static_cast<int64_t>(std::random_device{}() & 0x7fffffff) << 20 | (::getpid() & 0xfffff));
-  (*mesh_)["world"].broadcast(id, 0).wait();
-  run_id_ = std::to_string(id.item<int64_t>());
   const std::string folder = (std::filesystem::path(cfg_.job.dump_folder) / c.folder).string();
-  const auto timeout = std::chrono::seconds(std::max<int64_t>(1800, cfg_.comm.init_timeout_seconds));
-  checkpointer_ = std::make_unique<checkpoint::Checkpointer>(
-      c, folder,
-      checkpoint::store_coordinator(store_, "titan/" + run_id_, env_.rank, env_.world_size, timeout),
-      [this](const std::string& m) { log_info(m); });
+  // Saves are coordinated on a Gloo group of their own, under checkpoint.save_timeout_seconds.
+  dist::Group& group = mesh_->host_group("checkpoint", std::chrono::seconds(c.save_timeout_seconds),
+                                         "checkpoint.save_timeout_seconds");
+  checkpointer_ = std::make_unique<checkpoint::Checkpointer>(c, folder, checkpoint::group_coordinator(group),
+                                                             [this](const std::string& m) { log_info(m); });
+  if (c.enable && !c.load_only) {
+    // Testing hook: TITAN_TEST_RANK_CHECKPOINT_FOLDER="R=path" makes rank R see another folder (as a
+    // node-local disk would).
+    std::string view;
+    if (const char* hook = std::getenv("TITAN_TEST_RANK_CHECKPOINT_FOLDER")) {
+      const std::string h = hook;
+      const auto eq = h.find('=');
+      if (eq != std::string::npos && h.substr(0, eq) == std::to_string(env_.rank)) view = h.substr(eq + 1);
+    }
+    checkpointer_->check_shared_folder(view);
+  }
   if (c.create_seed_checkpoint) return;  // a seed is the initialized model: nothing to load
 
   // Rank 0 chooses the checkpoint and every rank loads that one (their views of the folder may lag).

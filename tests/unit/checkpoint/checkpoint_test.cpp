@@ -19,17 +19,18 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Stand-in for the ranks of a save: rank r's gather hands its text to a shared list, and rank 0
-// (called last) gets all of them.
+// Stand-in for the ranks of a save: rank r's gather hands its record to a shared list, and rank 0
+// (called last) gets all of them; the others see rank 0's outcome as a success.
 class FakeRanks : public Coordinator {
  public:
   FakeRanks(int rank, int world, std::vector<std::string>* all) : rank_(rank), world_(world), all_(all) {}
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
-  std::vector<std::string> gather_to_rank0(const std::string&, const std::string& mine) override {
-    (*all_)[rank_] = mine;
+  std::vector<std::string> gather(const std::string& record) override {
+    (*all_)[rank_] = record;
     return rank_ == 0 ? *all_ : std::vector<std::string>{};
   }
+  std::string broadcast(const std::string& message) override { return rank_ == 0 ? message : ""; }
 
  private:
   int rank_, world_;
@@ -47,10 +48,12 @@ void write_sharded(const std::string& dir, const at::Tensor& full, int world, in
     dist::Placement p;
     p.global_shape = full.sizes().vec();
     p.shards.push_back(dist::chunk("dp_shard", 0, full.size(0), shard, world));
-    p.primary = replica == 0;
+    p.replicated = {"dp_replicate"};
     at::Tensor local = at::zeros({p.shards[0].local_size, full.size(1)});
     local.narrow(0, 0, p.shards[0].length).copy_(full.narrow(0, p.shards[0].offset, p.shards[0].length));
-    Snapshot snap = take_snapshot({{"model.w", local, p}});
+    std::vector<dist::PlacedTensor> tensors = {{"model.w", local, p}};
+    assign_writers(tensors, [&](const std::string&) { return std::pair<int, int>(replica, replicas); });
+    Snapshot snap = take_snapshot(tensors);
     snap.info = info();
     FakeRanks coord(r, world * replicas, &all);
     write(dir, snap, coord);
@@ -61,7 +64,7 @@ TEST(Checkpoint, SlicesOfOneSplitReadBackUnderAnother) {
   test::TempDir dir;
   const at::Tensor full = at::arange(35, at::kFloat).view({7, 5});
   write_sharded(dir / "step-3", full, 3, /*replicas=*/2);
-  // Replicas are written once: 3 files, not 6.
+  // Replicas are written once: 3 files, not 6 (one tensor: the first replica writes it).
   int files = 0;
   for (const auto& e : fs::directory_iterator(dir / "step-3")) files += e.path().extension() == ".safetensors";
   EXPECT_EQ(files, 3);
@@ -79,9 +82,9 @@ TEST(Checkpoint, SlicesOfOneSplitReadBackUnderAnother) {
   p.global_shape = {7, 5};
   p.shards.push_back(dist::chunk("dp_shard", 0, 7, 3, 4));
   at::Tensor local = at::full({2, 5}, -1.0f);
-  Staged staged = stage(reader, {{"model.w", local, p}}, false);
-  EXPECT_EQ(local[0][0].item<float>(), -1.0f);  // nothing modified before apply
-  staged.apply();
+  check(reader, {{"model.w", local, p}}, false);
+  EXPECT_EQ(local[0][0].item<float>(), -1.0f);  // a check modifies nothing
+  load_into(reader, {{"model.w", local, p}}, false);
   EXPECT_TRUE(at::equal(local[0], full[6]));
   EXPECT_TRUE(at::equal(local[1], at::zeros({5})));
   // The files are plain safetensors: the generic reader opens them.
@@ -129,19 +132,20 @@ TEST(Checkpoint, ATruncatedFileNamesTheFile) {
   expect_user_error([&] { reader.read("model.w", {0, 0}, {7, 5}); }, {victim, "truncated"});
 }
 
-TEST(Checkpoint, MismatchesNameTheTensorAndStageModifiesNothing) {
+TEST(Checkpoint, MismatchesNameTheTensorAndACheckModifiesNothing) {
   test::TempDir dir;
   write_single_process(dir / "step-1", {{"model.a", at::ones({4})}, {"model.b", at::ones({2, 3})}}, info());
   Reader reader(dir / "step-1");
   at::Tensor a = at::zeros({4}), b = at::zeros({3, 2}), c = at::zeros({1});
-  expect_user_error([&] { stage(reader, {{"model.a", a, dist::whole(a)}, {"model.b", b, dist::whole(b)}}, false); },
+  expect_user_error([&] { check(reader, {{"model.a", a, dist::whole(a)}, {"model.b", b, dist::whole(b)}}, false); },
                     {"model.b", "[2, 3]", "[3, 2]"});
-  expect_user_error([&] { stage(reader, {{"model.a", a, dist::whole(a)}, {"model.c", c, dist::whole(c)}}, false); },
+  expect_user_error([&] { check(reader, {{"model.a", a, dist::whole(a)}, {"model.c", c, dist::whole(c)}}, false); },
                     {"model.c", "has no tensor"});
   at::Tensor d = at::zeros({4}, at::kDouble);
-  expect_user_error([&] { stage(reader, {{"model.a", d, dist::whole(d)}}, false); }, {"model.a", "Float", "Double"});
-  EXPECT_EQ(a.sum().item<double>(), 0.0);  // failed loads leave the destination untouched
-  stage(reader, {{"model.a", d, dist::whole(d)}}, /*allow_cast=*/true).apply();
+  expect_user_error([&] { check(reader, {{"model.a", d, dist::whole(d)}}, false); }, {"model.a", "Float", "Double"});
+  EXPECT_EQ(a.sum().item<double>(), 0.0);  // failed checks leave the destination untouched
+  check(reader, {{"model.a", d, dist::whole(d)}}, /*allow_cast=*/true);
+  load_into(reader, {{"model.a", d, dist::whole(d)}}, /*allow_cast=*/true);
   EXPECT_EQ(d.sum().item<double>(), 4.0);
 }
 

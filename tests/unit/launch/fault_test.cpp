@@ -245,6 +245,41 @@ TEST(FaultInjection, WithoutALauncherTheSurvivorExitsOnItsOwn) {
   }
 }
 
+// A rank killed in the middle of writing its part of a save, without a supervisor: rank 0, waiting for
+// the others' parts, notices at once (the checkpoint group's connection to it closes) and exits within
+// checkpoint.save_timeout_seconds + 10 s, naming rank 1 and the save, in the foreground and in the
+// background. (A wait on the rendezvous store would last 30 minutes.)
+TEST(FaultInjection, ARankKilledDuringASaveEndsTheJobInBoundedTimeNamingItAndTheSave) {
+  for (const std::string mode : {"disabled", "async"}) {
+    SCOPED_TRACE(mode);
+    test::TempDir dir;
+    const std::string port = std::to_string(free_port());
+    std::vector<std::vector<std::string>> argvs;
+    std::vector<std::map<std::string, std::string>> envs;
+    for (int rank = 0; rank < 2; ++rank) {
+      auto args = train_args(dir.path(), {"--checkpoint.async_mode", mode, "--checkpoint.save_timeout_seconds", "30"});
+      args.insert(args.begin(), kTitan);
+      argvs.push_back(args);
+      envs.push_back({{"RANK", std::to_string(rank)}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", std::to_string(rank)},
+                      {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port},
+                      {"OMP_NUM_THREADS", "1"}, {"TITAN_FAULT_INJECT", "action=kill,point=checkpoint_data,step=3,rank=1"}});
+    }
+    auto results = test::run_processes(argvs, envs, 120s);
+    const auto& dead = results[1];
+    const auto& survivor = results[0];
+    EXPECT_EQ(dead.exit_code, -1) << dead.output;
+    EXPECT_FALSE(survivor.timed_out) << survivor.output;
+    EXPECT_NE(survivor.exit_code, 0) << survivor.output;
+    EXPECT_LT(survivor.seconds, dead.seconds + 30 + 10) << survivor.output;
+    EXPECT_NE(survivor.output.find("ranks that did not arrive: 1"), std::string::npos) << survivor.output;
+    if (mode == "disabled")
+      EXPECT_NE(survivor.output.find("the checkpoint save of step 3 to " + dir.path() + "/checkpoint/step-3 failed"),
+                std::string::npos)
+          << survivor.output;
+    EXPECT_FALSE(fs::exists(dir / "checkpoint/step-3"));
+  }
+}
+
 // A rank that stops answering: the others' collective times out after comm.train_timeout_seconds, and
 // the error names the mesh dimension, the operation and the rank that did not arrive. With two
 // dimensions (TP 2 x FSDP 2), ranks blocked behind a blocked peer say so, and name the stopped rank.

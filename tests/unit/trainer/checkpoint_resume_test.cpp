@@ -7,6 +7,7 @@
 #include "test_util.h"
 
 #include "titan/common/error.h"
+#include "titan/common/memory_tracker.h"
 #include "titan/components/checkpoint/checkpoint.h"
 #include "titan/components/checkpoint/hf.h"
 #include "titan/components/checkpoint/safetensors.h"
@@ -17,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <numeric>
 #include <fstream>
 
 namespace titan {
@@ -81,7 +83,9 @@ TEST(CheckpointResume, AsyncSavesGiveTheSameLosses) {
 TEST(CheckpointResume, AFailedBackgroundSaveStopsTheRunWithItsError) {
   test::TempDir dir;
   Trainer t(config(dir.path(), 12, {"--checkpoint.async_mode", "async", "--checkpoint.interval", "2"}));
-  // The checkpoint folder cannot be created: a file is in its place.
+  // The checkpoint folder (created at start-up, where every rank checked that it sees it) is gone and
+  // cannot be created again: a file is in its place.
+  fs::remove_all(dir / "checkpoint");
   std::ofstream(dir / "checkpoint") << "not a folder";
   try {
     t.train();
@@ -312,6 +316,23 @@ const std::string& fsdp2_checkpoint() {
   return dir.path();
 }
 
+// The save at step 12 of a resumed run: every rank wrote a part, and (with replicas) within 10% of an
+// equal share, the replicated pieces spread over the replicas rather than all written by the first.
+void expect_balanced_writes(const fs::path& step_dir, int nproc) {
+  std::vector<int64_t> bytes;
+  for (int r = 0; r < nproc; ++r) {
+    char name[64];
+    std::snprintf(name, sizeof name, "rank-%05d.safetensors", r);
+    std::error_code ec;
+    const auto b = fs::file_size(step_dir / name, ec);
+    EXPECT_FALSE(ec) << "rank " << r << " wrote nothing to " << step_dir;
+    bytes.push_back(ec ? 0 : static_cast<int64_t>(b));
+  }
+  const int64_t total = std::accumulate(bytes.begin(), bytes.end(), int64_t{0});
+  for (int r = 0; r < nproc; ++r)
+    EXPECT_NEAR(static_cast<double>(bytes[r]), total / static_cast<double>(nproc), 0.1 * total / nproc) << "rank " << r;
+}
+
 void expect_resume_matches(int nproc, int local_batch, std::vector<std::string> extra = {}) {
   test::TempDir dir;
   fs::copy(fsdp2_checkpoint() + "/checkpoint", dir / "checkpoint", fs::copy_options::recursive);
@@ -320,6 +341,7 @@ void expect_resume_matches(int nproc, int local_batch, std::vector<std::string> 
   ASSERT_EQ(r.losses.size(), 6u) << r.output;
   for (size_t i = 0; i < 6; ++i)
     EXPECT_NEAR(r.losses[i], straight_losses()[6 + i], 1e-5 * straight_losses()[6 + i]) << "step " << 7 + i;
+  expect_balanced_writes(dir / "checkpoint/step-12", nproc);
 }
 
 TEST(CheckpointReshard, Fsdp2ResumedAsOneProcess) { expect_resume_matches(1, 12); }
@@ -444,6 +466,49 @@ TEST(CheckpointCrash, KillDuringASaveKeepsThePreviousCheckpoint) {
     for (size_t i = 0; i < 6; ++i)
       EXPECT_NEAR(again.losses[i], straight_losses()[6 + i], 1e-5 * straight_losses()[6 + i]) << phase;
   }
+}
+
+
+// Resuming reads every block twice (checked on every rank first, then straight into the live tensors),
+// so that no second copy of the model and optimizer state is ever held: the peak of CPU memory while a
+// checkpoint is loaded stays within one largest tensor of the training peak (staging a copy of the
+// whole state would exceed it by the state's size).
+TEST(CheckpointResume, ResumingNeedsNoSecondCopyOfTheState) {
+  mem::install_cpu_tracking();
+  test::TempDir dir;
+  Trainer(config(dir.path(), 6)).train();
+  mem::reset_cpu_peak();
+  const int64_t before = mem::cpu_allocated_bytes();
+  Trainer resumed(config(dir.path(), 12));
+  const int64_t resume_peak = mem::cpu_peak_bytes() - before;
+  ASSERT_EQ(resumed.step(), 6);
+  mem::reset_cpu_peak();
+  resumed.train();
+  const int64_t train_peak = mem::cpu_peak_bytes() - before;  // both counted from before the resumed run
+  // The largest tensor of the debug model: the embedding / output, 2048 x 256 fp32.
+  const int64_t largest = 2048 * 256 * 4;
+  EXPECT_LE(resume_peak, train_peak + largest)
+      << "resume peak " << resume_peak << " B, training peak " << train_peak << " B";
+}
+
+// A folder that not every rank sees (node-local disks) is refused at start-up, before any training.
+TEST(CheckpointResume, ACheckpointFolderNotEveryRankSeesIsRefusedAtStartUp) {
+  test::TempDir dir;
+  std::vector<std::string> argv = {kTitan, "launch", "--nproc-per-node", "2", "--master-port", "0", "--", "train"};
+  auto args = base_args(dir.path(), 6);
+  argv.insert(argv.end(), args.begin(), args.end());
+  argv.insert(argv.end(), {"--training.local_batch_size", "6"});
+  auto r = test::run_process(argv, {{"OMP_NUM_THREADS", "1"},
+                                    {"TITAN_TEST_RANK_CHECKPOINT_FOLDER", "1=" + std::string(dir / "node1")}},
+                             std::chrono::seconds(300));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("the checkpoint folder " + dir.path() + "/checkpoint is not shared by every rank: rank 1 "
+                          "does not see the file"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("file system that every rank shares"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("step:"), std::string::npos) << "trained before refusing: " << r.output;
+  EXPECT_TRUE(checkpoint::list_checkpoints(dir / "checkpoint").empty());
 }
 
 }  // namespace

@@ -1,15 +1,17 @@
+// Writing titan's checkpoint format (checkpoint.h): snapshots, the choice of writers, each rank's data
+// file and slice index, and rank 0's index. Reading is checkpoint_read.cpp.
 #include "titan/components/checkpoint/checkpoint.h"
 
 #include "titan/common/error.h"
-#include "titan/common/json_integer.h"
 #include "titan/components/checkpoint/file_io.h"
 
 #include <ATen/ATen.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
-#include <regex>
+#include <numeric>
 
 namespace titan::checkpoint {
 namespace fs = std::filesystem;
@@ -20,23 +22,14 @@ class SingleProcess : public Coordinator {
  public:
   int rank() const override { return 0; }
   int world_size() const override { return 1; }
-  std::vector<std::string> gather_to_rank0(const std::string&, const std::string& mine) override { return {mine}; }
+  std::vector<std::string> gather(const std::string& record) override { return {record}; }
+  std::string broadcast(const std::string& message) override { return message; }
 };
 
-std::string rank_file_name(int rank) {
+std::string stem_of(const char* kind, int64_t n) {
   char buf[64];
-  std::snprintf(buf, sizeof buf, "rank-%05d.safetensors", rank);
+  std::snprintf(buf, sizeof buf, "%s-%05lld", kind, static_cast<long long>(n));
   return buf;
-}
-
-uint32_t info_state_crc32(const nlohmann::json& info, const nlohmann::json& state) {
-  return string_crc32(info.dump() + "\n" + state.dump());
-}
-
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
 }
 
 int64_t numel_of(const std::vector<int64_t>& shape) {
@@ -45,46 +38,190 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
   return n;
 }
 
-// Every file and tensor entry of an index, checked when the folder is opened: a damaged index.json is
-// then a UserError naming the entry, not a failure (or an out-of-range access) in the middle of a load.
-// JSON type errors are left to the caller, which reports them as a corrupt index.
-void check_index(const nlohmann::json& index, const std::string& path) {
-  auto corrupt = [&](const std::string& what) {
-    throw UserError(path + " is corrupt: " + what + "; load another step with --checkpoint.load_step");
+// What one data file holds, as a 64-bit FNV-1a hash of its tensors' names, dtypes and global shapes (in
+// name order): files with equal hashes hold the same tensors, so rank 0 reads one slice index per hash.
+uint64_t contents_hash(const nlohmann::json& slices) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](const std::string& text) {
+    for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
+    h = (h ^ 0xff) * 1099511628211ull;  // separator
   };
-  for (const char* key : {"files", "tensors"})
-    if (!index.at(key).is_object()) corrupt(std::string("\"") + key + "\" is not an object");
-  for (const auto& [name, f] : index.at("files").items()) {
-    if (json_integer<int64_t>(f.at("bytes")) < 0) corrupt("file " + name + " has a negative size");
-    (void)json_integer<uint32_t>(f.at("crc32"));
+  for (const auto& [name, s] : slices.items()) {
+    mix(name);
+    mix(s.at("dtype").dump());
+    mix(s.at("shape").dump());
   }
-  for (const auto& [name, t] : index.at("tensors").items()) {
-    (void)dtype_from_name(t.at("dtype").get<std::string>());
-    const auto shape = json_integers<int64_t>(t.at("shape"));
-    for (int64_t d : shape)
-      if (d < 0) corrupt("tensor '" + name + "' has shape " + shape_str(shape));
-    if (!t.at("slices").is_array()) corrupt("the slices of tensor '" + name + "' are not a list");
-    for (const auto& slice : t.at("slices")) {
-      (void)slice.at("file").get<std::string>();
-      (void)json_integer<uint32_t>(slice.at("crc32"));
-      const auto begin = json_integers<int64_t>(slice.at("begin"));
-      const auto length = json_integers<int64_t>(slice.at("length"));
-      bool inside = begin.size() == shape.size() && length.size() == shape.size();
-      for (size_t d = 0; inside && d < shape.size(); ++d)
-        inside = begin[d] >= 0 && length[d] >= 0 && begin[d] <= shape[d] - length[d];
-      if (!inside)
-        corrupt("a slice of tensor '" + name + "' (begin " + shape_str(begin) + ", length " + shape_str(length) +
-                ") lies outside its shape " + shape_str(shape));
+  return h;
+}
+
+// What rank 0 learns from each rank about its part of a save: a fixed-size record, so that the gather
+// is one collective of world x 256 bytes (names and slices stay in the rank's own slice index).
+struct Record {
+  enum : int64_t { kWrote = 1, kNothing = 2, kFailed = 3 };
+  int64_t status = kNothing;
+  int64_t data_bytes = 0, data_crc32 = 0, index_bytes = 0, index_crc32 = 0;
+  uint64_t contents = 0;  // contents_hash of its slice index
+  int64_t elements = 0;   // entries of all its slices
+  int64_t reserved = 0;
+  char error[192] = {};   // the start of its error message when it failed
+
+  std::string bytes() const { return std::string(reinterpret_cast<const char*>(this), sizeof(Record)); }
+  static Record from(const std::string& b) {
+    TITAN_ASSERT(b.size() == sizeof(Record), "checkpoint record of ", b.size(), " bytes");
+    Record r;
+    std::memcpy(&r, b.data(), sizeof r);
+    r.error[sizeof r.error - 1] = '\0';
+    return r;
+  }
+};
+static_assert(sizeof(Record) == 256);
+
+struct Shard {
+  std::string stem;  // "rank-00003": rank-00003.safetensors and rank-00003.slices.json
+  Record record;
+};
+
+// Writes `slices` as `stem`.safetensors in `dir` (its metadata says where each slice sits in its tensor,
+// for tools that read the file alone) and `stem`.slices.json, its slice index.
+Record write_shard(const fs::path& dir, const std::string& stem, const std::vector<Snapshot::Slice>& slices) {
+  std::vector<SafetensorsEntry> entries;
+  nlohmann::json where = nlohmann::json::object();
+  for (const auto& s : slices) {
+    entries.push_back({s.name, s.data});
+    where[s.name] = {{"global_shape", s.global_shape}, {"begin", s.begin}};
+  }
+  const std::string data_name = stem + ".safetensors";
+  const WrittenFile written =
+      write_safetensors((dir / data_name).string(), entries, {{"format", "pt"}, {"titan_slices", where.dump()}});
+  nlohmann::json index_slices = nlohmann::json::object();
+  Record r;
+  r.status = Record::kWrote;
+  for (size_t i = 0; i < slices.size(); ++i) {
+    const auto& s = slices[i];
+    index_slices[s.name] = {{"dtype", dtype_name(s.data.scalar_type())},
+                            {"shape", s.global_shape},
+                            {"begin", s.begin},
+                            {"length", s.data.sizes().vec()},
+                            {"crc32", written.entry_crc32[i]}};
+    r.elements += s.data.numel();
+  }
+  const std::string text =
+      nlohmann::json{{"format", "titan-checkpoint-slices"}, {"version", 1}, {"data", data_name}, {"slices", index_slices}}
+          .dump();
+  write_file_atomically((dir / (stem + kSlicesSuffix)).string(), text);
+  r.data_bytes = written.bytes;
+  r.data_crc32 = written.crc32;
+  r.index_bytes = static_cast<int64_t>(text.size());
+  r.index_crc32 = string_crc32(text);
+  r.contents = contents_hash(index_slices);
+  return r;
+}
+
+IndexCost g_last_index_cost;
+
+// Rank 0, once every file is written: checks that it sees every file with the size its writer
+// reported (the folder must be shared by all ranks), reads one slice index per distinct contents to
+// learn which tensors each file holds, writes the index last and makes the folder visible as `step_dir`.
+void write_index(const fs::path& tmp_dir, const fs::path& step_dir, const std::vector<Shard>& shards,
+                 const nlohmann::json& info, const nlohmann::json& state_in) {
+  IndexCost cost;
+  nlohmann::json files = nlohmann::json::object(), stems = nlohmann::json::array();
+  std::map<uint64_t, std::vector<int64_t>> by_contents;
+  int64_t written_elements = 0;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const Shard& s = shards[i];
+    for (const auto& [name, bytes, crc] :
+         {std::tuple{s.stem + ".safetensors", s.record.data_bytes, s.record.data_crc32},
+          std::tuple{s.stem + kSlicesSuffix, s.record.index_bytes, s.record.index_crc32}}) {
+      std::error_code ec;
+      const auto seen = fs::file_size(tmp_dir / name, ec);
+      TITAN_USER_CHECK(!ec && static_cast<int64_t>(seen) == bytes, "checkpoint ", step_dir.string(), ": rank 0 ",
+                       ec ? "does not see " : "sees a different size of ", (tmp_dir / name).string(), " (",
+                       bytes, " bytes written", ec ? "" : ", " + std::to_string(seen) + " seen",
+                       "): the checkpoint folder must be on a file system that every rank shares (a network or "
+                       "parallel file system, not node-local disks); set job.dump_folder to such a folder");
+      files[name] = {{"bytes", bytes}, {"crc32", static_cast<uint32_t>(crc)}};
+    }
+    stems.push_back(s.stem);
+    by_contents[s.record.contents].push_back(static_cast<int64_t>(i));
+    written_elements += s.record.elements;
+  }
+  struct TensorEntry {
+    nlohmann::json dtype, shape;
+    std::vector<int64_t> shards;
+  };
+  std::map<std::string, TensorEntry> tensors;
+  for (const auto& [contents, ids] : by_contents) {
+    const Shard& first = shards[static_cast<size_t>(ids.front())];
+    const std::string path = (tmp_dir / (first.stem + kSlicesSuffix)).string();
+    const std::string text = read_file(path);
+    cost.slice_index_bytes_read += static_cast<int64_t>(text.size());
+    TITAN_USER_CHECK(string_crc32(text) == static_cast<uint32_t>(first.record.index_crc32), "checkpoint ",
+                     step_dir.string(), ": ", path, " changed after it was written (its CRC-32 differs)");
+    const nlohmann::json slices = nlohmann::json::parse(text).at("slices");
+    TITAN_ASSERT(contents_hash(slices) == contents, "the contents of ", path, " differ from what its rank reported");
+    for (const auto& [name, s] : slices.items()) {
+      TensorEntry& t = tensors[name];
+      if (t.shards.empty()) {
+        t.dtype = s.at("dtype");
+        t.shape = s.at("shape");
+      }
+      TITAN_ASSERT(t.dtype == s.at("dtype") && t.shape == s.at("shape"), "ranks disagree on the dtype or shape of ", name);
+      t.shards.insert(t.shards.end(), ids.begin(), ids.end());
     }
   }
+  // Every entry of every tensor is written exactly once (a piece written by two holders, or by none,
+  // would show here).
+  int64_t expected = 0;
+  for (const auto& [name, t] : tensors) expected += numel_of(t.shape.get<std::vector<int64_t>>());
+  TITAN_ASSERT(expected == written_elements, "the ranks wrote ", written_elements, " entries but the tensors of ",
+               step_dir.string(), " have ", expected);
+
+  nlohmann::json tensors_json = nlohmann::json::object();
+  for (auto& [name, t] : tensors) {
+    std::sort(t.shards.begin(), t.shards.end());
+    nlohmann::json ranges = nlohmann::json::array();  // [first, last + 1) runs of file numbers
+    for (size_t i = 0; i < t.shards.size();) {
+      size_t j = i + 1;
+      while (j < t.shards.size() && t.shards[j] == t.shards[j - 1] + 1) ++j;
+      ranges.push_back({t.shards[i], t.shards[j - 1] + 1});
+      i = j;
+    }
+    tensors_json[name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"shards", ranges}};
+  }
+  const nlohmann::json state = state_in.is_null() ? nlohmann::json::object() : state_in;
+  // What the checkpoint is and the non-tensor state (step, data position) have their own CRC-32: a
+  // damaged digit would otherwise resume silently at the wrong place.
+  const nlohmann::json index = {{"format", "titan-checkpoint"}, {"version", kFormatVersion}, {"info", info},
+                                {"state", state}, {"info_state_crc32", string_crc32(info.dump() + "\n" + state.dump())},
+                                {"files", files}, {"shards", stems}, {"tensors", tensors_json}};
+  const std::string text = index.dump(1);
+  cost.index_bytes = static_cast<int64_t>(text.size());
+  write_file_atomically((tmp_dir / kIndexFile).string(), text);
+  sync_directory(tmp_dir.string());
+  g_last_index_cost = cost;
+  crash_point("rename");
+  // An older folder of the same step (a run that resumed before it) is replaced.
+  replace_directory(tmp_dir.string(), step_dir.string());
+}
+
+fs::path create_partial_dir(const fs::path& step_dir) {
+  const fs::path tmp_dir = step_dir.string() + ".partial";
+  std::error_code ec;
+  fs::create_directories(tmp_dir, ec);
+  TITAN_USER_CHECK(!ec, "cannot create checkpoint folder ", tmp_dir.string(), ": ", ec.message(),
+                   " (check checkpoint.folder and job.dump_folder, and that the disk is writable)");
+  return tmp_dir;
 }
 
 }  // namespace
 
 std::unique_ptr<Coordinator> single_process_coordinator() { return std::make_unique<SingleProcess>(); }
 
+const IndexCost& last_index_cost() { return g_last_index_cost; }
+
 // ---------------------------------------------------------------------------------------------
-// Writing
+// Snapshots and writers
 
 Snapshot take_snapshot(const std::vector<dist::PlacedTensor>& tensors, const SnapshotOptions& o) {
   at::NoGradGuard no_grad;
@@ -102,7 +239,7 @@ Snapshot take_snapshot(const std::vector<dist::PlacedTensor>& tensors, const Sna
     s.name = t.name;
     s.global_shape = p.global_shape;
     s.begin = p.global_begin();
-    if (!o.copy && real.device().is_cpu() && real.is_contiguous() && real.scalar_type() == dtype) {
+    if (!o.copy && real.is_contiguous() && real.scalar_type() == dtype) {
       s.data = real;  // FSDP's real part is a leading run of rows: contiguous
       snap.slices.push_back(std::move(s));
       continue;
@@ -119,109 +256,80 @@ Snapshot take_snapshot(const std::vector<dist::PlacedTensor>& tensors, const Sna
   return snap;
 }
 
-namespace {
-
-// Writes `slices` as the safetensors file `name` in `dir` (its metadata says where each slice sits in
-// its tensor) and returns the file's record for the index: {file, bytes, crc32, slices: [...]}.
-nlohmann::json write_slices(const fs::path& dir, const std::string& name, const std::vector<Snapshot::Slice>& slices) {
-  std::vector<SafetensorsEntry> entries;
-  nlohmann::json where = nlohmann::json::object();
-  for (const auto& s : slices) {
-    entries.push_back({s.name, s.data});
-    where[s.name] = {{"global_shape", s.global_shape}, {"begin", s.begin}};
+void assign_writers(std::vector<dist::PlacedTensor>& tensors,
+                    const std::function<std::pair<int, int>(const std::string&)>& member) {
+  // Pieces are balanced within each set of replica dimensions: every holder of such a piece holds the
+  // same set of pieces with the same replica dimensions, so each computes the same assignment.
+  std::map<std::vector<std::string>, std::vector<size_t>> classes;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    std::vector<std::string> dims = tensors[i].placement.replicated;
+    if (dims.empty()) continue;
+    std::sort(dims.begin(), dims.end());
+    classes[dims].push_back(i);
   }
-  const WrittenFile written =
-      write_safetensors((dir / name).string(), entries, {{"format", "pt"}, {"titan_slices", where.dump()}});
-  nlohmann::json records = nlohmann::json::array();
-  for (size_t i = 0; i < slices.size(); ++i) {
-    const auto& s = slices[i];
-    records.push_back({{"name", s.name},
-                       {"dtype", dtype_name(s.data.scalar_type())},
-                       {"global_shape", s.global_shape},
-                       {"begin", s.begin},
-                       {"length", s.data.sizes().vec()},
-                       {"crc32", written.entry_crc32[i]}});
-  }
-  return {{"file", name}, {"bytes", written.bytes}, {"crc32", written.crc32}, {"slices", records}};
-}
-
-// Rank 0, once every file is written: the index (from every rank's file records) is written last,
-// then the folder becomes visible as `step_dir`.
-void write_index(const fs::path& tmp_dir, const fs::path& step_dir, const std::vector<nlohmann::json>& file_records,
-                 const nlohmann::json& info, const nlohmann::json& state_in) {
-  nlohmann::json tensors = nlohmann::json::object(), files = nlohmann::json::object();
-  for (const auto& r : file_records) {
-    files[r.at("file").get<std::string>()] = {{"bytes", r.at("bytes")}, {"crc32", r.at("crc32")}};
-    for (const auto& s : r.at("slices")) {
-      const std::string name = s.at("name");
-      auto& t = tensors[name];
-      if (t.is_null()) t = {{"dtype", s.at("dtype")}, {"shape", s.at("global_shape")}, {"slices", nlohmann::json::array()}};
-      TITAN_ASSERT(t.at("dtype") == s.at("dtype") && t.at("shape") == s.at("global_shape"), "ranks disagree on ", name);
-      t.at("slices").push_back(
-          {{"file", r.at("file")}, {"begin", s.at("begin")}, {"length", s.at("length")}, {"crc32", s.at("crc32")}});
+  for (auto& [dims, items] : classes) {
+    int64_t holders = 1, me = 0;  // this rank's number among the holders (mixed radix over dims)
+    for (const auto& d : dims) {
+      const auto [index, size] = member(d);
+      me = me * size + index;
+      holders *= size;
+    }
+    auto bytes = [&](size_t i) {
+      return tensors[i].placement.real_numel() * static_cast<int64_t>(tensors[i].local.element_size());
+    };
+    std::sort(items.begin(), items.end(), [&](size_t a, size_t b) {
+      return bytes(a) != bytes(b) ? bytes(a) > bytes(b) : tensors[a].name < tensors[b].name;
+    });
+    std::vector<int64_t> load(static_cast<size_t>(holders), 0);
+    for (size_t i : items) {
+      const auto w = static_cast<int64_t>(std::min_element(load.begin(), load.end()) - load.begin());
+      load[static_cast<size_t>(w)] += bytes(i);
+      tensors[i].placement.primary = w == me;
     }
   }
-  // Every tensor must be covered exactly once (slices of distinct ranks never overlap).
-  for (auto& [name, t] : tensors.items()) {
-    int64_t covered = 0;
-    for (const auto& s : t.at("slices")) covered += numel_of(s.at("length").get<std::vector<int64_t>>());
-    TITAN_ASSERT(covered == numel_of(t.at("shape").get<std::vector<int64_t>>()), "checkpoint slices of ", name,
-                 " cover ", covered, " of ", shape_str(t.at("shape").get<std::vector<int64_t>>()), " entries");
-  }
-  const nlohmann::json state = state_in.is_null() ? nlohmann::json::object() : state_in;
-  // What the checkpoint is and the non-tensor state (step, data position) have their own CRC-32: a
-  // damaged digit would otherwise resume silently at the wrong place.
-  nlohmann::json index = {{"format", "titan-checkpoint"}, {"version", kFormatVersion}, {"info", info},
-                          {"state", state}, {"info_state_crc32", info_state_crc32(info, state)},
-                          {"files", files}, {"tensors", tensors}};
-  write_file_atomically((tmp_dir / kIndexFile).string(), index.dump(1));
-  sync_directory(tmp_dir.string());
-  crash_point("rename");
-  // An older folder of the same step (a run that resumed before it) is replaced.
-  replace_directory(tmp_dir.string(), step_dir.string());
 }
 
-fs::path create_partial_dir(const fs::path& step_dir) {
-  const fs::path tmp_dir = step_dir.string() + ".partial";
-  std::error_code ec;
-  fs::create_directories(tmp_dir, ec);
-  TITAN_USER_CHECK(!ec, "cannot create checkpoint folder ", tmp_dir.string(), ": ", ec.message(),
-                   " (check checkpoint.folder and job.dump_folder, and that the disk is writable)");
-  return tmp_dir;
-}
-
-}  // namespace
+// ---------------------------------------------------------------------------------------------
+// Writing a save
 
 int64_t write(const std::string& step_dir_in, const Snapshot& snap, Coordinator& coord) {
   const fs::path step_dir = fs::path(step_dir_in).lexically_normal();
-  const std::string key = "checkpoint/" + step_dir.string();
-  // This rank's slices as one file. A rank that cannot write still reports to rank 0 (which then
-  // fails the save with its reason instead of waiting for it), then throws.
-  nlohmann::json mine = {{"files", nlohmann::json::array()}};
-  int64_t bytes = 0;
+  const fs::path tmp_dir = step_dir.string() + ".partial";
+  // This rank's slices as one file and its slice index. A rank that cannot write still reports to
+  // rank 0 (which then fails the save on every rank with its reason instead of waiting for it).
+  Record mine;
+  std::string my_error;
   try {
-    const fs::path tmp_dir = create_partial_dir(step_dir);
-    if (!snap.slices.empty()) {
-      mine["files"].push_back(write_slices(tmp_dir, rank_file_name(coord.rank()), snap.slices));
-      bytes = mine["files"][0].at("bytes").get<int64_t>();
-    }
+    create_partial_dir(step_dir);
+    if (!snap.slices.empty()) mine = write_shard(tmp_dir, stem_of("rank", coord.rank()), snap.slices);
   } catch (const std::exception& e) {
-    coord.gather_to_rank0(key, nlohmann::json({{"error", e.what()}}).dump());
-    throw;
+    my_error = e.what();
+    mine = Record();
+    mine.status = Record::kFailed;
+    std::strncpy(mine.error, my_error.c_str(), sizeof mine.error - 1);
   }
-  crash_point("index");
-  auto all = coord.gather_to_rank0(key, mine.dump());
-  if (coord.rank() != 0) return bytes;
-
-  std::vector<nlohmann::json> records;
-  for (size_t rank = 0; rank < all.size(); ++rank) {
-    const nlohmann::json r = nlohmann::json::parse(all[rank]);
-    TITAN_USER_CHECK(!r.contains("error"), "checkpoint ", step_dir.string(), " is incomplete: rank ", rank,
-                     " could not write its part: ", r.at("error").get<std::string>());
-    for (const auto& f : r.at("files")) records.push_back(f);
+  if (my_error.empty()) crash_point("index");
+  const std::vector<std::string> all = coord.gather(mine.bytes());
+  std::string outcome;  // empty: the checkpoint is complete
+  if (coord.rank() == 0) {
+    try {
+      std::vector<Shard> shards;
+      for (size_t rank = 0; rank < all.size(); ++rank) {
+        const Record r = Record::from(all[rank]);
+        TITAN_USER_CHECK(r.status != Record::kFailed, "checkpoint ", step_dir.string(), " is incomplete: rank ",
+                         rank, " could not write its part: ", r.error);
+        if (r.status == Record::kWrote) shards.push_back({stem_of("rank", static_cast<int64_t>(rank)), r});
+      }
+      write_index(tmp_dir, step_dir, shards, snap.info, snap.state);
+    } catch (const std::exception& e) {
+      outcome = e.what();
+    }
   }
-  write_index(step_dir.string() + ".partial", step_dir, records, snap.info, snap.state);
-  return bytes;
+  // No rank returns (and enters the next training collective) before the save is complete everywhere.
+  outcome = coord.broadcast(outcome);
+  if (!my_error.empty()) throw UserError(my_error);
+  if (!outcome.empty()) throw UserError(outcome);
+  return mine.status == Record::kWrote ? mine.data_bytes + mine.index_bytes : 0;
 }
 
 void write_single_process(const std::string& step_dir_in, const std::vector<std::string>& names,
@@ -229,14 +337,13 @@ void write_single_process(const std::string& step_dir_in, const std::vector<std:
                           const nlohmann::json& state, int64_t max_file_bytes) {
   const fs::path step_dir = fs::path(step_dir_in).lexically_normal();
   const fs::path tmp_dir = create_partial_dir(step_dir);
-  std::vector<nlohmann::json> records;
+  std::vector<Shard> shards;
   std::vector<Snapshot::Slice> pending;
   int64_t pending_bytes = 0;
   auto flush = [&] {
     if (pending.empty()) return;
-    char name[64];
-    std::snprintf(name, sizeof name, "part-%05zu.safetensors", records.size());
-    records.push_back(write_slices(tmp_dir, name, pending));
+    const std::string stem = stem_of("part", static_cast<int64_t>(shards.size()));
+    shards.push_back({stem, write_shard(tmp_dir, stem, pending)});
     pending.clear();
     pending_bytes = 0;
   };
@@ -248,7 +355,7 @@ void write_single_process(const std::string& step_dir_in, const std::vector<std:
     pending_bytes += nbytes;
   }
   flush();
-  write_index(tmp_dir, step_dir, records, info, state);
+  write_index(tmp_dir, step_dir, shards, info, state);
 }
 
 void write_single_process(const std::string& step_dir, const std::map<std::string, at::Tensor>& tensors,
@@ -256,160 +363,6 @@ void write_single_process(const std::string& step_dir, const std::map<std::strin
   std::vector<std::string> names;
   for (const auto& [n, t] : tensors) names.push_back(n);
   write_single_process(step_dir, names, [&](const std::string& n) { return tensors.at(n); }, info, state);
-}
-
-// ---------------------------------------------------------------------------------------------
-// Reading
-
-Reader::Reader(std::string step_dir) : dir_(std::move(step_dir)) {
-  const std::string path = (fs::path(dir_) / kIndexFile).string();
-  TITAN_USER_CHECK(fs::is_directory(dir_), "checkpoint folder ", dir_, " does not exist");
-  TITAN_USER_CHECK(fs::exists(path), dir_, " is not a complete titan checkpoint: it has no ", kIndexFile,
-                   " (a save that did not finish, or not a checkpoint folder; Hugging Face folders load with "
-                   "checkpoint.initial_load_in_hf or titan convert from-hf)");
-  const std::string text = read_file(path);
-  try {
-    index_ = nlohmann::json::parse(text);
-    TITAN_USER_CHECK(index_.at("format") == "titan-checkpoint", path, " is not a titan checkpoint index");
-    TITAN_USER_CHECK(json_integer<int>(index_.at("version")) <= kFormatVersion, path, " has format version ",
-                     index_.at("version"), ", newer than this titan reads (", kFormatVersion, "): update titan");
-    for (const char* key : {"info", "state", "files", "tensors"}) (void)index_.at(key);
-    check_index(index_, path);
-    TITAN_USER_CHECK(info_state_crc32(index_.at("info"), index_.at("state")) ==
-                         json_integer<uint32_t>(index_.at("info_state_crc32")),
-                     path, " is corrupt: the CRC-32 of its info and training state does not match; load another "
-                     "step with --checkpoint.load_step");
-  } catch (const nlohmann::json::exception& e) {
-    throw UserError(path + " is corrupt or not a titan checkpoint index: " + e.what());
-  }
-}
-
-Reader::~Reader() = default;
-
-std::vector<std::string> Reader::names() const {
-  std::vector<std::string> out;
-  for (const auto& [name, t] : index_.at("tensors").items()) out.push_back(name);
-  return out;
-}
-
-std::optional<TensorMeta> Reader::meta(const std::string& name) const {
-  const auto& tensors = index_.at("tensors");
-  auto it = tensors.find(name);
-  if (it == tensors.end()) return std::nullopt;
-  return TensorMeta{dtype_from_name(it->at("dtype").get<std::string>()), it->at("shape").get<std::vector<int64_t>>()};
-}
-
-SafetensorsFile& Reader::file(const std::string& name) {
-  auto& f = files_[name];
-  if (!f) {
-    const auto& files = index_.at("files");
-    TITAN_USER_CHECK(files.contains(name), describe(), ": the index names file ", name, " but does not describe it");
-    const int64_t bytes = files.at(name).at("bytes").get<int64_t>();
-    const std::string path = (fs::path(dir_) / name).string();
-    std::error_code ec;
-    const auto size = fs::file_size(path, ec);
-    TITAN_USER_CHECK(!ec, describe(), ": file ", path, " is missing (", ec.message(), "): the checkpoint is incomplete");
-    TITAN_USER_CHECK(static_cast<int64_t>(size) == bytes, describe(), ": file ", path, " has ", size,
-                     " bytes but was written with ", bytes, ": it is truncated or corrupt; load another step with "
-                     "--checkpoint.load_step");
-    f = std::make_unique<SafetensorsFile>(path);
-  }
-  return *f;
-}
-
-at::Tensor Reader::read(const std::string& name, const std::vector<int64_t>& begin, const std::vector<int64_t>& length) {
-  const auto& tensors = index_.at("tensors");
-  TITAN_USER_CHECK(tensors.contains(name), describe(), " has no tensor '", name, "'");
-  const auto& t = tensors.at(name);
-  const at::ScalarType dtype = dtype_from_name(t.at("dtype").get<std::string>());
-  at::Tensor out = at::empty(length, at::TensorOptions().dtype(dtype));
-  int64_t filled = 0;
-  for (const auto& s : t.at("slices")) {
-    const auto sb = s.at("begin").get<std::vector<int64_t>>(), sl = s.at("length").get<std::vector<int64_t>>();
-    // The overlap of the requested block and this slice, per dimension.
-    std::vector<int64_t> lo(begin.size()), n(begin.size());
-    bool empty = false;
-    for (size_t d = 0; d < begin.size(); ++d) {
-      lo[d] = std::max(begin[d], sb[d]);
-      n[d] = std::min(begin[d] + length[d], sb[d] + sl[d]) - lo[d];
-      empty = empty || n[d] <= 0;
-    }
-    if (empty) continue;
-    const std::string file_name = s.at("file");
-    at::Tensor slice = file(file_name).read(name);  // whole slice, so that its CRC can be checked
-    TITAN_USER_CHECK(slice.sizes().vec() == sl && slice.scalar_type() == dtype, describe(), ": file ", file_name,
-                     " holds tensor '", name, "' with another shape or dtype than its index says: the checkpoint is corrupt");
-    TITAN_USER_CHECK(tensor_crc32(slice) == s.at("crc32").get<uint32_t>(), describe(), ": file ",
-                     (fs::path(dir_) / file_name).string(), " is corrupt: the CRC-32 of tensor '", name,
-                     "' does not match the index; load another step with --checkpoint.load_step");
-    std::vector<int64_t> in_slice(lo.size()), in_out(lo.size());
-    for (size_t d = 0; d < lo.size(); ++d) {
-      in_slice[d] = lo[d] - sb[d];
-      in_out[d] = lo[d] - begin[d];
-    }
-    block_of(out, in_out, n).copy_(block_of(slice, in_slice, n));
-    filled += numel_of(n);
-  }
-  TITAN_USER_CHECK(filled == numel_of(length), describe(), ": tensor '", name, "' is not fully stored (",
-                   filled, " of ", numel_of(length), " entries of the requested block): the checkpoint is corrupt");
-  return out;
-}
-
-void Reader::verify_all() {
-  for (const auto& [name, f] : index_.at("files").items()) {
-    const std::string path = (fs::path(dir_) / name).string();
-    (void)file(name);  // checks presence and size
-    TITAN_USER_CHECK(file_crc32(path) == f.at("crc32").get<uint32_t>(), describe(), ": file ", path,
-                     " is corrupt: its CRC-32 does not match the index");
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Loading into placed tensors
-
-void Staged::apply() {
-  at::NoGradGuard no_grad;
-  for (auto& [dst, value] : copies) dst.copy_(value);
-}
-
-Staged stage(Source& source, const std::vector<dist::PlacedTensor>& tensors, bool allow_cast) {
-  at::NoGradGuard no_grad;
-  Staged staged;
-  for (const auto& t : tensors) {
-    const dist::Placement& p = t.placement;
-    auto meta = source.meta(t.name);
-    TITAN_USER_CHECK(meta, source.describe(), " has no tensor '", t.name,
-                     "': it was written for another model, or without this part (exclude it with "
-                     "checkpoint.exclude_from_loading)");
-    TITAN_USER_CHECK(meta->shape == p.global_shape, source.describe(), ": tensor '", t.name, "' has shape ",
-                     shape_str(meta->shape), " there but ", shape_str(p.global_shape),
-                     " in this model: the checkpoint is of another model or flavor");
-    const at::ScalarType want = t.local.scalar_type();
-    TITAN_USER_CHECK(meta->dtype == want || (allow_cast && at::isFloatingType(meta->dtype) && at::isFloatingType(want)),
-                     source.describe(), ": tensor '", t.name, "' is ", c10::toString(meta->dtype), " there but ",
-                     c10::toString(want), " here");
-    at::Tensor value = at::zeros(t.local.sizes(), t.local.options().requires_grad(false));
-    if (p.real_numel() > 0) {
-      at::Tensor block = source.read(t.name, p.global_begin(), p.global_length());
-      p.real_part(value).copy_(block.reshape(p.real_part(value).sizes()));
-    }
-    staged.copies.emplace_back(t.local, value);
-  }
-  return staged;
-}
-
-std::map<int64_t, std::string> list_checkpoints(const std::string& folder) {
-  std::map<int64_t, std::string> out;
-  std::error_code ec;
-  if (!fs::is_directory(folder, ec)) return out;
-  static const std::regex step_re(R"(^step-(\d+)$)");
-  for (const auto& e : fs::directory_iterator(folder, ec)) {
-    std::smatch m;
-    const std::string name = e.path().filename().string();
-    if (e.is_directory() && std::regex_match(name, m, step_re) && fs::exists(e.path() / kIndexFile))
-      out[std::stoll(m[1])] = e.path().string();
-  }
-  return out;
 }
 
 }  // namespace titan::checkpoint

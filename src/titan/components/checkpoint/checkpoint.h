@@ -1,16 +1,21 @@
 // titan's checkpoint format: a layout-free, sharded folder (docs/checkpoint.md).
 //
 //   step-N/
-//     rank-00000.safetensors   the slices rank 0 owns (only the real, unpadded parts; replicas
-//     rank-00001.safetensors   (HSDP/DDP copies) are written by one rank only); plain safetensors
-//     ...                      files whose __metadata__ says where each slice sits in its tensor
-//     index.json               written last: per global tensor its dtype, global shape and slices
-//                              (file, offset, length, CRC-32), per file its size and CRC-32, and
-//                              the non-tensor state (train_state, lr_scheduler, dataloader, ...)
+//     rank-00000.safetensors    the slices rank 0 writes (only real, unpadded parts; each replicated
+//     rank-00000.slices.json    piece is written by one of its holders, balanced by bytes), and that
+//     rank-00001.safetensors    file's own slice index: per tensor its dtype, global shape, offset,
+//     rank-00001.slices.json    length and CRC-32
+//     ...
+//     index.json                written last by rank 0: per file its size and CRC-32; per global tensor
+//                               its dtype, shape and the files holding its slices (as ranges of file
+//                               numbers); the non-tensor state (train_state, lr_scheduler, dataloader, ...)
 //
-// A folder is a checkpoint only once complete: files are written under step-N.partial/ and
-// fsynced, index.json is written last, then the folder is renamed to step-N. Any layout and world
-// size can read any checkpoint: each rank reads the blocks of each tensor it holds (Source::read).
+// Rank 0 learns only each rank's file sizes and checksums (one fixed-size record per rank, gathered by a
+// collective); a reader opens index.json and only the slice indexes of the tensors it asks for.
+// A folder is a checkpoint only once complete: files are written under step-N.partial/ and fsynced,
+// index.json is written last, then the folder is renamed to step-N. Any layout and world size can read
+// any checkpoint: each rank reads the blocks of each tensor it holds (Source::read). Version 1 folders
+// (every slice listed in index.json) are still read.
 #pragma once
 
 #include "titan/components/checkpoint/source.h"
@@ -29,27 +34,32 @@ namespace titan::checkpoint {
 class SafetensorsFile;
 
 inline constexpr const char* kIndexFile = "index.json";
-inline constexpr int kFormatVersion = 1;
+inline constexpr const char* kSlicesSuffix = ".slices.json";  // a data file's own slice index
+inline constexpr int kFormatVersion = 2;
 
-// How the ranks of a save agree: every rank publishes its file's description and rank 0 collects
-// them all (through the TCP store, usable from a background thread). A single process needs nothing.
+// How the ranks of a save agree, by collectives on a group of their own (a Gloo group whose timeout is
+// checkpoint.save_timeout_seconds, usable from a background thread); a single process needs nothing.
+// Every rank calls each method in the same order. A failure (a dead or stopped peer) throws.
 class Coordinator {
  public:
   virtual ~Coordinator() = default;
   virtual int rank() const = 0;
   virtual int world_size() const = 0;
-  // Rank 0: returns every rank's `mine` in rank order (waiting for them); other ranks: returns {}.
-  // `key` names this exchange and must be unique per save.
-  virtual std::vector<std::string> gather_to_rank0(const std::string& key, const std::string& mine) = 0;
+  // Rank 0 returns every rank's `record` in rank order; the other ranks return {}. Records have the
+  // same size on every rank.
+  virtual std::vector<std::string> gather(const std::string& record) = 0;
+  // Every rank returns rank 0's `message` (the others' argument is ignored).
+  virtual std::string broadcast(const std::string& message) = 0;
 };
 std::unique_ptr<Coordinator> single_process_coordinator();
 
-// One rank's part of a save: the real parts of the primary tensors, CPU, contiguous; copied off the
-// live training state when training goes on while it is written.
+// One rank's part of a save: the real parts of the tensors this rank writes, contiguous. Copied to the
+// CPU when training goes on while it is written; otherwise the live tensors themselves (a tensor on a
+// GPU is then streamed to disk through a bounded host buffer).
 struct Snapshot {
   struct Slice {
     std::string name;
-    at::Tensor data;  // the real part (CPU, contiguous)
+    at::Tensor data;  // the real part (contiguous; on the CPU unless written synchronously)
     std::vector<int64_t> global_shape, begin;
   };
   std::vector<Slice> slices;
@@ -58,21 +68,39 @@ struct Snapshot {
 };
 
 struct SnapshotOptions {
-  // Copy the data (a background save: training goes on and changes the live tensors). Without it,
-  // CPU tensors that need no conversion are referenced, not copied (a save written before returning).
+  // Copy the data to the CPU (a background save: training goes on and changes the live tensors).
+  // Without it, tensors that need no conversion are referenced, not copied (a save written before
+  // returning): CPU tensors are written from where they are, device tensors streamed in chunks.
   bool copy = true;
   Snapshot* reuse = nullptr;  // the previous snapshot's buffers, overwritten in place (async_with_pinned_mem)
   bool pin = false;           // new buffers in pinned memory (CUDA only)
   std::optional<at::ScalarType> cast_floats_to;  // e.g. bfloat16 for a model-only export
 };
 
-// The real parts of the primary tensors of `tensors`, on the CPU, contiguous.
+// The real parts of the tensors of `tensors` this rank writes (placement.primary).
 Snapshot take_snapshot(const std::vector<dist::PlacedTensor>& tensors, const SnapshotOptions& options = {});
 
+// Chooses which holder of each replicated piece writes it, so that the holders write about the same
+// bytes (greedy by bytes, largest first, as DCP's deduplicating planner does), and sets
+// placement.primary accordingly. `member(dim)` gives this rank's index in mesh dimension `dim` and the
+// dimension's size. Tensors without replicas keep their primary flag. Every holder of a piece computes
+// the same choice from the same tensors, with no communication.
+void assign_writers(std::vector<dist::PlacedTensor>& tensors,
+                    const std::function<std::pair<int, int>(const std::string&)>& member);
+
 // Writes `snap` as this rank's part of the checkpoint `step_dir` (e.g. ".../checkpoint/step-10"); rank 0
-// then writes the index and makes the folder visible. Every rank of `coord` must call it. Throws
-// titan::UserError (naming the path) when something cannot be written. Returns bytes this rank wrote.
+// then checks that it sees every rank's files, writes the index and makes the folder visible. Every
+// rank of `coord` must call it, and it returns on every rank only once the save is complete everywhere
+// (or throws on every rank, titan::UserError naming the path and the rank, when it is not). Returns the
+// bytes this rank wrote.
 int64_t write(const std::string& step_dir, const Snapshot& snap, Coordinator& coord);
+
+// What rank 0 receives and reads to write the index of a save of `world` ranks (for the figures of
+// docs/checkpoint.md): bytes gathered from the ranks, bytes of slice indexes read back, index bytes.
+struct IndexCost {
+  int64_t gathered_bytes = 0, slice_index_bytes_read = 0, index_bytes = 0;
+};
+const IndexCost& last_index_cost();  // of the last index this process wrote
 
 // Writes whole tensors from one process (titan convert), fetching them one at a time by checkpoint
 // name into files of at most max_file_bytes (part-00000.safetensors, ...): memory holds one file's worth.
@@ -84,7 +112,8 @@ void write_single_process(const std::string& step_dir, const std::map<std::strin
                           const nlohmann::json& info, const nlohmann::json& state = nlohmann::json::object());
 
 // A complete checkpoint folder opened for reading. Throws UserError when `step_dir` has no index
-// (incomplete or not a checkpoint) or the index is malformed or of another format version.
+// (incomplete or not a checkpoint) or the index is malformed or of another format version. Slice
+// indexes are read (and verified) only when a tensor they hold is read.
 class Reader : public Source {
  public:
   explicit Reader(std::string step_dir);
@@ -100,25 +129,39 @@ class Reader : public Source {
   const nlohmann::json& state() const { return index_.at("state"); }  // non-tensor state
   // Checks every file's size and CRC-32 against the index (reads everything). Throws naming the file.
   void verify_all();
+  // Bytes of index.json and of the slice indexes read so far.
+  int64_t index_bytes_read() const { return index_bytes_read_; }
 
  private:
+  struct SliceRef {
+    std::string file;
+    std::vector<int64_t> begin, length;
+    uint32_t crc32 = 0;
+  };
+  struct Entry {
+    TensorMeta meta;
+    std::vector<SliceRef> slices;  // version 1: listed in index.json
+    std::vector<int64_t> shards;   // version 2: the data files (numbers) holding its slices
+  };
   SafetensorsFile& file(const std::string& name);  // opened once, its size checked against the index
+  const nlohmann::json& shard_index(int64_t shard);  // a data file's slice index, read and checked once
+  std::vector<SliceRef> slices_of(const std::string& name, const Entry& e);
   std::string dir_;
   nlohmann::json index_;
+  std::map<std::string, Entry> tensors_;
+  std::vector<std::string> shards_;  // version 2: data file stems by number ("rank-00000")
+  std::map<int64_t, nlohmann::json> shard_indexes_;
   std::map<std::string, std::unique_ptr<SafetensorsFile>> files_;
+  int64_t index_bytes_read_ = 0;
 };
 
-// What to do with each local tensor when loading: read its block into a staging tensor first, so that
-// a failure anywhere modifies nothing.
-struct Staged {
-  std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // (destination, staged value)
-  void apply();  // copies every staged value into its destination
-};
-
-// Reads, for each of `tensors`, the block its placement covers from `source` (name = its checkpoint
-// name), checked against its global shape and dtype. A float dtype that differs is converted only
-// when `allow_cast`. Throws UserError naming the tensor (missing, other shape or dtype).
-Staged stage(Source& source, const std::vector<dist::PlacedTensor>& tensors, bool allow_cast);
+// Loading into the live tensors without a second copy of them: check() reads and verifies, for each of
+// `tensors`, the block its placement covers (one block in memory at a time) and modifies nothing;
+// once every rank's check has succeeded, load_into() reads the blocks again straight into the tensors.
+// Both take the block from `source` by checkpoint name, check it against the global shape and dtype (a
+// float dtype that differs is converted only when `allow_cast`) and throw UserError naming the tensor.
+void check(Source& source, const std::vector<dist::PlacedTensor>& tensors, bool allow_cast);
+void load_into(Source& source, const std::vector<dist::PlacedTensor>& tensors, bool allow_cast);
 
 // The checkpoint folders step-N under `folder` that are complete (hold index.json), by step.
 std::map<int64_t, std::string> list_checkpoints(const std::string& folder);

@@ -2,6 +2,12 @@
 
 #include "titan/common/error.h"
 #include "titan/components/checkpoint/file_io.h"
+#include "titan/distributed/mesh.h"
+
+#include <ATen/ATen.h>
+
+#include <cstring>
+#include <random>
 
 #include <filesystem>
 #include <regex>
@@ -11,48 +17,40 @@ namespace titan::checkpoint {
 namespace fs = std::filesystem;
 namespace {
 
-class StoreCoordinator : public Coordinator {
+class GroupCoordinator : public Coordinator {
  public:
-  StoreCoordinator(c10::intrusive_ptr<c10d::Store> store, std::string prefix, int rank, int world,
-                   std::chrono::milliseconds timeout)
-      : store_(std::move(store)), prefix_(std::move(prefix)), rank_(rank), world_(world), timeout_(timeout) {}
-  int rank() const override { return rank_; }
-  int world_size() const override { return world_; }
-  std::vector<std::string> gather_to_rank0(const std::string& key, const std::string& mine) override {
-    const std::string base = prefix_ + "/" + key + "/";
-    store_->set(base + std::to_string(rank_), std::vector<uint8_t>(mine.begin(), mine.end()));
-    if (rank_ != 0) return {};
-    std::vector<std::string> keys;
-    for (int r = 0; r < world_; ++r) keys.push_back(base + std::to_string(r));
-    try {
-      store_->wait(keys, timeout_);
-    } catch (const std::exception& e) {
-      throw UserError("checkpoint: not every rank finished writing its part within " +
-                      std::to_string(timeout_.count() / 1000) + " s (" + e.what() + "); the save is incomplete and "
-                      "will be ignored");
-    }
-    std::vector<std::string> out;
-    for (const auto& k : keys) {
-      auto v = store_->get(k);
-      out.emplace_back(v.begin(), v.end());
-      store_->deleteKey(k);
-    }
-    return out;
+  explicit GroupCoordinator(dist::Group& group) : group_(group) {}
+  int rank() const override { return group_.rank(); }
+  int world_size() const override { return group_.size(); }
+  std::vector<std::string> gather(const std::string& record) override {
+    const auto n = static_cast<int64_t>(record.size());
+    at::Tensor in = at::empty({n}, at::kByte);
+    std::memcpy(in.data_ptr(), record.data(), record.size());
+    at::Tensor out = at::empty({rank() == 0 ? n * world_size() : 0}, at::kByte);
+    group_.gather(out, in, 0).wait();
+    if (rank() != 0) return {};
+    std::vector<std::string> all;
+    for (int r = 0; r < world_size(); ++r) all.emplace_back(static_cast<const char*>(out.data_ptr()) + r * n, n);
+    return all;
+  }
+  std::string broadcast(const std::string& message) override {
+    at::Tensor size = at::full({1}, rank() == 0 ? static_cast<int64_t>(message.size()) : 0, at::kLong);
+    group_.broadcast(size, 0).wait();
+    const int64_t n = size.item<int64_t>();
+    if (n == 0) return "";
+    at::Tensor data = at::empty({n}, at::kByte);
+    if (rank() == 0) std::memcpy(data.data_ptr(), message.data(), message.size());
+    group_.broadcast(data, 0).wait();
+    return std::string(static_cast<const char*>(data.data_ptr()), static_cast<size_t>(n));
   }
 
  private:
-  c10::intrusive_ptr<c10d::Store> store_;
-  std::string prefix_;
-  int rank_, world_;
-  std::chrono::milliseconds timeout_;
+  dist::Group& group_;
 };
 
 }  // namespace
 
-std::unique_ptr<Coordinator> store_coordinator(c10::intrusive_ptr<c10d::Store> store, std::string prefix, int rank,
-                                               int world_size, std::chrono::milliseconds timeout) {
-  return std::make_unique<StoreCoordinator>(std::move(store), std::move(prefix), rank, world_size, timeout);
-}
+std::unique_ptr<Coordinator> group_coordinator(dist::Group& group) { return std::make_unique<GroupCoordinator>(group); }
 
 Checkpointer::Checkpointer(const config::Checkpoint& cfg, std::string folder, std::unique_ptr<Coordinator> coord,
                            std::function<void(const std::string&)> log)
@@ -110,20 +108,75 @@ bool Checkpointer::should_save(int64_t step, int64_t last_step) const {
   return step % cfg_.interval == 0 || step == last_step || (step == 1 && cfg_.enable_first_step_checkpoint);
 }
 
-void Checkpointer::save(int64_t step, Snapshot snap) {
-  wait();  // the previous save completes first (and its failure stops the run)
+void Checkpointer::check_shared_folder(const std::string& override_folder) {
+  const std::string mine = override_folder.empty() ? folder_ : override_folder;
+  const std::string name = ".titan-shared-folder-check";
+  std::string token, probe_error;
+  if (coord_->rank() == 0) {
+    try {
+      std::error_code ec;
+      fs::create_directories(folder_, ec);
+      TITAN_USER_CHECK(!ec, "cannot create the checkpoint folder ", folder_, ": ", ec.message(),
+                       " (check checkpoint.folder and job.dump_folder, and that the disk is writable)");
+      token = std::to_string(std::random_device{}()) + "-" + std::to_string(std::random_device{}());
+      write_file_atomically((fs::path(folder_) / name).string(), token);
+    } catch (const std::exception& e) {
+      probe_error = e.what();
+      token.clear();
+    }
+  }
+  token = coord_->broadcast(probe_error.empty() ? token : "\n" + probe_error);
+  if (!token.empty() && token[0] == '\n') throw UserError(token.substr(1));
+  std::error_code ec;
+  const fs::path probe = fs::path(mine) / name;
+  std::string seen = "ok";
+  if (!fs::exists(probe, ec)) seen = "no";
+  else if (read_file(probe.string()) != token) seen = "an older";
+  std::string record(64, '\0');
+  std::memcpy(record.data(), seen.data(), seen.size());
+  const auto all = coord_->gather(record);
+  std::string outcome;
+  if (coord_->rank() == 0) {
+    std::string missing;
+    int count = 0;
+    for (size_t r = 0; r < all.size(); ++r) {
+      if (all[r].rfind("ok", 0) == 0) continue;
+      if (++count <= 8) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    }
+    if (count > 8) missing += " and " + std::to_string(count - 8) + " more";
+    if (count > 0)
+      outcome = "the checkpoint folder " + folder_ + " is not shared by every rank: rank" + (count > 1 ? "s " : " ") +
+                missing + " do" + (count > 1 ? "" : "es") + " not see the file " + name + " that rank 0 wrote there. " +
+                "Checkpoints are written by every rank into one folder, which must be on a file system that every " +
+                "rank shares (a network or parallel file system such as NFS or Lustre, not a node-local disk): set " +
+                "job.dump_folder to such a folder, or turn checkpoint.enable off";
+    fs::remove(fs::path(folder_) / name, ec);
+  }
+  outcome = coord_->broadcast(outcome);
+  if (!outcome.empty()) throw UserError(outcome);
+}
+
+void Checkpointer::write_step(int64_t step, const Snapshot& snap) {
   const std::string dir = step_dir(step);
-  if (cfg_.async_mode == "disabled") {
+  try {
     SavingStep saving(step);
+    if (coord_->rank() == 0) keep_export(step, snap);
     write(dir, snap, *coord_);
     finish_save(step);
+  } catch (const std::exception& e) {
+    throw UserError("the checkpoint save of step " + std::to_string(step) + " to " + dir + " failed: " + e.what());
+  }
+}
+
+void Checkpointer::save(int64_t step, Snapshot snap) {
+  wait();  // the previous save completes first (and its failure stops the run)
+  if (cfg_.async_mode == "disabled") {
+    write_step(step, snap);
   } else {
     // The snapshot is owned by the worker; async_with_pinned_mem gets its buffers back afterwards.
-    worker_ = std::thread([this, dir, step, snap = std::move(snap)]() mutable {
+    worker_ = std::thread([this, step, snap = std::move(snap)]() mutable {
       try {
-        SavingStep saving(step);
-        write(dir, snap, *coord_);
-        finish_save(step);
+        write_step(step, snap);
       } catch (...) {
         std::lock_guard<std::mutex> lock(mutex_);
         error_ = std::current_exception();
@@ -134,6 +187,33 @@ void Checkpointer::save(int64_t step, Snapshot snap) {
       }
     });
   }
+}
+
+void Checkpointer::keep_export(int64_t step, const Snapshot& snap) {
+  const auto& contents = snap.info.contains("contents") ? snap.info.at("contents") : nlohmann::json::array();
+  if (std::find(contents.begin(), contents.end(), "train_state") == contents.end()) return;  // an export itself
+  const fs::path dir = step_dir(step);
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return;
+  std::string what;
+  if (fs::exists(dir / "config.json", ec) && !fs::exists(dir / kIndexFile, ec)) {
+    what = "a Hugging Face export";
+  } else {
+    try {
+      Reader r(dir.string());
+      const auto& have = r.info().at("contents");
+      if (std::find(have.begin(), have.end(), "train_state") != have.end()) return;  // replaced, as documented
+      what = "a model-only export";
+    } catch (const std::exception&) {
+      return;  // not a checkpoint this save could lose anything of
+    }
+  }
+  fs::path aside = dir.string() + ".export";
+  for (int i = 2; fs::exists(aside, ec); ++i) aside = dir.string() + ".export." + std::to_string(i);
+  fs::rename(dir, aside, ec);
+  TITAN_USER_CHECK(!ec, "cannot move ", dir.string(), " (", what, ") aside to ", aside.string(), ": ", ec.message());
+  log_("Checkpoint: " + dir.string() + " held " + what + " of an earlier run; moved it to " + aside.string() +
+       " so that this save of the full training state does not replace it");
 }
 
 void Checkpointer::finish_save(int64_t step) {

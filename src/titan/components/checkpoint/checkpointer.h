@@ -6,20 +6,23 @@
 #include "titan/components/checkpoint/checkpoint.h"
 #include "titan/config/sections_train.h"
 
-#include <torch/csrc/distributed/c10d/Store.hpp>
-
 #include <chrono>
 #include <exception>
 #include <mutex>
 #include <optional>
 #include <thread>
 
+namespace titan::dist {
+class Group;
+}
+
 namespace titan::checkpoint {
 
-// Coordinates the ranks of a save through the job's TCP store (keys prefixed by `prefix`, unique per
-// run), so that it works from a background thread without touching the process groups.
-std::unique_ptr<Coordinator> store_coordinator(c10::intrusive_ptr<c10d::Store> store, std::string prefix, int rank,
-                                               int world_size, std::chrono::milliseconds timeout);
+// Coordinates the ranks of a save by collectives on `group` (the mesh's host group "checkpoint": Gloo,
+// with checkpoint.save_timeout_seconds as its timeout), apart from the training groups, so that it
+// works from a background thread. A dead peer fails the collective at once (its connection closes), a
+// stopped one after the timeout; the error names the ranks that did not arrive.
+std::unique_ptr<Coordinator> group_coordinator(dist::Group& group);
 
 class Checkpointer {
  public:
@@ -36,8 +39,15 @@ class Checkpointer {
   // Whether training step `step` (1-based) ends with a save: every interval steps, after the first step
   // with enable_first_step_checkpoint, and after the last step. Never with load_only or enable false.
   bool should_save(int64_t step, int64_t last_step) const;
+  // Checks that every rank sees the checkpoint folder rank 0 sees (a file rank 0 writes there), so that
+  // a folder on node-local disks is refused at start-up instead of being half-written at the first
+  // save. Every rank must call it; throws UserError on every rank naming the folder and the ranks.
+  // `override_folder`: this rank's view of the folder when it differs (a test hook; empty: folder()).
+  void check_shared_folder(const std::string& override_folder = "");
   // Writes `snap` as step `step`: in the background with async_mode (after waiting for the previous
-  // save), else before returning. Keeps the newest keep_latest_k checkpoints.
+  // save), else before returning, once complete on every rank. Keeps the newest keep_latest_k
+  // checkpoints. A folder of that step holding a model-only or Hugging Face export is moved aside
+  // (step-N.export), with a log line, rather than replaced by a save of the full state.
   void save(int64_t step, Snapshot snap);
   // Waits for the background save, rethrowing its failure as a UserError.
   void wait();
@@ -52,7 +62,9 @@ class Checkpointer {
   std::optional<int64_t> resume_step() const;
 
  private:
+  void write_step(int64_t step, const Snapshot& snap);  // the save itself, in the saving thread
   void finish_save(int64_t step);  // rank 0: keep_latest_k
+  void keep_export(int64_t step, const Snapshot& snap);  // rank 0: moves an export of `step` aside
   config::Checkpoint cfg_;
   std::string folder_;
   std::unique_ptr<Coordinator> coord_;

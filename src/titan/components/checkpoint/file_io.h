@@ -20,7 +20,14 @@ using safetensors::dtype_name;
 
 struct SafetensorsEntry {
   std::string name;
-  at::Tensor data;  // CPU, contiguous
+  at::Tensor data;  // contiguous; CPU tensors are written from where they are, others streamed
+};
+
+struct WriteOptions {
+  // Tensors off the CPU (on a GPU) go to disk through one host buffer of at most this many bytes,
+  // never a host copy of the whole tensor.
+  int64_t host_buffer_bytes = 64 << 20;
+  bool stream_cpu = false;  // stream CPU tensors through the buffer too (tests of the streamed path)
 };
 
 struct WrittenFile {
@@ -32,7 +39,7 @@ struct WrittenFile {
 // Writes `entries` as a safetensors file at `path`: to path + ".tmp", fsync, then renamed. Throws
 // titan::UserError naming the path (and the system's reason) when it cannot be written.
 WrittenFile write_safetensors(const std::string& path, const std::vector<SafetensorsEntry>& entries,
-                              const std::map<std::string, std::string>& metadata);
+                              const std::map<std::string, std::string>& metadata, const WriteOptions& options = {});
 
 // A safetensors file opened for reading single tensors (its header parsed once).
 class SafetensorsFile {

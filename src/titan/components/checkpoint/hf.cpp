@@ -1,6 +1,7 @@
 #include "titan/components/checkpoint/hf.h"
 
 #include "titan/common/error.h"
+#include "titan/common/plain_name.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -161,7 +162,8 @@ HFSource::HFSource(std::string hf_dir, const ModelSpec& spec, const std::string&
     nlohmann::json index;
     try {
       index = nlohmann::json::parse(read_file(index_path));
-      for (const auto& [name, file] : index.at("weight_map").items()) location[name] = join(dir_, file.get<std::string>());
+      for (const auto& [name, file] : index.at("weight_map").items())
+        location[name] = join(dir_, plain_file_name(file.get<std::string>(), index_path + " (weight_map of " + name + ")"));
     } catch (const nlohmann::json::exception& e) {
       throw UserError(index_path + " is malformed (expected {\"weight_map\": {tensor: file}}): " + e.what());
     }

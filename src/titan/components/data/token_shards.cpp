@@ -1,6 +1,7 @@
 #include "titan/components/data/token_shards.h"
 
 #include "titan/common/error.h"
+#include "titan/common/plain_name.h"
 #include "titan/common/json_integer.h"
 #include "titan/components/data/jsonl_reader.h"
 
@@ -196,7 +197,9 @@ ShardWindowSource::ShardWindowSource(const std::string& dir, const Tokenizer& to
                      ", bos ", t.at("bos_id"), ", eos ", t.at("eos_id"), "; this one: vocab_size ", tokenizer.vocab_size(),
                      "): re-run `titan tokenize` with the model's tokenizer");
     for (const auto& s : m.at("shards")) {
-      const std::string path = (fs::path(dir) / s.at("file").get<std::string>()).string();
+      const std::string path =
+          (fs::path(dir) / plain_file_name(s.at("file").get<std::string>(), "token shard manifest '" + manifest_path + "'"))
+              .string();
       const uint64_t n = json_integer<uint64_t>(s.at("num_tokens"));
       const uint64_t docs = json_integer<uint64_t>(s.at("num_documents"));  // before open(): this may throw
       int fd = ::open(path.c_str(), O_RDONLY);
