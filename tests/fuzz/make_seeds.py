@@ -173,6 +173,32 @@ def checkpoint_seeds():
              "info_state_crc32": zlib.crc32((dumps(info) + "\n" + dumps(state)).encode()),
              "files": files, "tensors": tensors}
     put("checkpoint", "two_ranks", json.dumps(index, indent=1).encode() + SEP + blobs[0] + SEP + blobs[1])
+    # Version 2: index.json names the data files and, per tensor, the ranges of files holding it; each
+    # data file has its own slice index.
+    subs, files2 = [], {}
+    for r, entries in enumerate(ranks):
+        name = f"rank-{r:05d}"
+        crcs = [zlib.crc32(e[3]) for e in entries]
+        sl = {e[0]: {"dtype": e[1], "shape": global_shapes[e[0]], "begin": e[4], "length": e[2], "crc32": c}
+              for e, c in zip(entries, crcs)}
+        sub = dumps({"format": "titan-checkpoint-slices", "version": 1, "data": name + ".safetensors", "slices": sl}).encode()
+        subs.append(sub)
+        files2[name + ".safetensors"] = files[name + ".safetensors"]
+        files2[name + ".slices.json"] = {"bytes": len(sub), "crc32": zlib.crc32(sub)}
+    tensors2 = {"model.w": {"dtype": "F32", "shape": [4, 3], "shards": [[0, 2]]},
+                "model.b": {"dtype": "BF16", "shape": [3], "shards": [[0, 1]]}}
+    index2 = dict(index, version=2, files=files2, shards=["rank-00000", "rank-00001"], tensors=tensors2)
+    put("checkpoint", "two_ranks_v2", json.dumps(index2, indent=1).encode() + SEP + blobs[0] + SEP + blobs[1] + SEP +
+        subs[0] + SEP + subs[1])
+    # Names that would reach outside the folder: refused as not plain file names.
+    escape = dict(index2, shards=["../rank-00000", "rank-00001"])
+    put("checkpoint", "escaping_shard_name", json.dumps(escape, indent=1).encode() + SEP + blobs[0] + SEP + blobs[1] +
+        SEP + subs[0] + SEP + subs[1])
+    bad_sub = subs[1].replace(b'"rank-00001.safetensors"', b'"/etc/passwd"')
+    files3 = dict(files2)
+    files3["rank-00001.slices.json"] = {"bytes": len(bad_sub), "crc32": zlib.crc32(bad_sub)}
+    put("checkpoint", "escaping_slice_data", json.dumps(dict(index2, files=files3), indent=1).encode() + SEP + blobs[0] +
+        SEP + blobs[1] + SEP + subs[0] + SEP + bad_sub)
 
 
 if __name__ == "__main__":

@@ -129,6 +129,7 @@ ModelEstimate estimate_model(const std::string& model, const std::string& flavor
   e.flavor = flavor;
   e.seq_len = seq_len;
   e.params = m->num_params();
+  for (const auto& p : m->parameters()) e.largest_param = std::max<int64_t>(e.largest_param, p.numel());
   e.flops_per_token = m->flops_per_token(seq_len);
   e.param_bytes = e.params * 4;
   e.grad_bytes = e.params * 4;
@@ -255,6 +256,16 @@ Estimate estimate(const JobConfig& cfg, const EstimateOptions& options) {
     e.buffers += staging;
   }
 
+  // Resume: the state as held (on the host when offloaded) and one block of the largest parameter, read
+  // as the rank's piece of it (sharded over FSDP and TP; the rows a rank holds, rounded up).
+  {
+    const int64_t pieces = e.shard_degree * p.tensor_parallel_degree;
+    const int64_t elem = c10::elementSize(plan.param_dtype);
+    e.load_block = (e.model.largest_param + pieces - 1) / pieces * elem;
+    const int64_t state = (e.offload && cuda) ? 0 : r.params + r.optimizer;
+    e.load_peak = state + e.buffers + (cuda ? 0 : e.load_block);
+  }
+
   // The same run under the other activation checkpointing modes (their device peaks; the worst
   // pipeline rank's).
   const int64_t k = plan.ac_mode == "selective" ? plan.ac_every : 2, offloaded = peak - e.peak_device;
@@ -376,6 +387,10 @@ std::string format_estimate(const Estimate& e) {
   row("peak", gib(e.peak_device), (e.device == "cpu" ? "CPU, the log line's memory figure: " : "device, allocated: ") +
                                       with_commas(e.peak_device) + " bytes");
   if (host) row("host", gib(e.host), "CPU memory per rank: parameter, gradient and optimizer shards");
+  row("resume", gib(e.load_peak),
+      std::string(e.device == "cpu" ? "CPU" : "device") + " while a checkpoint loads: the state as held" +
+          (e.device == "cpu" ? " + one block being read" : "") + " (" + human(e.load_block) +
+          ", read on the host and copied in place; no second copy of the state)");
   if (e.pp > 1) {
     os << "per pipeline rank (activations in flight: most microbatches' held at once, from the schedule's order):\n";
     for (const auto& pr : e.pipeline_ranks) {

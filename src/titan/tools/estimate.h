@@ -32,6 +32,7 @@ struct ModelEstimate {
   int64_t param_bytes = 0;       // fp32 master weights
   int64_t grad_bytes = 0;        // fp32 gradients
   int64_t optimizer_bytes = 0;   // AdamW exp_avg + exp_avg_sq, fp32
+  int64_t largest_param = 0;     // elements of the largest parameter
 };
 
 ModelEstimate estimate_model(const std::string& model, const std::string& flavor, int64_t seq_len);
@@ -69,6 +70,12 @@ struct Estimate {
   int64_t backward = 0;      // the peak over the end of forward (gradients produced, recomputation, temporaries)
   int64_t peak_device = 0;   // predicted peak of the compute device (the CPU's when device is cpu)
   int64_t host = 0;          // CPU memory of the offloaded state (0 without offload to a GPU's host)
+  // Resuming from a checkpoint (at start-up, before the first step): parameters, optimizer state and
+  // buffers, plus one block being read. Blocks are read on the host, checked on every rank, then read
+  // again straight into the live tensors, one at a time: no second copy of the state. load_block is
+  // the largest parameter's piece on this rank, in the parameter dtype (on the host; on the device too
+  // when it is the CPU).
+  int64_t load_peak = 0, load_block = 0;
   // The device peak under the other activation checkpointing modes: "none", "full", "selective k".
   std::map<std::string, int64_t> peak_by_ac;
 

@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -81,18 +82,10 @@ struct Shard {
   Record record;
 };
 
-// Writes `slices` as `stem`.safetensors in `dir` (its metadata says where each slice sits in its tensor,
-// for tools that read the file alone) and `stem`.slices.json, its slice index.
-Record write_shard(const fs::path& dir, const std::string& stem, const std::vector<Snapshot::Slice>& slices) {
-  std::vector<SafetensorsEntry> entries;
-  nlohmann::json where = nlohmann::json::object();
-  for (const auto& s : slices) {
-    entries.push_back({s.name, s.data});
-    where[s.name] = {{"global_shape", s.global_shape}, {"begin", s.begin}};
-  }
-  const std::string data_name = stem + ".safetensors";
-  const WrittenFile written =
-      write_safetensors((dir / data_name).string(), entries, {{"format", "pt"}, {"titan_slices", where.dump()}});
+// The slice index of data file `stem`.safetensors holding `slices` with CRC-32s `crcs`, and the record
+// its rank reports (all but the data file's size and CRC-32).
+std::pair<std::string, Record> slice_index(const std::string& stem, const std::vector<Snapshot::Slice>& slices,
+                                           const std::vector<uint32_t>& crcs) {
   nlohmann::json index_slices = nlohmann::json::object();
   Record r;
   r.status = Record::kWrote;
@@ -102,46 +95,50 @@ Record write_shard(const fs::path& dir, const std::string& stem, const std::vect
                             {"shape", s.global_shape},
                             {"begin", s.begin},
                             {"length", s.data.sizes().vec()},
-                            {"crc32", written.entry_crc32[i]}};
+                            {"crc32", crcs[i]}};
     r.elements += s.data.numel();
   }
-  const std::string text =
-      nlohmann::json{{"format", "titan-checkpoint-slices"}, {"version", 1}, {"data", data_name}, {"slices", index_slices}}
-          .dump();
-  write_file_atomically((dir / (stem + kSlicesSuffix)).string(), text);
-  r.data_bytes = written.bytes;
-  r.data_crc32 = written.crc32;
+  std::string text = nlohmann::json{{"format", "titan-checkpoint-slices"}, {"version", 1},
+                                    {"data", stem + ".safetensors"}, {"slices", index_slices}}
+                         .dump();
   r.index_bytes = static_cast<int64_t>(text.size());
   r.index_crc32 = string_crc32(text);
   r.contents = contents_hash(index_slices);
+  return {std::move(text), r};
+}
+
+// Writes `slices` as `stem`.safetensors in `dir` (its metadata says where each slice sits in its tensor,
+// for tools that read the file alone) and `stem`.slices.json, its slice index.
+Record write_shard(const fs::path& dir, const std::string& stem, const std::vector<Snapshot::Slice>& slices) {
+  std::vector<SafetensorsEntry> entries;
+  nlohmann::json where = nlohmann::json::object();
+  for (const auto& s : slices) {
+    entries.push_back({s.name, s.data});
+    where[s.name] = {{"global_shape", s.global_shape}, {"begin", s.begin}};
+  }
+  const WrittenFile written = write_safetensors((dir / (stem + ".safetensors")).string(), entries,
+                                                {{"format", "pt"}, {"titan_slices", where.dump()}});
+  auto [text, r] = slice_index(stem, slices, written.entry_crc32);
+  write_file_atomically((dir / (stem + kSlicesSuffix)).string(), text);
+  r.data_bytes = written.bytes;
+  r.data_crc32 = written.crc32;
   return r;
 }
 
 IndexCost g_last_index_cost;
 
-// Rank 0, once every file is written: checks that it sees every file with the size its writer
-// reported (the folder must be shared by all ranks), reads one slice index per distinct contents to
-// learn which tensors each file holds, writes the index last and makes the folder visible as `step_dir`.
-void write_index(const fs::path& tmp_dir, const fs::path& step_dir, const std::vector<Shard>& shards,
-                 const nlohmann::json& info, const nlohmann::json& state_in) {
-  IndexCost cost;
+// The index of a save from every rank's record: one slice index per distinct contents is read (through
+// `read_slice_index`, given the file's number) to learn which tensors each file holds.
+std::string build_index(const std::vector<Shard>& shards, const std::function<std::string(size_t)>& read_slice_index,
+                        const std::string& where, const nlohmann::json& info, const nlohmann::json& state_in,
+                        IndexCost& cost) {
   nlohmann::json files = nlohmann::json::object(), stems = nlohmann::json::array();
   std::map<uint64_t, std::vector<int64_t>> by_contents;
   int64_t written_elements = 0;
   for (size_t i = 0; i < shards.size(); ++i) {
     const Shard& s = shards[i];
-    for (const auto& [name, bytes, crc] :
-         {std::tuple{s.stem + ".safetensors", s.record.data_bytes, s.record.data_crc32},
-          std::tuple{s.stem + kSlicesSuffix, s.record.index_bytes, s.record.index_crc32}}) {
-      std::error_code ec;
-      const auto seen = fs::file_size(tmp_dir / name, ec);
-      TITAN_USER_CHECK(!ec && static_cast<int64_t>(seen) == bytes, "checkpoint ", step_dir.string(), ": rank 0 ",
-                       ec ? "does not see " : "sees a different size of ", (tmp_dir / name).string(), " (",
-                       bytes, " bytes written", ec ? "" : ", " + std::to_string(seen) + " seen",
-                       "): the checkpoint folder must be on a file system that every rank shares (a network or "
-                       "parallel file system, not node-local disks); set job.dump_folder to such a folder");
-      files[name] = {{"bytes", bytes}, {"crc32", static_cast<uint32_t>(crc)}};
-    }
+    files[s.stem + ".safetensors"] = {{"bytes", s.record.data_bytes}, {"crc32", static_cast<uint32_t>(s.record.data_crc32)}};
+    files[s.stem + kSlicesSuffix] = {{"bytes", s.record.index_bytes}, {"crc32", static_cast<uint32_t>(s.record.index_crc32)}};
     stems.push_back(s.stem);
     by_contents[s.record.contents].push_back(static_cast<int64_t>(i));
     written_elements += s.record.elements;
@@ -153,13 +150,12 @@ void write_index(const fs::path& tmp_dir, const fs::path& step_dir, const std::v
   std::map<std::string, TensorEntry> tensors;
   for (const auto& [contents, ids] : by_contents) {
     const Shard& first = shards[static_cast<size_t>(ids.front())];
-    const std::string path = (tmp_dir / (first.stem + kSlicesSuffix)).string();
-    const std::string text = read_file(path);
+    const std::string text = read_slice_index(static_cast<size_t>(ids.front()));
     cost.slice_index_bytes_read += static_cast<int64_t>(text.size());
-    TITAN_USER_CHECK(string_crc32(text) == static_cast<uint32_t>(first.record.index_crc32), "checkpoint ",
-                     step_dir.string(), ": ", path, " changed after it was written (its CRC-32 differs)");
+    TITAN_USER_CHECK(string_crc32(text) == static_cast<uint32_t>(first.record.index_crc32), "checkpoint ", where, ": ",
+                     first.stem, kSlicesSuffix, " changed after it was written (its CRC-32 differs)");
     const nlohmann::json slices = nlohmann::json::parse(text).at("slices");
-    TITAN_ASSERT(contents_hash(slices) == contents, "the contents of ", path, " differ from what its rank reported");
+    TITAN_ASSERT(contents_hash(slices) == contents, "the contents of ", first.stem, " differ from what its rank reported");
     for (const auto& [name, s] : slices.items()) {
       TensorEntry& t = tensors[name];
       if (t.shards.empty()) {
@@ -175,7 +171,7 @@ void write_index(const fs::path& tmp_dir, const fs::path& step_dir, const std::v
   int64_t expected = 0;
   for (const auto& [name, t] : tensors) expected += numel_of(t.shape.get<std::vector<int64_t>>());
   TITAN_ASSERT(expected == written_elements, "the ranks wrote ", written_elements, " entries but the tensors of ",
-               step_dir.string(), " have ", expected);
+               where, " have ", expected);
 
   nlohmann::json tensors_json = nlohmann::json::object();
   for (auto& [name, t] : tensors) {
@@ -195,8 +191,33 @@ void write_index(const fs::path& tmp_dir, const fs::path& step_dir, const std::v
   const nlohmann::json index = {{"format", "titan-checkpoint"}, {"version", kFormatVersion}, {"info", info},
                                 {"state", state}, {"info_state_crc32", string_crc32(info.dump() + "\n" + state.dump())},
                                 {"files", files}, {"shards", stems}, {"tensors", tensors_json}};
-  const std::string text = index.dump(1);
+  std::string text = index.dump(1);
   cost.index_bytes = static_cast<int64_t>(text.size());
+  return text;
+}
+
+// Rank 0, once every file is written: checks that it sees every file with the size its writer
+// reported (the folder must be shared by all ranks), writes the index last and makes the folder
+// visible as `step_dir`.
+void write_index(const fs::path& tmp_dir, const fs::path& step_dir, const std::vector<Shard>& shards,
+                 const nlohmann::json& info, const nlohmann::json& state) {
+  for (const Shard& s : shards) {
+    for (const auto& [name, bytes] : {std::pair{s.stem + ".safetensors", s.record.data_bytes},
+                                      std::pair{s.stem + kSlicesSuffix, s.record.index_bytes}}) {
+      std::error_code ec;
+      const auto seen = fs::file_size(tmp_dir / name, ec);
+      TITAN_USER_CHECK(!ec && static_cast<int64_t>(seen) == bytes, "checkpoint ", step_dir.string(), ": rank 0 ",
+                       ec ? "does not see " : "sees a different size of ", (tmp_dir / name).string(), " (",
+                       bytes, " bytes written", ec ? "" : ", " + std::to_string(seen) + " seen",
+                       "): the checkpoint folder must be on a file system that every rank shares (a network or "
+                       "parallel file system, not node-local disks); set job.dump_folder to such a folder");
+    }
+  }
+  IndexCost cost;
+  cost.gathered_bytes = static_cast<int64_t>(shards.size() * sizeof(Record));
+  const std::string text = build_index(
+      shards, [&](size_t i) { return read_file((tmp_dir / (shards[i].stem + kSlicesSuffix)).string()); },
+      step_dir.string(), info, state, cost);
   write_file_atomically((tmp_dir / kIndexFile).string(), text);
   sync_directory(tmp_dir.string());
   g_last_index_cost = cost;
@@ -291,6 +312,27 @@ void assign_writers(std::vector<dist::PlacedTensor>& tensors,
 
 // ---------------------------------------------------------------------------------------------
 // Writing a save
+
+MetadataSimulation simulate_metadata(int world, const std::function<std::vector<Snapshot::Slice>(int)>& slices_of) {
+  MetadataSimulation out;
+  std::vector<Shard> shards;
+  std::vector<std::string> texts;  // every rank's slice index (rank 0 reads one per distinct contents)
+  out.slice_index_bytes.assign(static_cast<size_t>(world), 0);
+  for (int r = 0; r < world; ++r) {
+    const auto slices = slices_of(r);
+    if (slices.empty()) continue;
+    auto [text, record] = slice_index(stem_of("rank", r), slices, std::vector<uint32_t>(slices.size(), 0xffffffffu));
+    out.slice_index_bytes[static_cast<size_t>(r)] = record.index_bytes;
+    shards.push_back({stem_of("rank", r), record});
+    texts.push_back(std::move(text));
+  }
+  const auto start = std::chrono::steady_clock::now();
+  out.cost.gathered_bytes = static_cast<int64_t>(static_cast<size_t>(world) * sizeof(Record));
+  out.index = build_index(shards, [&](size_t i) { return texts[i]; }, "simulation", nlohmann::json::object(),
+                          nlohmann::json::object(), out.cost);
+  out.rank0_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return out;
+}
 
 int64_t write(const std::string& step_dir_in, const Snapshot& snap, Coordinator& coord) {
   const fs::path step_dir = fs::path(step_dir_in).lexically_normal();

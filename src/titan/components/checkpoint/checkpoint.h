@@ -102,6 +102,16 @@ struct IndexCost {
 };
 const IndexCost& last_index_cost();  // of the last index this process wrote
 
+// The metadata of a save of `world` ranks, without data (to measure it at scale on the meta device):
+// rank r holds `slices_of(r)` (the tensors may be meta tensors; only names, dtypes and shapes count).
+struct MetadataSimulation {
+  std::vector<int64_t> slice_index_bytes;  // per rank: the slice index it writes
+  IndexCost cost;                          // rank 0's
+  std::string index;                       // index.json as rank 0 writes it
+  double rank0_seconds = 0;                // rank 0's time to build the index from the records
+};
+MetadataSimulation simulate_metadata(int world, const std::function<std::vector<Snapshot::Slice>(int)>& slices_of);
+
 // Writes whole tensors from one process (titan convert), fetching them one at a time by checkpoint
 // name into files of at most max_file_bytes (part-00000.safetensors, ...): memory holds one file's worth.
 void write_single_process(const std::string& step_dir, const std::vector<std::string>& names,
