@@ -9,6 +9,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 DIR="${1:-$ROOT/outputs/bench-hsdp}"; STEPS="${2:-30}"; INTERVAL="${3:-5}"
 "$ROOT/scripts/build.sh" titan >/dev/null
+mkdir -p "$DIR"
 for mode in disabled async; do
   rm -rf "$DIR/$mode"
   OMP_NUM_THREADS=1 "$ROOT/build/titan" launch --nproc-per-node 4 -- train \
