@@ -40,7 +40,7 @@ class FakeRanks : public Coordinator {
 nlohmann::json info() { return {{"step", 3}, {"model", {{"name", "toy"}, {"flavor", "x"}}}, {"contents", {"model"}}}; }
 
 // Writes `full` (7 x 5, so 3 ranks hold 3, 3 and 1 rows) sharded on dim 0 over `world` ranks, with
-// replicas when `replicas` > 1 (only the first replica of each shard writes).
+// replicas when `replicas` > 1 (one tensor per rank: the writer chosen for it is the first replica).
 void write_sharded(const std::string& dir, const at::Tensor& full, int world, int replicas = 1) {
   std::vector<std::string> all(static_cast<size_t>(world * replicas));
   for (int r = world * replicas - 1; r >= 0; --r) {  // rank 0 last: it writes the index
