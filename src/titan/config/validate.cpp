@@ -95,6 +95,7 @@ void validate_config(const JobConfig& cfg) {
 
   const auto& c = cfg.checkpoint;
   positive(c.interval, "checkpoint.interval");
+  positive(c.save_timeout_seconds, "checkpoint.save_timeout_seconds");
   TITAN_USER_CHECK(c.keep_latest_k >= 0 && c.keep_latest_k != 1,
                    "checkpoint.keep_latest_k must be 0 (keep all) or at least 2 (the newest may still be "
                    "being written), got ", c.keep_latest_k);

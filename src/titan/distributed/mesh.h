@@ -149,8 +149,10 @@ class Mesh {
   // A Gloo group of every rank for host-side coordination beside training (checkpoint saves, also
   // from a background thread): CPU tensors on any device type, its own timeout (`label` names the
   // setting in errors), unchanged by set_timeout, and its own byte counts (host_bytes()). Created on
-  // the first call with a name, which every rank must make at the same point.
-  Group& host_group(const std::string& name, std::chrono::milliseconds timeout, const std::string& label);
+  // the first call with a name, which every rank must make at the same point, connecting under
+  // `connect_timeout` (comm.init_timeout_seconds: ranks start apart).
+  Group& host_group(const std::string& name, std::chrono::milliseconds connect_timeout, std::chrono::milliseconds timeout,
+                    const std::string& label);
   const CommBytes& host_bytes() const { return host_bytes_; }
 
  private:

@@ -205,8 +205,8 @@ void Trainer::set_up_checkpointing() {
 
   const std::string folder = (std::filesystem::path(cfg_.job.dump_folder) / c.folder).string();
   // Saves are coordinated on a Gloo group of their own, under checkpoint.save_timeout_seconds.
-  dist::Group& group = mesh_->host_group("checkpoint", std::chrono::seconds(c.save_timeout_seconds),
-                                         "checkpoint.save_timeout_seconds");
+  dist::Group& group = mesh_->host_group("checkpoint", std::chrono::seconds(cfg_.comm.init_timeout_seconds),
+                                         std::chrono::seconds(c.save_timeout_seconds), "checkpoint.save_timeout_seconds");
   checkpointer_ = std::make_unique<checkpoint::Checkpointer>(c, folder, checkpoint::group_coordinator(group),
                                                              [this](const std::string& m) { log_info(m); });
   if (c.enable && !c.load_only) {

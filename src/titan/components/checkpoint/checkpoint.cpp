@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <numeric>
 
 namespace titan::checkpoint {
@@ -125,6 +126,7 @@ Record write_shard(const fs::path& dir, const std::string& stem, const std::vect
   return r;
 }
 
+std::mutex g_cost_mutex;  // a background save writes the cost
 IndexCost g_last_index_cost;
 
 // The index of a save from every rank's record: one slice index per distinct contents is read (through
@@ -166,8 +168,8 @@ std::string build_index(const std::vector<Shard>& shards, const std::function<st
       t.shards.insert(t.shards.end(), ids.begin(), ids.end());
     }
   }
-  // Every entry of every tensor is written exactly once (a piece written by two holders, or by none,
-  // would show here).
+  // The entries written add up to the tensors written (a piece written by two holders, or a piece of a
+  // written tensor that no holder wrote, shows here; a tensor nobody wrote is missing at load time).
   int64_t expected = 0;
   for (const auto& [name, t] : tensors) expected += numel_of(t.shape.get<std::vector<int64_t>>());
   TITAN_ASSERT(expected == written_elements, "the ranks wrote ", written_elements, " entries but the tensors of ",
@@ -220,7 +222,10 @@ void write_index(const fs::path& tmp_dir, const fs::path& step_dir, const std::v
       step_dir.string(), info, state, cost);
   write_file_atomically((tmp_dir / kIndexFile).string(), text);
   sync_directory(tmp_dir.string());
-  g_last_index_cost = cost;
+  {
+    std::lock_guard<std::mutex> lock(g_cost_mutex);
+    g_last_index_cost = cost;
+  }
   crash_point("rename");
   // An older folder of the same step (a run that resumed before it) is replaced.
   replace_directory(tmp_dir.string(), step_dir.string());
@@ -239,7 +244,10 @@ fs::path create_partial_dir(const fs::path& step_dir) {
 
 std::unique_ptr<Coordinator> single_process_coordinator() { return std::make_unique<SingleProcess>(); }
 
-const IndexCost& last_index_cost() { return g_last_index_cost; }
+IndexCost last_index_cost() {
+  std::lock_guard<std::mutex> lock(g_cost_mutex);
+  return g_last_index_cost;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Snapshots and writers
@@ -334,7 +342,8 @@ MetadataSimulation simulate_metadata(int world, const std::function<std::vector<
   return out;
 }
 
-int64_t write(const std::string& step_dir_in, const Snapshot& snap, Coordinator& coord) {
+int64_t write(const std::string& step_dir_in, const Snapshot& snap, Coordinator& coord,
+              const std::function<void()>& rank0_before_index) {
   const fs::path step_dir = fs::path(step_dir_in).lexically_normal();
   const fs::path tmp_dir = step_dir.string() + ".partial";
   // This rank's slices as one file and its slice index. A rank that cannot write still reports to
@@ -362,6 +371,7 @@ int64_t write(const std::string& step_dir_in, const Snapshot& snap, Coordinator&
                          rank, " could not write its part: ", r.error);
         if (r.status == Record::kWrote) shards.push_back({stem_of("rank", static_cast<int64_t>(rank)), r});
       }
+      if (rank0_before_index) rank0_before_index();
       write_index(tmp_dir, step_dir, shards, snap.info, snap.state);
     } catch (const std::exception& e) {
       outcome = e.what();

@@ -92,15 +92,17 @@ void assign_writers(std::vector<dist::PlacedTensor>& tensors,
 // then checks that it sees every rank's files, writes the index and makes the folder visible. Every
 // rank of `coord` must call it, and it returns on every rank only once the save is complete everywhere
 // (or throws on every rank, titan::UserError naming the path and the rank, when it is not). Returns the
-// bytes this rank wrote.
-int64_t write(const std::string& step_dir, const Snapshot& snap, Coordinator& coord);
+// bytes this rank wrote. `rank0_before_index` runs on rank 0 once every rank has written its part,
+// before the index; what it throws fails the save on every rank.
+int64_t write(const std::string& step_dir, const Snapshot& snap, Coordinator& coord,
+              const std::function<void()>& rank0_before_index = {});
 
 // What rank 0 receives and reads to write the index of a save of `world` ranks (for the figures of
 // docs/checkpoint.md): bytes gathered from the ranks, bytes of slice indexes read back, index bytes.
 struct IndexCost {
   int64_t gathered_bytes = 0, slice_index_bytes_read = 0, index_bytes = 0;
 };
-const IndexCost& last_index_cost();  // of the last index this process wrote
+IndexCost last_index_cost();  // of the last index this process wrote
 
 // The metadata of a save of `world` ranks, without data (to measure it at scale on the meta device):
 // rank r holds `slices_of(r)` (the tensors may be meta tensors; only names, dtypes and shapes count).

@@ -110,46 +110,57 @@ bool Checkpointer::should_save(int64_t step, int64_t last_step) const {
 
 void Checkpointer::check_shared_folder(const std::string& override_folder) {
   const std::string mine = override_folder.empty() ? folder_ : override_folder;
-  const std::string name = ".titan-shared-folder-check";
-  std::string token, probe_error;
+  // A name of its own per run: a quick restart never finds (or is misled by) an earlier run's file.
+  std::string name, probe_error;
   if (coord_->rank() == 0) {
     try {
       std::error_code ec;
       fs::create_directories(folder_, ec);
       TITAN_USER_CHECK(!ec, "cannot create the checkpoint folder ", folder_, ": ", ec.message(),
                        " (check checkpoint.folder and job.dump_folder, and that the disk is writable)");
-      token = std::to_string(std::random_device{}()) + "-" + std::to_string(std::random_device{}());
-      write_file_atomically((fs::path(folder_) / name).string(), token);
+      name = ".titan-shared-folder-check-" + std::to_string(std::random_device{}()) + "-" +
+             std::to_string(std::random_device{}());
+      write_file_atomically((fs::path(folder_) / name).string(), name);
+      sync_directory(folder_);
     } catch (const std::exception& e) {
       probe_error = e.what();
-      token.clear();
     }
   }
-  token = coord_->broadcast(probe_error.empty() ? token : "\n" + probe_error);
-  if (!token.empty() && token[0] == '\n') throw UserError(token.substr(1));
-  std::error_code ec;
+  name = coord_->broadcast(probe_error.empty() ? name : "\n" + probe_error);
+  if (!name.empty() && name[0] == '\n') throw UserError(name.substr(1));
+  // What this rank sees, retried for a few seconds (network file systems may show a new file late).
+  std::string seen;
   const fs::path probe = fs::path(mine) / name;
-  std::string seen = "ok";
-  if (!fs::exists(probe, ec)) seen = "no";
-  else if (read_file(probe.string()) != token) seen = "an older";
-  std::string record(64, '\0');
-  std::memcpy(record.data(), seen.data(), seen.size());
+  for (int attempt = 0; attempt < 20; ++attempt) {
+    try {
+      std::error_code ec;
+      if (!fs::exists(probe, ec)) seen = ec ? "cannot look into the folder (" + ec.message() + ")" : "does not see the file";
+      else seen = read_file(probe.string()) == name ? "" : "sees another content in the file";
+    } catch (const std::exception& e) {
+      seen = std::string("cannot read the file (") + e.what() + ")";
+    }
+    if (seen.empty()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  }
+  std::string record(200, '\0');
+  std::memcpy(record.data(), seen.data(), std::min(seen.size(), record.size() - 1));
   const auto all = coord_->gather(record);
   std::string outcome;
   if (coord_->rank() == 0) {
-    std::string missing;
+    std::string which;
     int count = 0;
     for (size_t r = 0; r < all.size(); ++r) {
-      if (all[r].rfind("ok", 0) == 0) continue;
-      if (++count <= 8) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      const std::string what = all[r].c_str();
+      if (what.empty()) continue;
+      if (++count <= 8) which += std::string(which.empty() ? "" : "; ") + "rank " + std::to_string(r) + " " + what;
     }
-    if (count > 8) missing += " and " + std::to_string(count - 8) + " more";
+    if (count > 8) which += "; and " + std::to_string(count - 8) + " more ranks";
     if (count > 0)
-      outcome = "the checkpoint folder " + folder_ + " is not shared by every rank: rank" + (count > 1 ? "s " : " ") +
-                missing + " do" + (count > 1 ? "" : "es") + " not see the file " + name + " that rank 0 wrote there. " +
-                "Checkpoints are written by every rank into one folder, which must be on a file system that every " +
-                "rank shares (a network or parallel file system such as NFS or Lustre, not a node-local disk): set " +
-                "job.dump_folder to such a folder, or turn checkpoint.enable off";
+      outcome = "the checkpoint folder " + folder_ + " is not shared by every rank: " + which + " (" + name +
+                ", which rank 0 wrote there). Checkpoints are written by every rank into one folder, which must be "
+                "on a file system that every rank shares (a network or parallel file system such as NFS or Lustre, "
+                "not a node-local disk): set job.dump_folder to such a folder, or turn checkpoint.enable off";
+    std::error_code ec;
     fs::remove(fs::path(folder_) / name, ec);
   }
   outcome = coord_->broadcast(outcome);
@@ -160,8 +171,7 @@ void Checkpointer::write_step(int64_t step, const Snapshot& snap) {
   const std::string dir = step_dir(step);
   try {
     SavingStep saving(step);
-    if (coord_->rank() == 0) keep_export(step, snap);
-    write(dir, snap, *coord_);
+    write(dir, snap, *coord_, [&] { keep_export(step, snap); });
     finish_save(step);
   } catch (const std::exception& e) {
     throw UserError("the checkpoint save of step " + std::to_string(step) + " to " + dir + " failed: " + e.what());
@@ -177,7 +187,10 @@ void Checkpointer::save(int64_t step, Snapshot snap) {
     worker_ = std::thread([this, step, snap = std::move(snap)]() mutable {
       try {
         write_step(step, snap);
-      } catch (...) {
+      } catch (const std::exception& e) {
+        // Said at once (the run stops at its next step, with this error): the main thread may be
+        // blocked in a training collective with the rank that failed.
+        log_(std::string("Checkpoint: error: ") + e.what());
         std::lock_guard<std::mutex> lock(mutex_);
         error_ = std::current_exception();
       }
