@@ -294,6 +294,28 @@ TEST(CheckpointScale, TensorsStreamedThroughABoundedBufferAreWrittenByteForByte)
   EXPECT_EQ(read_file((dir / "direct.safetensors")), read_file((dir / "chunked.safetensors")));
   EXPECT_EQ(direct.crc32, chunked.crc32);
   EXPECT_EQ(direct.entry_crc32, chunked.entry_crc32);
+  // Stored in another dtype: cast chunk by chunk, the same bytes as casting the whole tensor first.
+  const at::Tensor a = entries[0].data;
+  write_safetensors((dir / "whole_cast.safetensors"), {{"a", a.to(at::kBFloat16)}}, {});
+  write_safetensors((dir / "chunk_cast.safetensors"), {{"a", a, at::kBFloat16}}, {}, streamed);
+  EXPECT_EQ(read_file((dir / "whole_cast.safetensors")), read_file((dir / "chunk_cast.safetensors")));
+}
+
+TEST(CheckpointScale, ASynchronousExportInAnotherDtypeReferencesTheLiveTensorsAndCastsWhileWriting) {
+  test::TempDir dir;
+  const at::Tensor w = at::randn({64, 8});
+  SnapshotOptions o;
+  o.copy = false;
+  o.cast_floats_to = at::kBFloat16;
+  Snapshot snap = take_snapshot({{"model.w", w, dist::whole(w)}}, o);
+  ASSERT_EQ(snap.slices.size(), 1u);
+  EXPECT_EQ(snap.slices[0].data.data_ptr(), w.data_ptr()) << "a host copy of the whole tensor was made";
+  snap.info = info();
+  auto coord = single_process_coordinator();
+  write((dir / "step-1"), snap, *coord);
+  Reader r((dir / "step-1"));
+  ASSERT_EQ(r.meta("model.w")->dtype, at::kBFloat16);
+  EXPECT_TRUE(at::equal(r.read("model.w", {0, 0}, {64, 8}), w.to(at::kBFloat16)));
 }
 
 }  // namespace

@@ -92,7 +92,7 @@ std::pair<std::string, Record> slice_index(const std::string& stem, const std::v
   r.status = Record::kWrote;
   for (size_t i = 0; i < slices.size(); ++i) {
     const auto& s = slices[i];
-    index_slices[s.name] = {{"dtype", dtype_name(s.data.scalar_type())},
+    index_slices[s.name] = {{"dtype", dtype_name(s.stored_dtype())},
                             {"shape", s.global_shape},
                             {"begin", s.begin},
                             {"length", s.data.sizes().vec()},
@@ -114,7 +114,7 @@ Record write_shard(const fs::path& dir, const std::string& stem, const std::vect
   std::vector<SafetensorsEntry> entries;
   nlohmann::json where = nlohmann::json::object();
   for (const auto& s : slices) {
-    entries.push_back({s.name, s.data});
+    entries.push_back({s.name, s.data, s.store_as});
     where[s.name] = {{"global_shape", s.global_shape}, {"begin", s.begin}};
   }
   const WrittenFile written = write_safetensors((dir / (stem + ".safetensors")).string(), entries,
@@ -268,8 +268,9 @@ Snapshot take_snapshot(const std::vector<dist::PlacedTensor>& tensors, const Sna
     s.name = t.name;
     s.global_shape = p.global_shape;
     s.begin = p.global_begin();
-    if (!o.copy && real.is_contiguous() && real.scalar_type() == dtype) {
+    if (!o.copy && real.is_contiguous()) {
       s.data = real;  // FSDP's real part is a leading run of rows: contiguous
+      if (dtype != real.scalar_type()) s.store_as = dtype;
       snap.slices.push_back(std::move(s));
       continue;
     }

@@ -25,6 +25,7 @@
 
 #include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -61,6 +62,8 @@ struct Snapshot {
     std::string name;
     at::Tensor data;  // the real part (contiguous; on the CPU unless written synchronously)
     std::vector<int64_t> global_shape, begin;
+    std::optional<at::ScalarType> store_as = std::nullopt;  // written in this dtype (cast while streamed)
+    at::ScalarType stored_dtype() const { return store_as.value_or(data.scalar_type()); }
   };
   std::vector<Slice> slices;
   nlohmann::json state;  // non-tensor state written into the index by rank 0 (ignored elsewhere)
@@ -69,8 +72,9 @@ struct Snapshot {
 
 struct SnapshotOptions {
   // Copy the data to the CPU (a background save: training goes on and changes the live tensors).
-  // Without it, tensors that need no conversion are referenced, not copied (a save written before
-  // returning): CPU tensors are written from where they are, device tensors streamed in chunks.
+  // Without it, tensors are referenced, not copied (a save written before returning): CPU tensors
+  // that need no conversion are written from where they are; device tensors, and tensors cast to
+  // cast_floats_to, are streamed (and cast) in chunks through a bounded host buffer.
   bool copy = true;
   Snapshot* reuse = nullptr;  // the previous snapshot's buffers, overwritten in place (async_with_pinned_mem)
   bool pin = false;           // new buffers in pinned memory (CUDA only)

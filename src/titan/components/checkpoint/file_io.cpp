@@ -88,8 +88,8 @@ WrittenFile write_safetensors(const std::string& path, const std::vector<Safeten
   uint64_t offset = 0;
   for (const auto& e : entries) {
     TITAN_ASSERT(e.data.is_contiguous(), e.name);
-    const uint64_t nbytes = static_cast<uint64_t>(e.data.numel() * e.data.element_size());
-    header[e.name] = {{"dtype", dtype_name(e.data.scalar_type())},
+    const uint64_t nbytes = static_cast<uint64_t>(e.data.numel()) * c10::elementSize(e.stored_dtype());
+    header[e.name] = {{"dtype", dtype_name(e.stored_dtype())},
                       {"shape", e.data.sizes().vec()},
                       {"data_offsets", {offset, offset + nbytes}}};
     offset += nbytes;
@@ -106,25 +106,27 @@ WrittenFile write_safetensors(const std::string& path, const std::vector<Safeten
   crc = crc_update(crc, &header_len, 8);
   f.write(json.data(), json.size());
   crc = crc_update(crc, json.data(), json.size());
-  at::Tensor host;  // the bounded buffer that tensors off the CPU are streamed through
+  at::Tensor host;  // the bounded buffer that tensors off the CPU (or cast) are streamed through
   for (const auto& e : entries) {
-    const uint64_t nbytes = static_cast<uint64_t>(e.data.numel() * e.data.element_size());
+    const at::ScalarType dtype = e.stored_dtype();
+    const int64_t esize = static_cast<int64_t>(c10::elementSize(dtype));
+    const uint64_t nbytes = static_cast<uint64_t>(e.data.numel() * esize);
     if (&e == &entries[entries.size() / 2]) crash_point("data");
     uint32_t c = crc32_z(0, nullptr, 0);
-    if (e.data.device().is_cpu() && !options.stream_cpu) {
+    if (e.data.device().is_cpu() && dtype == e.data.scalar_type() && !options.stream_cpu) {
       c = tensor_crc32(e.data);
       f.write(e.data.data_ptr(), nbytes);
     } else {
-      const at::Tensor bytes = e.data.reshape({-1}).view(at::kByte);
-      const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(options.host_buffer_bytes, bytes.numel()));
-      if (!host.defined() || host.numel() < chunk)
-        host = at::empty({chunk}, at::TensorOptions().dtype(at::kByte).pinned_memory(e.data.is_cuda()));
-      for (int64_t off = 0; off < bytes.numel(); off += chunk) {
-        const int64_t n = std::min(chunk, bytes.numel() - off);
-        at::Tensor part = host.narrow(0, 0, n);
-        part.copy_(bytes.narrow(0, off, n));  // synchronous: the buffer is reused right after
-        c = crc_update(c, part.data_ptr(), static_cast<uint64_t>(n));
-        f.write(part.data_ptr(), static_cast<uint64_t>(n));
+      const at::Tensor flat = e.data.reshape({-1});
+      const int64_t per = std::max<int64_t>(1, std::min<int64_t>(options.host_buffer_bytes / esize, flat.numel()));
+      if (!host.defined() || host.numel() < per * esize)
+        host = at::empty({per * esize}, at::TensorOptions().dtype(at::kByte).pinned_memory(e.data.is_cuda()));
+      for (int64_t off = 0; off < flat.numel(); off += per) {
+        const int64_t n = std::min(per, flat.numel() - off);
+        at::Tensor part = host.narrow(0, 0, n * esize).view(dtype);
+        part.copy_(flat.narrow(0, off, n));  // synchronous (and cast): the buffer is reused right after
+        c = crc_update(c, part.data_ptr(), static_cast<uint64_t>(n * esize));
+        f.write(part.data_ptr(), static_cast<uint64_t>(n * esize));
       }
     }
     crc = static_cast<uint32_t>(crc32_combine(crc, c, static_cast<z_off_t>(nbytes)));

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,11 +22,13 @@ using safetensors::dtype_name;
 struct SafetensorsEntry {
   std::string name;
   at::Tensor data;  // contiguous; CPU tensors are written from where they are, others streamed
+  std::optional<at::ScalarType> dtype = std::nullopt;  // stored as this (cast chunk by chunk while streamed)
+  at::ScalarType stored_dtype() const { return dtype.value_or(data.scalar_type()); }
 };
 
 struct WriteOptions {
-  // Tensors off the CPU (on a GPU) go to disk through one host buffer of at most this many bytes,
-  // never a host copy of the whole tensor.
+  // Tensors off the CPU (on a GPU), and tensors stored in another dtype, go to disk through one host
+  // buffer of at most this many bytes, never a host copy of the whole tensor.
   int64_t host_buffer_bytes = 64 << 20;
   bool stream_cpu = false;  // stream CPU tensors through the buffer too (tests of the streamed path)
 };
