@@ -1,6 +1,7 @@
 // The checkpoint format on its own: slices written by several "ranks" read back as blocks of any
 // other split, checksums that catch a flipped byte or a truncated file (naming it), errors that name
 // the tensor, and staging that modifies nothing on failure.
+#include "fake_ranks.h"
 #include "test_util.h"
 
 #include "titan/common/error.h"
@@ -19,23 +20,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Stand-in for the ranks of a save: rank r's gather hands its record to a shared list, and rank 0
-// (called last) gets all of them; the others see rank 0's outcome as a success.
-class FakeRanks : public Coordinator {
- public:
-  FakeRanks(int rank, int world, std::vector<std::string>* all) : rank_(rank), world_(world), all_(all) {}
-  int rank() const override { return rank_; }
-  int world_size() const override { return world_; }
-  std::vector<std::string> gather(const std::string& record) override {
-    (*all_)[rank_] = record;
-    return rank_ == 0 ? *all_ : std::vector<std::string>{};
-  }
-  std::string broadcast(const std::string& message) override { return rank_ == 0 ? message : ""; }
-
- private:
-  int rank_, world_;
-  std::vector<std::string>* all_;
-};
 
 nlohmann::json info() { return {{"step", 3}, {"model", {{"name", "toy"}, {"flavor", "x"}}}, {"contents", {"model"}}}; }
 

@@ -3,6 +3,7 @@
 // reader reads only the slice indexes it needs), names read from files that must be plain file
 // names, a full save that keeps an export of the same step, and tensors streamed through a bounded
 // host buffer written byte for byte as a direct write.
+#include "fake_ranks.h"
 #include "test_util.h"
 
 #include "titan/common/error.h"
@@ -23,23 +24,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Ranks of a save called one after another, rank 0 last (it writes the index); the others see rank
-// 0's outcome, recorded when it comes.
-class SequentialRanks : public Coordinator {
- public:
-  SequentialRanks(int rank, int world, std::vector<std::string>* all) : rank_(rank), world_(world), all_(all) {}
-  int rank() const override { return rank_; }
-  int world_size() const override { return world_; }
-  std::vector<std::string> gather(const std::string& record) override {
-    (*all_)[rank_] = record;
-    return rank_ == 0 ? *all_ : std::vector<std::string>{};
-  }
-  std::string broadcast(const std::string& message) override { return rank_ == 0 ? message : ""; }
-
- private:
-  int rank_, world_;
-  std::vector<std::string>* all_;
-};
 
 nlohmann::json info() { return {{"step", 1}, {"model", {{"name", "toy"}, {"flavor", "x"}}}, {"contents", {"model"}}}; }
 
@@ -86,7 +70,7 @@ TEST(CheckpointScale, EveryReplicaWritesAboutTheSameBytesAndEveryPieceOnce) {
         }
       Snapshot snap = take_snapshot(tensors);
       snap.info = info();
-      SequentialRanks coord(r, replicas, &all);
+      FakeRanks coord(r, replicas, &all);
       write((dir / "step-1"), snap, coord);
     }
     // Every replica wrote a file, within one largest tensor of an equal share.
@@ -132,7 +116,7 @@ TEST(CheckpointScale, AFileRankZeroCannotSeeFailsTheSaveBeforeTheIndexNamingTheS
     return snap;
   };
   // Rank 1 writes into its own folder (as on a node-local disk): rank 0 does not see its files.
-  SequentialRanks one(1, 2, &all), zero(0, 2, &all);
+  FakeRanks one(1, 2, &all), zero(0, 2, &all);
   write((dir / "node1/step-1"), part(1), one);
   try {
     write((dir / "node0/step-1"), part(0), zero);
@@ -161,7 +145,7 @@ TEST(CheckpointScale, TheIndexHoldsNoSlicesAndAReaderReadsOnlyTheSliceIndexesItN
     if (r == 0) tensors.push_back({"model.b", b, dist::whole(b)});  // on rank 0 only
     Snapshot snap = take_snapshot(tensors);
     snap.info = info();
-    SequentialRanks coord(r, world, &all);
+    FakeRanks coord(r, world, &all);
     write((dir / "step-1"), snap, coord);
   }
   const nlohmann::json index = nlohmann::json::parse(read_file((dir / "step-1/index.json")));
@@ -197,14 +181,7 @@ TEST(CheckpointScale, TheIndexHoldsNoSlicesAndAReaderReadsOnlyTheSliceIndexesItN
   }
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "";
-}
+using ::titan::test::error_of;
 
 TEST(CheckpointScale, NamesReadFromFilesMustBePlainFileNames) {
   test::TempDir dir;

@@ -159,6 +159,8 @@ class Reader : public Source {
     std::vector<SliceRef> slices;  // version 1: listed in index.json
     std::vector<int64_t> shards;   // version 2: the data files (numbers) holding its slices
   };
+  // The path of file `name` of the index, checked to exist with the size the index gives.
+  std::string checked_path(const std::string& name) const;
   SafetensorsFile& file(const std::string& name);  // opened once, its size checked against the index
   const nlohmann::json& shard_index(int64_t shard);  // a data file's slice index, read and checked once
   std::vector<SliceRef> slices_of(const std::string& name, const Entry& e);

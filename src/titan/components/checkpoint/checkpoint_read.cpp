@@ -136,21 +136,23 @@ std::optional<TensorMeta> Reader::meta(const std::string& name) const {
   return it->second.meta;
 }
 
+std::string Reader::checked_path(const std::string& name) const {
+  const auto& files = index_.at("files");
+  TITAN_USER_CHECK(files.contains(name), describe(), ": the index names file ", name, " but does not describe it");
+  const int64_t bytes = files.at(name).at("bytes").get<int64_t>();
+  const std::string path = (fs::path(dir_) / name).string();
+  std::error_code ec;
+  const auto size = fs::file_size(path, ec);
+  TITAN_USER_CHECK(!ec, describe(), ": file ", path, " is missing (", ec.message(), "): the checkpoint is incomplete");
+  TITAN_USER_CHECK(static_cast<int64_t>(size) == bytes, describe(), ": file ", path, " has ", size,
+                   " bytes but was written with ", bytes, ": it is truncated or corrupt; load another step with "
+                   "--checkpoint.load_step");
+  return path;
+}
+
 SafetensorsFile& Reader::file(const std::string& name) {
   auto& f = files_[name];
-  if (!f) {
-    const auto& files = index_.at("files");
-    TITAN_USER_CHECK(files.contains(name), describe(), ": the index names file ", name, " but does not describe it");
-    const int64_t bytes = files.at(name).at("bytes").get<int64_t>();
-    const std::string path = (fs::path(dir_) / name).string();
-    std::error_code ec;
-    const auto size = fs::file_size(path, ec);
-    TITAN_USER_CHECK(!ec, describe(), ": file ", path, " is missing (", ec.message(), "): the checkpoint is incomplete");
-    TITAN_USER_CHECK(static_cast<int64_t>(size) == bytes, describe(), ": file ", path, " has ", size,
-                     " bytes but was written with ", bytes, ": it is truncated or corrupt; load another step with "
-                     "--checkpoint.load_step");
-    f = std::make_unique<SafetensorsFile>(path);
-  }
+  if (!f) f = std::make_unique<SafetensorsFile>(checked_path(name));
   return *f;
 }
 
@@ -158,17 +160,11 @@ const nlohmann::json& Reader::shard_index(int64_t shard) {
   auto it = shard_indexes_.find(shard);
   if (it != shard_indexes_.end()) return it->second;
   const std::string name = shards_.at(static_cast<size_t>(shard)) + kSlicesSuffix;
-  const std::string path = (fs::path(dir_) / name).string();
-  const auto& expected = index_.at("files").at(name);
-  std::error_code ec;
-  const auto size = fs::file_size(path, ec);
-  TITAN_USER_CHECK(!ec, describe(), ": file ", path, " is missing (", ec.message(), "): the checkpoint is incomplete");
-  TITAN_USER_CHECK(static_cast<int64_t>(size) == expected.at("bytes").get<int64_t>(), describe(), ": file ", path,
-                   " has ", size, " bytes but was written with ", expected.at("bytes"),
-                   ": it is truncated or corrupt; load another step with --checkpoint.load_step");
+  const std::string path = checked_path(name);
   const std::string text = read_file(path);
   index_bytes_read_ += static_cast<int64_t>(text.size());
-  if (string_crc32(text) != json_integer<uint32_t>(expected.at("crc32"))) corrupt(path, "its CRC-32 does not match the index");
+  if (string_crc32(text) != json_integer<uint32_t>(index_.at("files").at(name).at("crc32")))
+    corrupt(path, "its CRC-32 does not match the index");
   nlohmann::json sub;
   try {
     sub = nlohmann::json::parse(text);
@@ -247,12 +243,7 @@ at::Tensor Reader::read(const std::string& name, const std::vector<int64_t>& beg
 
 void Reader::verify_all() {
   for (const auto& [name, f] : index_.at("files").items()) {
-    const std::string path = (fs::path(dir_) / name).string();
-    std::error_code ec;
-    const auto size = fs::file_size(path, ec);
-    TITAN_USER_CHECK(!ec, describe(), ": file ", path, " is missing (", ec.message(), "): the checkpoint is incomplete");
-    TITAN_USER_CHECK(static_cast<int64_t>(size) == f.at("bytes").get<int64_t>(), describe(), ": file ", path, " has ",
-                     size, " bytes but was written with ", f.at("bytes"), ": it is truncated or corrupt");
+    const std::string path = checked_path(name);
     TITAN_USER_CHECK(file_crc32(path) == f.at("crc32").get<uint32_t>(), describe(), ": file ", path,
                      " is corrupt: its CRC-32 does not match the index");
   }
