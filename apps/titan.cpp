@@ -11,7 +11,7 @@
 #include "titan/components/data/token_shards.h"
 #include "titan/components/tokenizer/tokenizer.h"
 #include "titan/config/job_config.h"
-#include "titan/distributed/launcher.h"
+#include "titan/launch/launcher.h"
 #include "titan/tools/convert.h"
 #include "titan/tools/estimate.h"
 #include "titan/tools/report.h"

@@ -7,7 +7,7 @@
 #include "titan/distributed/data_parallel.h"
 #include "titan/distributed/mesh.h"
 #include "titan/models/llama3/model.h"
-#include "titan/models/llama3/parallelize.h"
+#include "titan/models/common/decoder_parallelize.h"
 #include "titan/models/registry.h"
 #include "titan/common/tensor_storage.h"
 

@@ -14,8 +14,8 @@
 // autocast (fp32 parameters and residual stream, matmuls and attention in bf16, as CUDA's autocast).
 #include "titan/common/autocast.h"
 #include "titan/common/memory_tracker.h"
-#include "titan/models/common/layers.h"
-#include "titan/models/common/loss.h"
+#include "titan/nn/layers.h"
+#include "titan/nn/loss.h"
 #include "titan/models/llama3/model.h"
 
 #include <ATen/ATen.h>

@@ -1,12 +1,16 @@
 """Hugging Face transformers side of titan's HF interop tests (tests/unit/checkpoint/hf_test.cpp).
 
   hf_reference.py load MODEL_DIR IN.safetensors OUT.safetensors
-      Loads MODEL_DIR with LlamaForCausalLM.from_pretrained (fp32, eager attention) and writes the
-      logits of IN's "tokens" (B, S). Weights stored in bf16/fp16 are upcast exactly.
+      Loads MODEL_DIR with AutoModelForCausalLM.from_pretrained (the architecture its config.json
+      names: LlamaForCausalLM, Qwen3ForCausalLM; fp32, eager attention) and writes the logits of IN's
+      "tokens" (B, S). Weights stored in bf16/fp16 are upcast exactly.
   hf_reference.py create CONFIG.json MODEL_DIR IN.safetensors OUT.safetensors [--seed N]
-      Creates a randomly initialized LlamaForCausalLM from the LlamaConfig arguments in CONFIG.json
-      (RMSNorm weights randomized too, so that a norm mapped to the wrong place shows), saves it to
-      MODEL_DIR with save_pretrained, then loads it back as `load` does.
+      Creates a randomly initialized model from the config arguments in CONFIG.json (its model_type,
+      default "llama"; RMSNorm weights randomized too, so that a norm mapped to the wrong place
+      shows), saves it to MODEL_DIR with save_pretrained, then loads it back as `load` does.
+  hf_reference.py grads MODEL_DIR IN.safetensors OUT.safetensors
+      As `load`, and also the mean cross-entropy "loss" of the logits for IN's "labels" (B, S) and
+      "grad.<name>" for every parameter (transformers' names) of that loss.
 
 OUT holds "logits" (B, S, V) as float32 and a metadata entry "report": JSON with what loading said:
 missing_keys, unexpected_keys, mismatched_keys, error_msgs (from output_loading_info), warnings
@@ -22,7 +26,7 @@ import warnings
 import torch
 import transformers
 from safetensors.torch import load_file, save_file
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 
 class Records(logging.Handler):
@@ -41,13 +45,17 @@ def load(model_dir, tokens):
     transformers.logging.set_verbosity_warning()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        model, info = LlamaForCausalLM.from_pretrained(
+        model, info = AutoModelForCausalLM.from_pretrained(
             model_dir, output_loading_info=True, attn_implementation="eager", dtype=torch.float32)
-        config = LlamaConfig.from_pretrained(model_dir)
+        config = AutoConfig.from_pretrained(model_dir)
     hf_logger.removeHandler(records)
     model.eval()
     with torch.no_grad():
         logits = model(input_ids=tokens).logits.float()
+    return logits, report_of(info, config, caught, records)
+
+
+def report_of(info, config, caught, records):
     report = {
         "missing_keys": sorted(info.get("missing_keys", [])),
         "unexpected_keys": sorted(info.get("unexpected_keys", [])),
@@ -57,14 +65,15 @@ def load(model_dir, tokens):
         "config_dtype": str(getattr(config, "dtype", None) or config.torch_dtype).replace("torch.", ""),
         "transformers_version": transformers.__version__,
     }
-    return logits, report
+    return report
 
 
 def create(config_path, model_dir, seed):
     with open(config_path) as f:
         kwargs = json.load(f)
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(LlamaConfig(**kwargs)).float()
+    model_type = kwargs.pop("model_type", "llama")
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **kwargs)).float()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
@@ -72,9 +81,21 @@ def create(config_path, model_dir, seed):
     model.save_pretrained(model_dir)
 
 
+def grads(model_dir, tokens, labels):
+    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager", dtype=torch.float32)
+    model.train()
+    logits = model(input_ids=tokens).logits.float()
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+    loss.backward()
+    out = {"logits": logits.detach().contiguous(), "loss": loss.detach().reshape(())}
+    for name, p in model.named_parameters():
+        out["grad." + name] = p.grad.contiguous()
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("command", choices=["load", "create"])
+    ap.add_argument("command", choices=["load", "create", "grads"])
     ap.add_argument("paths", nargs="+")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
@@ -84,7 +105,11 @@ def main():
     else:
         model_dir, inp, out = args.paths
     torch.set_num_threads(2)
-    logits, report = load(model_dir, load_file(inp)["tokens"])
+    batch = load_file(inp)
+    if args.command == "grads":
+        save_file(grads(model_dir, batch["tokens"], batch["labels"]), out)
+        return
+    logits, report = load(model_dir, batch["tokens"])
     save_file({"logits": logits.contiguous()}, out, metadata={"report": json.dumps(report)})
 
 

@@ -1,6 +1,6 @@
 // parse_config: defaults, then the TOML file, then the command line.
 #include "titan/common/error.h"
-#include "titan/components/tokenizer/utf8.h"
+#include "titan/common/utf8.h"
 #include "titan/config/field.h"
 #include "titan/config/job_config.h"
 #include "titan/config/layer.h"

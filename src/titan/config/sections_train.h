@@ -25,7 +25,7 @@ struct Model {
   template <class V>
   void visit(V& v) {
     v(name, "name", "model family to train, as registered in the model registry (e.g. llama3)");
-    v(flavor, "flavor", "size preset of the model family (e.g. debugmodel, 8B, 70B, 405B)");
+    v(flavor, "flavor", "size preset of the model family (e.g. debugmodel, 8B, 70B, 405B), or the path of a Hugging Face config.json whose model to build");
     v(hf_assets_path, "hf_assets_path",
       "folder with Hugging Face assets: tokenizer files, config.json, *.safetensors weights");
     v(converters, "converters", "model transforms applied after building, e.g. quantize.linear.float8");

@@ -28,7 +28,7 @@
 // activation memory of attention per rank is 1/cp of one process's.
 #pragma once
 
-#include "titan/models/common/layers.h"
+#include "titan/nn/layers.h"
 
 #include <ATen/core/Tensor.h>
 

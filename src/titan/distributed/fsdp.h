@@ -35,7 +35,7 @@
 
 #include "titan/distributed/mesh.h"
 #include "titan/distributed/placement.h"
-#include "titan/models/common/hooks.h"
+#include "titan/nn/hooks.h"
 
 #include <ATen/core/Tensor.h>
 

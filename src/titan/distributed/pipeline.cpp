@@ -2,7 +2,7 @@
 
 #include "titan/common/error.h"
 #include "titan/common/trace.h"
-#include "titan/models/common/split_backward.h"
+#include "titan/nn/split_backward.h"
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/autograd.h>

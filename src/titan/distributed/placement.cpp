@@ -112,9 +112,11 @@ double global_grad_norm(const std::vector<PlacedTensor>& params, Mesh& mesh) {
 }
 
 at::Tensor clip_grad_norm(const std::vector<PlacedTensor>& params, double max_norm, Mesh& mesh,
-                          const at::Tensor& poison, const std::vector<std::string>& sum_over) {
+                          const at::Tensor& poison, const std::vector<std::string>& sum_over,
+                          const std::vector<at::Tensor>& scaled_too) {
   std::vector<at::Tensor> grads;
   at::Tensor total = total_norm(params, mesh, grads, poison, sum_over);
+  grads.insert(grads.end(), scaled_too.begin(), scaled_too.end());
   scale_grads_to_norm(grads, total, max_norm);
   return total;
 }

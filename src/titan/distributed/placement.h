@@ -74,9 +74,11 @@ double global_grad_norm(const std::vector<PlacedTensor>& params, Mesh& mesh);
 // one rank found bad (a non-finite loss) makes the norm infinite on every rank that rank's gradient
 // sums reach, with no extra collective.
 // sum_over: groups whose members hold different parameters altogether (pipeline stages, "pp"): the
-// total is summed over them too.
+// total is summed over them too. scaled_too: gradients the norm does not count (copies of a
+// gradient counted on another rank) but that are scaled with the others.
 at::Tensor clip_grad_norm(const std::vector<PlacedTensor>& params, double max_norm, Mesh& mesh,
-                          const at::Tensor& poison = {}, const std::vector<std::string>& sum_over = {});
+                          const at::Tensor& poison = {}, const std::vector<std::string>& sum_over = {},
+                          const std::vector<at::Tensor>& scaled_too = {});
 
 // The full tensor of `t` (unpadded, global shape), all-gathered over its shard groups; collective
 // over those groups (every rank holding a piece must call it in the same order).

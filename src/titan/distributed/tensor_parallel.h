@@ -40,8 +40,8 @@
 
 #include "titan/distributed/mesh.h"
 #include "titan/distributed/placement.h"
-#include "titan/models/common/layers.h"
-#include "titan/models/common/loss.h"
+#include "titan/nn/layers.h"
+#include "titan/nn/loss.h"
 
 #include <ATen/core/Tensor.h>
 

@@ -2,7 +2,7 @@
 // trees; parallelisms are applied from outside by the model's parallelize hook.
 #pragma once
 
-#include "titan/models/common/hooks.h"
+#include "titan/nn/hooks.h"
 
 #include <torch/nn/module.h>
 
@@ -44,6 +44,15 @@ class LanguageModelImpl : public nn::HookedModule {
   virtual int64_t vocab_size() const = 0;
   // Total number of parameter elements (tied tensors counted once).
   int64_t num_params() const;
+  // A parameter that another pipeline stage of the same model also holds: a tied embedding table,
+  // which the first stage embeds with and the last stage projects with. The trainer sums the two
+  // copies' gradients after backward, so that they stay equal; checkpoints and the gradient norm
+  // count the primary copy (the first stage's) only.
+  struct SharedParameter {
+    std::string name;
+    bool primary = true;
+  };
+  virtual std::vector<SharedParameter> shared_parameters() const { return {}; }
 
  private:
   std::map<std::string, std::vector<int64_t>> global_shapes_;

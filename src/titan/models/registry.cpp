@@ -1,10 +1,9 @@
 #include "titan/models/registry.h"
 
 #include "titan/common/error.h"
-#include "titan/models/llama3/hf_adapter.h"
-#include "titan/models/llama3/model.h"
-#include "titan/models/llama3/parallelize.h"
-#include "titan/models/pipeline_split.h"
+#include "titan/models/llama2/llama2.h"
+#include "titan/models/llama3/llama3.h"
+#include "titan/models/qwen3/qwen3.h"
 
 #include <mutex>
 
@@ -21,35 +20,24 @@ std::mutex& table_mutex() {
   return m;
 }
 
-// The models shipped with titan. Adding one: write its spec function and list it here.
+// The models shipped with titan. Adding one: its folder under models/ and one line here.
 void register_builtin_models_locked() {
   static bool done = false;
   if (done) return;
   done = true;
-  ModelSpec llama;
-  llama.name = "llama3";
-  for (const auto& [name, args] : llama3::flavors()) llama.flavors.push_back(name);
-  llama.build = [](const std::string& flavor, const at::TensorOptions& opts, int64_t max_seq_len) -> LanguageModel {
-    llama3::ModelArgs args = llama3::flavor(flavor);
-    args.max_seq_len = max_seq_len;
-    return std::make_shared<llama3::TransformerImpl>(args, opts);
-  };
-  llama.build_stage = [](const std::string& flavor, const at::TensorOptions& opts, int64_t max_seq_len,
-                         const std::vector<std::string>& modules) -> LanguageModel {
-    llama3::ModelArgs args = llama3::flavor(flavor);
-    args.max_seq_len = max_seq_len;
-    TITAN_USER_CHECK(!modules.empty(), "a pipeline stage of llama3 ", flavor, " holds no modules");
-    return std::make_shared<llama3::TransformerImpl>(args, opts, modules);
-  };
-  llama.parallelize = llama3::parallelize;
-  llama.pipeline_split = [](const std::string& flavor, int64_t stages, int64_t input_weight, int64_t output_weight) {
-    return pipeline_split(stages, llama3::flavor(flavor).n_layers, input_weight, output_weight);
-  };
-  llama.hf_adapter = [](const std::string& flavor) { return llama3::hf_adapter(llama3::flavor(flavor)); };
-  table().emplace(llama.name, std::move(llama));
+  for (ModelSpec spec : {llama3::spec(), llama2::spec(), qwen3::spec()}) table().emplace(spec.name, std::move(spec));
 }
 
 }  // namespace
+
+void set_activation_checkpointing(ParallelizeContext& ctx, const config::ActivationCheckpoint& ac) {
+  ctx.ac_mode = ac.mode;
+  if (ctx.ac_mode != "selective") return;
+  if (ac.selective_ac_option == "op")
+    ctx.ac_mode = ac.per_op_policy == "all_matmuls" ? "op_all_matmuls" : "op";
+  else
+    ctx.ac_every = std::stoll(ac.selective_ac_option);
+}
 
 void register_model(ModelSpec spec) {
   std::lock_guard<std::mutex> lock(table_mutex());

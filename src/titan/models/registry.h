@@ -4,6 +4,7 @@
 // model plugs in by registering a spec, without touching them.
 #pragma once
 
+#include "titan/config/sections_train.h"
 #include "titan/models/model.h"
 
 #include <ATen/core/Tensor.h>
@@ -40,6 +41,9 @@ struct ParallelizeContext {
   std::string ac_mode = "none";
   int64_t ac_every = 1;
 };
+
+// The [activation_checkpoint] section as ac_mode / ac_every.
+void set_activation_checkpointing(ParallelizeContext& ctx, const config::ActivationCheckpoint& section);
 
 // What a model's parallelize function hands back to the training step.
 struct ParallelizedModel {
@@ -83,6 +87,10 @@ struct ModelSpec {
       pipeline_split;
   // HF adapter for a flavor (HF layouts depend on shapes, e.g. heads for the RoPE permutation).
   std::function<HFAdapter(const std::string& flavor)> hf_adapter;
+  // The flavor as a checkpoint records it: a name unchanged; a flavor read from a file (a Hugging
+  // Face config.json) as the model's arguments themselves, which every function here accepts as a
+  // flavor, so that the checkpoint does not depend on the file.
+  std::function<std::string(const std::string& flavor)> flavor_record;
 };
 
 // Registers a spec (called once per model at start-up); a second spec with the same name is an error.

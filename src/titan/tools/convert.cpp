@@ -43,7 +43,9 @@ int64_t convert_to_hf(const std::string& step_dir, const std::string& out_dir, a
   std::string model, flavor;
   try {
     model = reader.info().at("model").at("name").get<std::string>();
-    flavor = reader.info().at("model").at("flavor").get<std::string>();
+    const nlohmann::json& m = reader.info().at("model");
+    // A flavor read from a Hugging Face config.json is recorded as the model's arguments (hf_config).
+    flavor = m.contains("hf_config") ? m.at("hf_config").get<std::string>() : m.at("flavor").get<std::string>();
   } catch (const nlohmann::json::exception&) {
     throw UserError("checkpoint " + step_dir + " does not record its model (info.model.name and .flavor in " +
                     checkpoint::kIndexFile + "), so it cannot be exported");
@@ -67,20 +69,14 @@ std::string convert_from_hf(const std::string& hf_dir, const std::string& out_st
   const ModelSpec& spec = model_spec(model);
   std::string chosen = flavor;
   if (chosen.empty()) {
+    // A registered flavor of the same shape, else the model's own config.json: any size imports.
     const auto matches = checkpoint::matching_hf_flavors(hf_dir, spec);
-    if (matches.empty()) {
-      const std::string config = checkpoint::read_file((fs::path(hf_dir) / checkpoint::kHFConfigFile).string());
-      std::string why;
-      for (const auto& f : spec.flavors) why += "\n  " + f + ": " + spec.hf_adapter(f).config_mismatch(config);
-      throw UserError(hf_dir + "/" + checkpoint::kHFConfigFile + " matches no " + spec.name + " flavor:" + why +
-                      "\nOnly models of a registered flavor's exact shape can be imported");
-    }
-    chosen = matches.front();
+    chosen = matches.empty() ? (fs::path(hf_dir) / checkpoint::kHFConfigFile).string() : matches.front();
   }
   TITAN_USER_CHECK(!fs::exists(out_step_dir), out_step_dir, " already exists: choose a new checkpoint folder");
   checkpoint::HFSource source(hf_dir, spec, chosen);
   const nlohmann::json info = {{"step", 0},
-                               {"model", {{"name", spec.name}, {"flavor", chosen}}},
+                               {"model", checkpoint::model_record(spec, chosen)},
                                {"contents", {"model"}},
                                {"world_size", 1},
                                {"layout", "single process"}};

@@ -9,7 +9,7 @@
 #include "titan/distributed/data_parallel.h"
 #include "titan/distributed/pipeline.h"
 #include "titan/distributed/placement.h"
-#include "titan/models/common/loss.h"
+#include "titan/nn/loss.h"
 #include "titan/models/registry.h"
 
 #include <ATen/ATen.h>

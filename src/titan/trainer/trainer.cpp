@@ -10,6 +10,7 @@
 #include "titan/components/checkpoint/safetensors.h"
 #include "titan/components/metrics/format.h"
 #include "titan/config/field.h"
+#include "titan/distributed/options.h"
 #include "titan/distributed/process_group.h"
 
 #include <ATen/ATen.h>
@@ -158,19 +159,7 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   // ---- parallelisms, applied by the model's parallelize function: tensor parallelism inside,
   // FSDP/HSDP/DDP/none outside (every parameter's values depend on (seed, name) only, whatever the layout)
   const auto& par = cfg_.parallelism;
-  dist::DataParallelOptions dpo;
-  dpo.fsdp.offload_to_cpu = tr.enable_cpu_offload;
-  dpo.fsdp.param_dtype = bf16_compute ? at::kBFloat16 : at::kFloat;
-  dpo.fsdp.reduce_dtype = at::kFloat;
-  dpo.fsdp.reshard_after_forward = par.fsdp_reshard_after_forward;
-  if (dims_->pp() > 1) {
-    // Under pipeline parallelism (as torchtitan): by default the units stay gathered across the
-    // step's microbatches and reduce once after the last backward; "always" reshards after every
-    // forward and backward action (lower memory, two all-gathers per unit and microbatch).
-    dpo.fsdp.reshard_after_backward = par.fsdp_reshard_after_forward == "always";
-    if (par.fsdp_reshard_after_forward == "default") dpo.fsdp.reshard_after_forward = "never";
-  }
-  dpo.shard_always = tr.enable_cpu_offload;
+  const dist::DataParallelOptions dpo = dist::data_parallel_options(par, tr, dims_->pp() > 1, bf16_compute);
   auto make_data_parallel = [&, seed] {
     return std::make_unique<dist::DataParallel>(
         (*mesh_)["dp_shard_cp"], (*mesh_)["dp_replicate"], dpo,
@@ -180,10 +169,7 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
         mesh_->device());
   };
   if (dims_->tp() > 1) {
-    dist::TensorParallelOptions tpo;
-    tpo.sequence_parallel = par.enable_sequence_parallel;
-    tpo.loss_parallel = !par.disable_loss_parallel;
-    tpo.async = par.enable_async_tensor_parallel;
+    const dist::TensorParallelOptions tpo = dist::tensor_parallel_options(par);
     dist::check_sequence_length(tr.seq_len, dims_->tp(), tpo.sequence_parallel);
     tensor_parallel_ = std::make_unique<dist::TensorParallel>((*mesh_)["tp"], tpo);
   }
@@ -197,13 +183,7 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   ParallelizeContext pctx;
   pctx.tensor_parallel = tensor_parallel_.get();
   pctx.context_parallel = context_parallel_.get();
-  pctx.ac_mode = cfg_.activation_checkpoint.mode;
-  if (pctx.ac_mode == "selective") {
-    if (cfg_.activation_checkpoint.selective_ac_option == "op")
-      pctx.ac_mode = cfg_.activation_checkpoint.per_op_policy == "all_matmuls" ? "op_all_matmuls" : "op";
-    else
-      pctx.ac_every = std::stoll(cfg_.activation_checkpoint.selective_ac_option);
-  }
+  set_activation_checkpointing(pctx, cfg_.activation_checkpoint);
   if (dims_->pp() > 1) {
     // The whole model above holds only shapes (for initialization and the figures); the stages hold
     // the parameters. Hidden states cross between stages in the compute dtype (FSDP's param_dtype).
@@ -222,14 +202,9 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   }
 
   // ---- optimizer and learning-rate schedule
-  const auto& o = cfg_.optimizer;
-  TITAN_USER_CHECK(o.implementation != "foreach", "optimizer.implementation 'foreach' is not supported; use fused "
-                   "(the default) or for-loop, which compute the same update");
-  optimizer_ = std::make_unique<Optimizer>(
-      named, OptimizerOptions{o.name, o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.implementation});
-  const auto& ls = cfg_.lr_scheduler;
-  lr_schedule_ = std::make_unique<LRSchedule>(LRScheduleOptions{ls.warmup_steps, ls.decay_ratio, ls.decay_type, ls.min_lr_factor},
-                                              ls.total_steps.value_or(tr.steps));
+  optimizer_ = std::make_unique<Optimizer>(named, optimizer_options(cfg_.optimizer));
+  lr_schedule_ = std::make_unique<LRSchedule>(lr_schedule_options(cfg_.lr_scheduler),
+                                              cfg_.lr_scheduler.total_steps.value_or(tr.steps));
 
   // ---- data: each data-parallel rank reads its local_batch_size part of every global batch, in
   // gradient_accumulation_steps micro-batches
@@ -238,46 +213,21 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   TITAN_USER_CHECK(global_batch % (tr.local_batch_size * dp) == 0, "training.global_batch_size ", global_batch,
                    " is not a multiple of local_batch_size ", tr.local_batch_size, " x data-parallel degree ", dp);
   grad_accum_steps_ = global_batch / (tr.local_batch_size * dp);
-  data::DataConfig dc;
-  dc.dp_rank = (*mesh_)["dp"].rank();
-  dc.dp_world = static_cast<int>(dp);
-  dc.dataset = tr.dataset;
-  dc.dataset_path = tr.dataset_path;
-  dc.local_batch_size = tr.local_batch_size;
-  dc.seq_len = tr.seq_len;
-  dataloader_ = data::make_dataloader(dc, *tokenizer_);
+  dataloader_ = data::make_dataloader(data::data_config(tr, (*mesh_)["dp"].rank(), static_cast<int>(dp)), *tokenizer_);
 
   // ---- metrics
-  metrics::MetricsOptions mo;
-  mo.log_freq = cfg_.metrics.log_freq;
-  mo.enable_tensorboard = cfg_.metrics.enable_tensorboard;
-  mo.save_tb_folder = cfg_.metrics.save_tb_folder;
-  mo.save_for_all_ranks = cfg_.metrics.save_for_all_ranks;
-  mo.dump_folder = cfg_.job.dump_folder;
-  mo.color = metrics::default_color(cfg_.metrics.disable_color_printing);
-  mo.total_steps = tr.steps;
+  metrics::MetricsOptions mo = metrics::metrics_options(cfg_.metrics, cfg_.job, tr.steps);
   mo.device = device_;
   mo.rank = env_.rank;
   mo.non_data_parallel_size = dims_->non_data_parallel_size();
-  if (const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT")) mo.restart = std::atoll(attempt);
   metrics_ = std::make_unique<metrics::MetricsLogger>(mo);
 
   // ---- profiler traces and memory snapshots at the configured steps
-  const auto& pr = cfg_.profiling;
-  if (pr.enable_profiling || pr.enable_memory_snapshot) {
-    metrics::ProfilerOptions po;
-    po.traces = pr.enable_profiling;
-    po.traces_dir = (std::filesystem::path(cfg_.job.dump_folder) / pr.save_traces_folder).string();
-    po.freq = pr.profile_freq;
-    po.warmup = pr.profiler_warmup;
-    po.active = pr.profiler_active;
-    po.memory_snapshots = pr.enable_memory_snapshot;
-    po.snapshot_dir = (std::filesystem::path(cfg_.job.dump_folder) / pr.save_memory_snapshot_folder).string();
-    po.snapshot_freq = pr.profile_freq;
-    po.rank = env_.rank;
-    po.device = device_;
-    po.log = [this](const std::string& line) { log_info(line); };
-    profiler_ = std::make_unique<metrics::Profiler>(po);
+  if (std::optional<metrics::ProfilerOptions> po = metrics::profiler_options(cfg_.profiling, cfg_.job)) {
+    po->rank = env_.rank;
+    po->device = device_;
+    po->log = [this](const std::string& line) { log_info(line); };
+    profiler_ = std::make_unique<metrics::Profiler>(*po);
   }
 
   // ---- what this run is, for the log; the resolved config goes to dump_folder
@@ -418,8 +368,18 @@ Trainer::StepOnDevice Trainer::run_step() {
   // first, it is the data-parallel rank's loss.
   if (context_parallel_) (*mesh_)["cp"].all_reduce(loss_sum).wait();
   const at::Tensor bad_loss = at::where(at::isfinite(loss_sum), 0.0, std::numeric_limits<double>::infinity());
-  at::Tensor grad_norm = dist::clip_grad_norm(params_, tr.max_norm, *mesh_, bad_loss,
-                                              pipeline_ ? std::vector<std::string>{"pp"} : std::vector<std::string>{});
+  // A copy of a parameter shared between pipeline stages (tied embeddings) counts once in the norm,
+  // on the primary copy's stage, and is scaled like the others (so the copies stay equal).
+  std::vector<dist::PlacedTensor> counted;
+  std::vector<at::Tensor> copies;
+  for (const auto& p : params_) {
+    if (!is_shared_copy(p.name)) counted.push_back(p);
+    else if (p.local.grad().defined()) copies.push_back(p.local.grad());
+  }
+  at::Tensor grad_norm = dist::clip_grad_norm(shared_gradients_.empty() ? params_ : counted, tr.max_norm, *mesh_,
+                                              bad_loss,
+                                              pipeline_ ? std::vector<std::string>{"pp"} : std::vector<std::string>{},
+                                              copies);
   // Global average loss (sum over ranks) and the largest local average.
   at::Tensor local_avg = loss_sum * (global_tokens / local_tokens);
   (*mesh_)["dp"].all_reduce(loss_sum).wait();

@@ -132,7 +132,8 @@ class Trainer {
   [[noreturn]] void throw_out_of_memory(const c10::OutOfMemoryError& e, int64_t step);
   void save_checkpoint_at_step();  // the periodic save, or the last one (model only / Hugging Face)  // the checkpointer, then the resume (or initial load) if there is one
   // The tensors of a checkpoint by checkpoint name: "model.<param>", "optimizer.<param>.exp_avg", ...
-  std::vector<dist::PlacedTensor> checkpoint_tensors(const std::vector<std::string>& parts);
+  // saving: without the copies of shared parameters that another rank writes (is_shared_copy).
+  std::vector<dist::PlacedTensor> checkpoint_tensors(const std::vector<std::string>& parts, bool saving);
   nlohmann::json checkpoint_state();
   // Runs `f` on every rank; if it throws on any, every rank throws (the failing rank its own error,
   // the others one naming `what`), so that no rank waits for another in a collective.
@@ -160,6 +161,17 @@ class Trainer {
   std::vector<std::vector<std::string>> stage_modules_;  // every stage's modules
   std::unique_ptr<dist::PipelineRunner> pipeline_;
   int64_t pipeline_seq_len_ = 0;  // the attended sequence's length (the rank's CP part) in the running step or evaluation
+  // Parameters another stage on another pipeline rank also holds (a tied embedding table): their
+  // gradients are exchanged with that rank and summed after backward (sum_shared_gradients).
+  struct SharedGradient {
+    std::string name;
+    bool primary = true;  // the copy checkpoints write and the gradient norm counts
+    int peer = -1;        // the pipeline rank holding the other copy
+  };
+  std::vector<SharedGradient> shared_gradients_;
+  void sum_shared_gradients();
+  // Whether `name` is a parameter this rank holds as a non-primary copy (see SharedGradient).
+  bool is_shared_copy(const std::string& name) const;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<LRSchedule> lr_schedule_;
   std::unique_ptr<data::DataLoader> dataloader_;

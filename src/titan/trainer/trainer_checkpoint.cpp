@@ -43,13 +43,18 @@ at::ScalarType export_dtype(const std::string& name) {
 
 }  // namespace
 
-std::vector<dist::PlacedTensor> Trainer::checkpoint_tensors(const std::vector<std::string>& parts) {
+std::vector<dist::PlacedTensor> Trainer::checkpoint_tensors(const std::vector<std::string>& parts, bool saving) {
   std::vector<dist::PlacedTensor> out;
+  // A copy of a parameter another pipeline stage holds too (tied embeddings) is loaded like the
+  // primary but written by the primary's ranks only.
+  auto skipped = [&](const dist::PlacedTensor& p) { return saving && is_shared_copy(p.name); };
   if (has(parts, "model"))
-    for (const auto& p : params_) out.push_back({"model." + p.name, p.local, p.placement});
+    for (const auto& p : params_)
+      if (!skipped(p)) out.push_back({"model." + p.name, p.local, p.placement});
   if (has(parts, "optimizer")) {
     const auto state = optimizer_->state_dict();  // aliases of the live state
     for (const auto& p : params_) {
+      if (skipped(p)) continue;
       out.push_back({"optimizer." + p.name + ".exp_avg", state.at(p.name + ".exp_avg"), p.placement});
       out.push_back({"optimizer." + p.name + ".exp_avg_sq", state.at(p.name + ".exp_avg_sq"), p.placement});
       // The step count is the same on every piece: written once, by the first shard's primary copy.
@@ -90,7 +95,7 @@ void Trainer::save_checkpoint(bool model_only, std::optional<at::ScalarType> cas
   so.cast_floats_to = cast;
   // Each replicated piece (HSDP/DDP replicas, TP-replicated norms) is written by one of its holders,
   // chosen so that every rank writes about the same bytes.
-  std::vector<dist::PlacedTensor> tensors = checkpoint_tensors(parts);
+  std::vector<dist::PlacedTensor> tensors = checkpoint_tensors(parts, /*saving=*/true);
   checkpoint::assign_writers(tensors, [&](const std::string& dim) {
     auto& g = (*mesh_)[dim];
     return std::pair<int, int>(g.rank(), g.size());
@@ -98,7 +103,7 @@ void Trainer::save_checkpoint(bool model_only, std::optional<at::ScalarType> cas
   checkpoint::Snapshot snap = checkpoint::take_snapshot(tensors, so);
   nlohmann::json contents = parts;
   snap.info = {{"step", step_},
-               {"model", {{"name", cfg_.model.name}, {"flavor", cfg_.model.flavor}}},
+               {"model", checkpoint::model_record(model_spec(cfg_.model.name), cfg_.model.flavor)},
                {"contents", contents},
                {"world_size", env_.world_size},
                {"layout", dims_->describe()}};
@@ -158,7 +163,7 @@ void Trainer::load_checkpoint(checkpoint::Source& source, std::vector<std::strin
   // rank succeeded. Then the blocks are read again straight into the live tensors: no second copy of
   // the model and optimizer state is ever held.
   std::optional<int64_t> step, tokens, lr_step;
-  const std::vector<dist::PlacedTensor> tensors = checkpoint_tensors(parts);
+  const std::vector<dist::PlacedTensor> tensors = checkpoint_tensors(parts, /*saving=*/false);
   on_every_rank([&] {
     checkpoint::check(source, tensors, allow_cast);
     if (has(parts, "train_state")) {

@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
+#include <map>
 #include <set>
 
 namespace titan {
@@ -60,6 +61,16 @@ void Trainer::set_up_pipeline(const ModelSpec& spec, ParallelizeContext pctx,
       CudaBf16Autocast autocast(bf16_autocast_);
       return m->forward(in, pipeline_seq_len_);
     };
+    // A parameter shared with another stage (a tied embedding table, first and last stage): its
+    // gradients are summed with the other copy's after backward, over the pp group.
+    for (const auto& shared : stage_model->shared_parameters()) {
+      const int other = shared.primary ? num_stages - 1 : 0;
+      TITAN_USER_CHECK(ranks[other] != pp_group.rank(), "the first and the last pipeline stage are on the same "
+                       "pipeline rank (schedule ", plan.schedule, "), and this model ties its output projection to "
+                       "the token embedding, which both stages hold: choose a schedule that places them on "
+                       "different ranks (e.g. 1F1B or Interleaved1F1B), or a flavor without tied embeddings");
+      shared_gradients_.push_back({shared.name, shared.primary, ranks[other]});
+    }
     ps.parameters = stage_model->parameters();
     ps.after_backward = [dp] { dp->after_backward(false); };
     stages.push_back(std::move(ps));
@@ -103,7 +114,42 @@ at::Tensor Trainer::pipeline_forward_backward(int64_t step, double global_tokens
   }
   TraceRange range(mem::Phase::Communication, "pipeline gradient reduction");
   for (auto& dp : data_parallel_) dp->reduce_gradients();
+  sum_shared_gradients();
   return total;
+}
+
+void Trainer::sum_shared_gradients() {
+  if (shared_gradients_.empty()) return;
+  // Each copy's gradient (already reduced over its data-parallel peers, so both hold the same shard
+  // of it) goes to the other copy's rank, which adds it. Messages between the two ranks are posted in
+  // one order on both sides (the primary sends first), so that order-matched point-to-point (NCCL)
+  // pairs them; a tag of its own keeps them apart from the schedule's on Gloo.
+  constexpr int kTag = 1 << 20;
+  dist::Group& pp = (*mesh_)["pp"];
+  std::map<std::string, const dist::PlacedTensor*> mine;
+  for (const auto& p : params_) mine[p.name] = &p;
+  for (const SharedGradient& s : shared_gradients_) {
+    const dist::PlacedTensor& p = *mine.at(s.name);
+    at::Tensor grad = p.local.grad();
+    TITAN_ASSERT(grad.defined(), "shared parameter ", s.name, " has no gradient after backward");
+    const at::Tensor mine_out = grad.to(mesh_->device()).contiguous();
+    at::Tensor theirs = at::empty_like(mine_out);
+    if (s.primary) {
+      pp.send(mine_out, s.peer, kTag).wait();
+      pp.recv(theirs, s.peer, kTag).wait();
+    } else {
+      pp.recv(theirs, s.peer, kTag).wait();
+      pp.send(mine_out, s.peer, kTag).wait();
+    }
+    at::NoGradGuard no_grad;
+    grad.add_(theirs.to(grad.device()));
+  }
+}
+
+bool Trainer::is_shared_copy(const std::string& name) const {
+  for (const SharedGradient& s : shared_gradients_)
+    if (s.name == name && !s.primary) return true;
+  return false;
 }
 
 at::Tensor Trainer::pipeline_evaluate(const at::Tensor& inputs_BS, const at::Tensor& labels_BS) {

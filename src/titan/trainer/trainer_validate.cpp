@@ -19,14 +19,7 @@ void Trainer::set_up_validation() {
     dist::check_context_parallel_sequence(v.seq_len, dims_->cp(), context_parallel_->options().load_balance,
                                           dims_->tp(), tensor_parallel_ && tensor_parallel_->options().sequence_parallel,
                                           "validation.seq_len");
-  data::DataConfig dc;
-  dc.dp_rank = (*mesh_)["dp"].rank();
-  dc.dp_world = static_cast<int>(dims_->dp_size());
-  dc.dataset = v.dataset;
-  dc.dataset_path = v.dataset_path;
-  dc.local_batch_size = v.local_batch_size;
-  dc.seq_len = v.seq_len;
-  dc.section = "validation";
+  const data::DataConfig dc = data::data_config(v, (*mesh_)["dp"].rank(), static_cast<int>(dims_->dp_size()));
   try {
     val_loader_ = data::make_dataloader(dc, *tokenizer_);
   } catch (const UserError& e) {

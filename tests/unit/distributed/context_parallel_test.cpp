@@ -11,7 +11,7 @@
 #include "titan/common/memory_tracker.h"
 #include "titan/distributed/context_parallel.h"
 #include "titan/distributed/mesh.h"
-#include "titan/models/common/layers.h"
+#include "titan/nn/layers.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>

@@ -16,9 +16,9 @@
 #include "titan/distributed/data_parallel.h"
 #include "titan/distributed/mesh.h"
 #include "titan/distributed/placement.h"
-#include "titan/models/common/activation_checkpoint.h"
+#include "titan/nn/activation_checkpoint.h"
 #include "titan/models/llama3/model.h"
-#include "titan/models/llama3/parallelize.h"
+#include "titan/models/common/decoder_parallelize.h"
 #include "titan/models/registry.h"
 
 #include <ATen/ATen.h>
@@ -76,7 +76,7 @@ TITAN_TEST_WORKER_FN(data_parallel) {
   for (const auto& p : ref->named_parameters()) ref_named.emplace_back(p.key(), p.value());
   const int64_t full_bytes = ref->num_params() * 4;
 
-  // The model's own plan (llama3::parallelize) through the one data-parallel interface: activation
+  // The model's own plan (parallelize_decoder) through the one data-parallel interface: activation
   // checkpointing inside FSDP's (or DDP's) hooks, whose recomputation must communicate nothing more
   // (the counts below are the same as without it); FSDP units: each block, [norm, output], the root.
   dist::DataParallelOptions dpo;
@@ -90,7 +90,7 @@ TITAN_TEST_WORKER_FN(data_parallel) {
   ParallelizeContext ctx;
   ctx.ac_mode = ac;
   ctx.data_parallel = &data_par;
-  llama3::parallelize(*par, ctx);
+  parallelize_decoder(*par, ctx);
   dist::FSDP* fsdp = data_par.fsdp();
   dist::DDP* ddp = data_par.ddp();
   TITAN_WORKER_CHECK(data_par.kind() == (dims.fsdp_enabled() ? (dims.dp_replicate_enabled() ? "HSDP" : "FSDP") : "DDP"),

@@ -14,7 +14,7 @@
 #include "titan/distributed/data_parallel.h"
 #include "titan/distributed/mesh.h"
 #include "titan/models/llama3/model.h"
-#include "titan/models/llama3/parallelize.h"
+#include "titan/models/common/decoder_parallelize.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -67,7 +67,7 @@ TITAN_TEST_WORKER_FN(fsdp_memory) {
   dist::FSDP& fsdp = *dp.fsdp();
   ParallelizeContext ctx;
   ctx.data_parallel = &dp;
-  llama3::parallelize(*model, ctx);
+  parallelize_decoder(*model, ctx);
   const int64_t sharded = mem::cpu_allocated_bytes() - before_model;
   const int64_t build_peak = mem::cpu_peak_bytes() - before_model;
   // Padding: 130 vocabulary rows over 4 ranks and the like add well under 5%.

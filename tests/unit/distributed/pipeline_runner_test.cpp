@@ -5,7 +5,7 @@
 #include "test_util.h"
 
 #include "titan/distributed/pipeline.h"
-#include "titan/models/common/activation_checkpoint.h"
+#include "titan/nn/activation_checkpoint.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>

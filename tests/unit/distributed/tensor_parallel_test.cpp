@@ -2,7 +2,7 @@
 // DDP) against the single-process computation, in several processes with Gloo.
 //
 // Every worker trains a small Llama twice: once alone on the whole global batch (the reference)
-// and once through llama3::parallelize with the layout under test. Checked at every step: the loss
+// and once through parallelize_decoder with the layout under test. Checked at every step: the loss
 // (1e-5 relative), every parameter's gradient gathered through its placement (1e-5 of its scale at
 // the first step, 1e-4 later: later steps start from parameters that already differ by rounding),
 // the global gradient norm, and the bytes each mesh dimension moved against the formulas of
@@ -20,9 +20,9 @@
 #include "titan/distributed/mesh.h"
 #include "titan/distributed/placement.h"
 #include "titan/distributed/tensor_parallel.h"
-#include "titan/models/common/loss.h"
+#include "titan/nn/loss.h"
 #include "titan/models/llama3/model.h"
-#include "titan/models/llama3/parallelize.h"
+#include "titan/models/common/decoder_parallelize.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -90,7 +90,7 @@ TITAN_TEST_WORKER_FN(tensor_parallel) {
   ctx.data_parallel = &data_par;
   ctx.tensor_parallel = &tensor_par;
   ctx.ac_mode = ac;
-  const ParallelizedModel model = llama3::parallelize(*par, ctx);
+  const ParallelizedModel model = parallelize_decoder(*par, ctx);
 
   std::vector<std::pair<std::string, at::Tensor>> ref_named;
   for (const auto& p : ref->named_parameters()) ref_named.emplace_back(p.key(), p.value());
@@ -315,7 +315,7 @@ TEST(TensorParallel, DegreesThatDoNotDivideTheModelAreClearErrors) {
     ctx.data_parallel = &data_par;
     ctx.tensor_parallel = &tensor_par;
     try {
-      llama3::parallelize(*m, ctx);
+      parallelize_decoder(*m, ctx);
     } catch (const UserError& e) {
       return e.what();
     }

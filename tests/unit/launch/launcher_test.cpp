@@ -4,7 +4,7 @@
 #include "test_util.h"
 
 #include "titan/common/error.h"
-#include "titan/distributed/launcher.h"
+#include "titan/launch/launcher.h"
 
 #include <gtest/gtest.h>
 

@@ -6,7 +6,7 @@
 #include "test_util.h"
 
 #include "titan/common/autocast.h"
-#include "titan/models/common/activation_checkpoint.h"
+#include "titan/nn/activation_checkpoint.h"
 #include "titan/models/llama3/model.h"
 #include "titan/models/registry.h"
 

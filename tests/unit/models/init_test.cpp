@@ -4,7 +4,7 @@
 #include "models/tiny_llama.h"
 
 #include "titan/common/error.h"
-#include "titan/models/common/init.h"
+#include "titan/nn/init.h"
 #include "titan/models/llama3/model.h"
 
 #include <ATen/ATen.h>

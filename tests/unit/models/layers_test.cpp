@@ -1,4 +1,4 @@
-// The memory-lean layers of titan/models/common/layers.h against their plain ATen formulations (the
+// The memory-lean layers of titan/nn/layers.h against their plain ATen formulations (the
 // layers as first written: at::rms_norm, complex RoPE through autograd, K/V repeated for grouped-query
 // attention, silu(h1) * h3 through autograd).
 //
@@ -22,7 +22,7 @@
 #include "test_util.h"
 
 #include "titan/common/autocast.h"
-#include "titan/models/common/layers.h"
+#include "titan/nn/layers.h"
 #include "titan/models/llama3/model.h"
 
 #include <ATen/ATen.h>

@@ -26,7 +26,7 @@
 
 #include "titan/common/autocast.h"
 #include "titan/components/checkpoint/safetensors.h"
-#include "titan/models/llama3/hf_adapter.h"
+#include "titan/models/llama3/llama3.h"
 #include "titan/models/llama3/model.h"
 
 #include <ATen/ATen.h>

@@ -2,7 +2,7 @@
 #include "test_util.h"
 
 #include "titan/common/error.h"
-#include "titan/models/llama3/hf_adapter.h"
+#include "titan/models/llama3/llama3.h"
 #include "titan/models/llama3/model.h"
 #include "titan/models/registry.h"
 #include "titan/tools/estimate.h"

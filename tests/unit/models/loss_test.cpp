@@ -1,4 +1,4 @@
-// Chunked cross-entropy (titan/models/common/loss.h) against at::cross_entropy_loss on fp32 logits
+// Chunked cross-entropy (titan/nn/loss.h) against at::cross_entropy_loss on fp32 logits
 // with reduction Sum, the formulation the trainer used before.
 //
 // Tolerances, relative to the tensor's scale: the loss 1e-6 (both sum fp32 terms, in a different
@@ -9,7 +9,7 @@
 #include "models/graph_memory.h"
 #include "test_util.h"
 
-#include "titan/models/common/loss.h"
+#include "titan/nn/loss.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>

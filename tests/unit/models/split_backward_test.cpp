@@ -5,8 +5,8 @@
 // the body runs once more in all (not once per pass).
 #include "test_util.h"
 
-#include "titan/models/common/activation_checkpoint.h"
-#include "titan/models/common/split_backward.h"
+#include "titan/nn/activation_checkpoint.h"
+#include "titan/nn/split_backward.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>

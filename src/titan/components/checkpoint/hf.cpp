@@ -261,4 +261,11 @@ std::vector<std::string> matching_hf_flavors(const std::string& hf_dir, const Mo
   return out;
 }
 
+nlohmann::json model_record(const ModelSpec& spec, const std::string& flavor) {
+  nlohmann::json record = {{"name", spec.name}, {"flavor", flavor}};
+  const std::string recorded = spec.flavor_record ? spec.flavor_record(flavor) : flavor;
+  if (recorded != flavor) record["hf_config"] = recorded;
+  return record;
+}
+
 }  // namespace titan::checkpoint

@@ -13,6 +13,8 @@
 #include "titan/components/checkpoint/source.h"
 #include "titan/models/registry.h"
 
+#include <nlohmann/json.hpp>
+
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -91,5 +93,10 @@ class HFSource : public Source {
 
 // The flavors of `spec` whose Hugging Face config matches `hf_dir`/config.json.
 std::vector<std::string> matching_hf_flavors(const std::string& hf_dir, const ModelSpec& spec);
+
+// What a checkpoint records of its model (info.model): {"name", "flavor"}, and for a flavor read from
+// a Hugging Face config.json the model's arguments as "hf_config" (a flavor every ModelSpec function
+// accepts), so that exporting or inspecting the checkpoint does not need the file.
+nlohmann::json model_record(const ModelSpec& spec, const std::string& flavor);
 
 }  // namespace titan::checkpoint

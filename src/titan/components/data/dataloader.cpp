@@ -15,6 +15,29 @@
 namespace titan::data {
 namespace fs = std::filesystem;
 
+DataConfig data_config(const config::Training& t, int dp_rank, int dp_world) {
+  DataConfig dc;
+  dc.dataset = t.dataset;
+  dc.dataset_path = t.dataset_path;
+  dc.local_batch_size = t.local_batch_size;
+  dc.seq_len = t.seq_len;
+  dc.dp_rank = dp_rank;
+  dc.dp_world = dp_world;
+  return dc;
+}
+
+DataConfig data_config(const config::Validation& v, int dp_rank, int dp_world) {
+  DataConfig dc;
+  dc.dataset = v.dataset;
+  dc.dataset_path = v.dataset_path;
+  dc.local_batch_size = v.local_batch_size;
+  dc.seq_len = v.seq_len;
+  dc.dp_rank = dp_rank;
+  dc.dp_world = dp_world;
+  dc.section = "validation";
+  return dc;
+}
+
 namespace {
 constexpr const char* kCorpus = "assets/corpus/corpus.jsonl.zst";
 constexpr const char* kC4Test = "assets/c4_test";

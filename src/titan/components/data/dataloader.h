@@ -8,6 +8,8 @@
 #pragma once
 
 #include "titan/components/data/window_source.h"
+#include "titan/config/sections_run.h"
+#include "titan/config/sections_train.h"
 #include "titan/components/tokenizer/tokenizer.h"
 
 #include <ATen/core/Tensor.h>
@@ -28,6 +30,10 @@ struct DataConfig {
   int dp_world = 1;                 // number of data-parallel ranks
   std::string section = "training"; // the config table errors name ("training" or "validation")
 };
+
+// The [training] and [validation] sections' data options, for data-parallel rank dp_rank of dp_world.
+DataConfig data_config(const config::Training& section, int dp_rank, int dp_world);
+DataConfig data_config(const config::Validation& section, int dp_rank, int dp_world);
 
 // One step's samples for this rank: int64 CPU tensors of shape (local_batch_size, seq_len);
 // labels[b][t] = inputs[b][t+1] within the sample's window of seq_len + 1 tokens.

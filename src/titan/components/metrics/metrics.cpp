@@ -32,6 +32,19 @@ double unix_seconds() {
 
 }  // namespace
 
+MetricsOptions metrics_options(const config::Metrics& m, const config::Job& job, int64_t total_steps) {
+  MetricsOptions mo;
+  mo.log_freq = m.log_freq;
+  mo.enable_tensorboard = m.enable_tensorboard;
+  mo.save_tb_folder = m.save_tb_folder;
+  mo.save_for_all_ranks = m.save_for_all_ranks;
+  mo.dump_folder = job.dump_folder;
+  mo.color = default_color(m.disable_color_printing);
+  mo.total_steps = total_steps;
+  if (const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT")) mo.restart = std::atoll(attempt);
+  return mo;
+}
+
 bool default_color(bool disable_color_printing) {
   if (disable_color_printing || isatty(STDOUT_FILENO) != 1) return false;
   if (std::getenv("NO_COLOR") != nullptr) return false;

@@ -23,6 +23,7 @@
 #include "titan/components/metrics/memory_monitor.h"
 #include "titan/components/metrics/progress.h"
 #include "titan/components/metrics/tensorboard.h"
+#include "titan/config/sections_run.h"
 
 #include <c10/core/Device.h>
 
@@ -55,6 +56,10 @@ struct MetricsOptions {
   std::string metrics_file = "metrics.jsonl";  // under dump_folder, appended by the metrics rank; "" for none
   int64_t restart = 0;                    // the launcher's restart count (TORCHELASTIC_RESTART_COUNT), recorded
 };
+
+// The [metrics] section's options (log frequency, TensorBoard, colors), with the job's dump folder,
+// the run's total steps and the launcher's restart count; the trainer adds rank and device.
+MetricsOptions metrics_options(const config::Metrics& section, const config::Job& job, int64_t total_steps);
 
 // The values of one logged step, measured by the trainer.
 struct StepStats {

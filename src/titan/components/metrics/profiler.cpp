@@ -13,6 +13,20 @@
 #include <set>
 
 namespace titan::metrics {
+
+std::optional<ProfilerOptions> profiler_options(const config::Profiling& pr, const config::Job& job) {
+  if (!pr.enable_profiling && !pr.enable_memory_snapshot) return std::nullopt;
+  ProfilerOptions po;
+  po.traces = pr.enable_profiling;
+  po.traces_dir = (std::filesystem::path(job.dump_folder) / pr.save_traces_folder).string();
+  po.freq = pr.profile_freq;
+  po.warmup = pr.profiler_warmup;
+  po.active = pr.profiler_active;
+  po.memory_snapshots = pr.enable_memory_snapshot;
+  po.snapshot_dir = (std::filesystem::path(job.dump_folder) / pr.save_memory_snapshot_folder).string();
+  po.snapshot_freq = pr.profile_freq;
+  return po;
+}
 namespace fs = std::filesystem;
 namespace kineto = torch::autograd::profiler;
 using torch::profiler::impl::ActivityType;

@@ -18,11 +18,14 @@
 // failed).
 #pragma once
 
+#include "titan/config/sections_run.h"
+
 #include <c10/core/Device.h>
 
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace titan::metrics {
@@ -41,6 +44,10 @@ struct ProfilerOptions {
   c10::Device device = c10::Device(c10::kCPU);
   std::function<void(const std::string&)> log;  // where progress lines go (rank 0's log); may be empty
 };
+
+// The [profiling] section's options (folders under the job's dump folder), or none when neither
+// traces nor memory snapshots are on; the trainer adds rank, device and the log.
+std::optional<ProfilerOptions> profiler_options(const config::Profiling& section, const config::Job& job);
 
 class Profiler {
  public:

@@ -8,6 +8,10 @@
 
 namespace titan {
 
+LRScheduleOptions lr_schedule_options(const config::LRScheduler& s) {
+  return LRScheduleOptions{s.warmup_steps, s.decay_ratio, s.decay_type, s.min_lr_factor};
+}
+
 LRSchedule::LRSchedule(const LRScheduleOptions& opts, int64_t total_steps) : opts_(opts) {
   TITAN_USER_CHECK(total_steps > 0, "training.steps must be positive, got ", total_steps);
   TITAN_USER_CHECK(opts.warmup_steps >= 0, "lr_scheduler.warmup_steps must be >= 0, got ", opts.warmup_steps);

@@ -10,6 +10,8 @@
 // warmup + decay <= total) or total - warmup without decay_ratio, stable = total + 1 - warmup - decay.
 #pragma once
 
+#include "titan/config/sections_train.h"
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -22,6 +24,9 @@ struct LRScheduleOptions {
   std::string decay_type = "linear";  // "linear" | "sqrt" | "cosine"
   double min_lr_factor = 0.0;
 };
+
+// The [lr_scheduler] section's options.
+LRScheduleOptions lr_schedule_options(const config::LRScheduler& section);
 
 class LRSchedule {
  public:

@@ -10,6 +10,12 @@
 
 namespace titan {
 
+OptimizerOptions optimizer_options(const config::Optimizer& o) {
+  TITAN_USER_CHECK(o.implementation != "foreach", "optimizer.implementation 'foreach' is not supported; use fused "
+                   "(the default) or for-loop, which compute the same update");
+  return OptimizerOptions{o.name, o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, o.implementation};
+}
+
 Optimizer::Optimizer(std::vector<std::pair<std::string, at::Tensor>> named_params, OptimizerOptions opts)
     : opts_(std::move(opts)), lr_(opts_.lr) {
   TITAN_USER_CHECK(opts_.name == "AdamW" || opts_.name == "Adam", "optimizer.name '", opts_.name,

@@ -7,6 +7,8 @@
 // (zeros) at the first step or when first read or loaded through state_dict/load_state_dict.
 #pragma once
 
+#include "titan/config/sections_train.h"
+
 #include <ATen/core/Tensor.h>
 
 #include <map>
@@ -25,6 +27,10 @@ struct OptimizerOptions {
   double weight_decay = 0.1;
   std::string implementation = "fused";  // "fused" | "for-loop"
 };
+
+// The [optimizer] section's options. Throws UserError for implementation "foreach", which titan
+// does not implement (fused and for-loop compute the same update).
+OptimizerOptions optimizer_options(const config::Optimizer& section);
 
 class Optimizer {
  public:

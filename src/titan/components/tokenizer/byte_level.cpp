@@ -1,6 +1,6 @@
 #include "titan/components/tokenizer/byte_level.h"
 
-#include "titan/components/tokenizer/utf8.h"
+#include "titan/common/utf8.h"
 
 #include <unordered_map>
 

@@ -21,7 +21,7 @@
 #include "titan/components/tokenizer/byte_level.h"
 #include "titan/components/tokenizer/literal_matcher.h"
 #include "titan/components/tokenizer/regex_split.h"
-#include "titan/components/tokenizer/utf8.h"
+#include "titan/common/utf8.h"
 
 #include <nlohmann/json.hpp>
 

@@ -1,76 +1,15 @@
-// Llama 3 decoder (single-device code). Parameter names are torchtitan's native ones:
-//   tok_embeddings.weight (V, D)
-//   layers.N.attention_norm.weight (D)      layers.N.ffn_norm.weight (D)
-//   layers.N.attention.wq.weight (H*E, D)   wk, wv: (K*E, D)   wo: (D, H*E)
-//   layers.N.feed_forward.w1.weight (F, D)  w3: (F, D)         w2: (D, F)
-//   norm.weight (D)                         output.weight (V, D)  (absent when embeddings are tied)
+// Llama 3 is the shared decoder (models/common/decoder.h) with Llama 3's flavors (args.h); these
+// names keep the family's own vocabulary.
 #pragma once
 
-#include "titan/models/common/layers.h"
+#include "titan/models/common/decoder.h"
 #include "titan/models/llama3/args.h"
-#include "titan/models/model.h"
-
-#include <torch/nn/modules/container/moduledict.h>
-
-#include <functional>
-#include <map>
-#include <utility>
 
 namespace titan::llama3 {
 
-class TransformerBlockImpl : public nn::HookedModule {
- public:
-  TransformerBlockImpl(int64_t layer_id, const ModelArgs& args, const at::TensorOptions& opts);
-  at::Tensor forward(const at::Tensor& x_BSD, const at::Tensor& cis_SE2);
-
-  nn::Attention attention{nullptr};
-  nn::FeedForward feed_forward{nullptr};
-  nn::RMSNorm attention_norm{nullptr}, ffn_norm{nullptr};
-};
-TORCH_MODULE(TransformerBlock);
-
-// The whole model, or one pipeline stage of it: the modules named in `modules` (the model's split,
-// e.g. {"tok_embeddings", "layers.0", "layers.1"}), with their global names. A stage's forward takes
-// tokens (B, S) when it holds the embedding and the previous stage's hidden states (B, S, D) when
-// not, and returns logits (B, S, V) when it holds the output projection, hidden states otherwise.
-class TransformerImpl : public LanguageModelImpl {
- public:
-  // opts: device and dtype of the parameters (use device meta for a shape-only model). modules:
-  // empty for the whole model. Throws UserError for a name the model does not have, and for a stage
-  // that would need the tied embedding table without holding it.
-  TransformerImpl(ModelArgs args, const at::TensorOptions& opts, const std::vector<std::string>& modules = {});
-  at::Tensor forward(const at::Tensor& input, int64_t seq_len = 0) override;
-  void init_elements(uint64_t seed, const std::string& name, at::Tensor out, int64_t first) const override;
-  double flops_per_token(int64_t seq_len) const override;
-  int64_t vocab_size() const override { return args_.vocab_size; }
-  int64_t hidden_size() const override { return args_.dim; }
-
-  const ModelArgs& args() const { return args_; }
-  // RoPE rotations cos + i sin (S, E/2), complex64 on `device`, computed once per (S, device).
-  at::Tensor rope_table(int64_t seq_len, const at::Device& device);
-  // Context parallelism: the input holds, of every sequence of `degree` times its length, the
-  // tokens at positions(that length) (long, ascending per chunk); RoPE rotates them by those positions.
-  void set_sequence_positions(int64_t degree, std::function<at::Tensor(int64_t seq_len)> positions);
-
-  // Whether forward returns logits (the whole model, or the last pipeline stage).
-  bool holds_output() const { return output || tied_output_; }
-  // The blocks this instance holds, in order, with their name prefixes ("layers.3.").
-  std::vector<std::pair<std::string, TransformerBlockImpl*>> blocks() const;
-
-  nn::Embedding tok_embeddings{nullptr};  // null in a stage without it
-  torch::nn::ModuleDict layers{nullptr};  // keyed by layer id ("3"): a stage keeps the global names
-  nn::RMSNorm norm{nullptr};              // null in a stage without it
-  nn::Linear output{nullptr};             // null when embeddings are tied, or in a stage without it
-
- private:
-  ModelArgs args_;
-  bool tied_output_ = false;  // holds the output projection as the embedding's table
-  at::Tensor freqs_;  // (E/2,) fp32 on the CPU
-  std::map<std::pair<int64_t, std::string>, at::Tensor> rope_cache_;
-  int64_t sequence_degree_ = 1;                             // context-parallel ranks
-  std::function<at::Tensor(int64_t)> sequence_positions_;  // null without context parallelism
-  std::map<std::pair<int64_t, std::string>, at::Tensor> local_rope_cache_;  // the rank's rows of the table
-};
-TORCH_MODULE(Transformer);
+using TransformerBlockImpl = DecoderBlockImpl;
+using TransformerBlock = DecoderBlock;
+using TransformerImpl = DecoderImpl;
+using Transformer = Decoder;
 
 }  // namespace titan::llama3

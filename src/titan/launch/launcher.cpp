@@ -1,6 +1,6 @@
 // `titan launch`: starting the workers, relaying their output, and stopping them on failure,
 // signal or timeout (see launcher.h for the contract).
-#include "titan/distributed/launcher.h"
+#include "titan/launch/launcher.h"
 
 #include "titan/common/error.h"
 #include "titan/distributed/process_group.h"

@@ -1,7 +1,7 @@
-#include "titan/models/common/layers.h"
+#include "titan/nn/layers.h"
 
 #include "titan/common/tensor_storage.h"
-#include "titan/models/common/activation_checkpoint.h"
+#include "titan/nn/activation_checkpoint.h"
 
 #include <ATen/ATen.h>
 #include <ATen/SDPBackend.h>
@@ -233,12 +233,17 @@ AttentionKernels causal_attention_kernels() {
   return k;
 }
 
-AttentionImpl::AttentionImpl(int64_t dim, int64_t n_heads_, int64_t n_kv_heads_, const at::TensorOptions& opts)
-    : n_heads(n_heads_), n_kv_heads(n_kv_heads_), head_dim(dim / n_heads_) {
+AttentionImpl::AttentionImpl(int64_t dim, int64_t n_heads_, int64_t n_kv_heads_, int64_t head_dim_,
+                             std::optional<double> qk_norm_eps, const at::TensorOptions& opts)
+    : n_heads(n_heads_), n_kv_heads(n_kv_heads_), head_dim(head_dim_) {
   wq = register_module("wq", Linear(dim, n_heads * head_dim, opts));
   wk = register_module("wk", Linear(dim, n_kv_heads * head_dim, opts));
   wv = register_module("wv", Linear(dim, n_kv_heads * head_dim, opts));
   wo = register_module("wo", Linear(n_heads * head_dim, dim, opts));
+  if (qk_norm_eps) {
+    q_norm = register_module("q_norm", RMSNorm(head_dim, *qk_norm_eps, opts));
+    k_norm = register_module("k_norm", RMSNorm(head_dim, *qk_norm_eps, opts));
+  }
 }
 
 at::Tensor AttentionImpl::forward(const at::Tensor& x_BSD, const at::Tensor& cis_SE2) {
@@ -248,8 +253,14 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x_BSD, const at::Tensor& cis
 at::Tensor AttentionImpl::body(const at::Tensor& x_BSD, const at::Tensor& cis_SE2) {
   const auto B = x_BSD.size(0), S = x_BSD.size(1);
   // Heads are inferred (-1) so that a tensor-parallel shard of the projections works unchanged.
-  at::Tensor q_BSHE = apply_rope(wq(x_BSD).view({B, S, -1, head_dim}), cis_SE2);
-  at::Tensor k_BSKE = apply_rope(wk(x_BSD).view({B, S, -1, head_dim}), cis_SE2);
+  at::Tensor q_BSHE = wq(x_BSD).view({B, S, -1, head_dim});
+  at::Tensor k_BSKE = wk(x_BSD).view({B, S, -1, head_dim});
+  if (q_norm) {  // QK-norm: per head, before the rotation
+    q_BSHE = q_norm(q_BSHE);
+    k_BSKE = k_norm(k_BSKE);
+  }
+  q_BSHE = apply_rope(q_BSHE, cis_SE2);
+  k_BSKE = apply_rope(k_BSKE, cis_SE2);
   at::Tensor v_BSKE = wv(x_BSD).view({B, S, -1, head_dim});
   // Kept with its log-sum-exp under per-operator activation checkpointing (activation_checkpoint.h).
   at::Tensor out_BHSE = saveable_attention(

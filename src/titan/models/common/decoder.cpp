@@ -1,8 +1,8 @@
-#include "titan/models/llama3/model.h"
+#include "titan/models/common/decoder.h"
 
 #include "titan/common/error.h"
 #include "titan/common/tensor_storage.h"
-#include "titan/models/common/init.h"
+#include "titan/nn/init.h"
 
 #include <ATen/ATen.h>
 
@@ -11,94 +11,17 @@
 
 namespace titan {
 
-void LanguageModelImpl::init_weights(uint64_t seed) {
-  for (const auto& p : named_parameters())
-    if (has_storage(p.value())) init_region(seed, p.key(), p.value(), std::vector<int64_t>(p.value().dim(), 0));
-}
-
-std::vector<int64_t> LanguageModelImpl::global_shape(const std::string& name) const {
-  auto it = global_shapes_.find(name);
-  if (it != global_shapes_.end()) return it->second;
-  const auto params = named_parameters();  // find() points into it: it must outlive `param`
-  const at::Tensor* param = params.find(name);
-  TITAN_ASSERT(param, "the model has no parameter '", name, "'");
-  return param->sizes().vec();
-}
-
-void LanguageModelImpl::keep_global_shapes() {
-  for (const auto& p : named_parameters()) global_shapes_.emplace(p.key(), p.value().sizes().vec());
-}
-
-void LanguageModelImpl::init_rows(uint64_t seed, const std::string& name, at::Tensor rows, int64_t first_row) const {
-  std::vector<int64_t> begin(rows.dim(), 0);
-  if (!begin.empty()) begin[0] = first_row;
-  init_region(seed, name, std::move(rows), begin);
-}
-
-void LanguageModelImpl::init_region(uint64_t seed, const std::string& name, at::Tensor out,
-                                    const std::vector<int64_t>& begin) const {
-  const std::vector<int64_t> shape = global_shape(name);
-  bool inside = out.dim() == static_cast<int64_t>(shape.size()) && begin.size() == shape.size();
-  for (size_t d = 0; inside && d < shape.size(); ++d)
-    inside = begin[d] >= 0 && begin[d] + out.size(static_cast<int64_t>(d)) <= shape[d];
-  TITAN_ASSERT(inside, "init of '", name, "' ", c10::IntArrayRef(shape), ": a block ", out.sizes(), " at ",
-               c10::IntArrayRef(begin), " is not inside the parameter");
-  if (out.numel() == 0) return;
-  // Row-major strides of the global parameter; the block is generated in runs that are contiguous
-  // in the global parameter: whole trailing dimensions where the block spans them.
-  std::vector<int64_t> stride(shape.size(), 1);
-  for (size_t d = shape.size(); d-- > 1;) stride[d - 1] = stride[d] * shape[d];
-  size_t split = shape.size();  // dimensions [split, end) are whole: one run covers them
-  while (split > 0 && out.size(static_cast<int64_t>(split - 1)) == shape[split - 1]) --split;
-  if (split <= 1) {  // one contiguous run (at most dim 0 is partial)
-    at::Tensor flat = out.is_contiguous() ? out.view({-1}) : at::empty({out.numel()}, out.options());
-    init_elements(seed, name, flat, shape.empty() ? 0 : begin[0] * stride[0]);
-    if (!out.is_contiguous()) out.copy_(flat.view(out.sizes()));
-    return;
-  }
-  // Several runs: iterate over the indices of dimensions [0, split - 1); each run spans dimension
-  // split - 1's block and the whole dimensions after it.
-  const int64_t outer = [&] {
-    int64_t n = 1;
-    for (size_t d = 0; d + 1 < split; ++d) n *= out.size(static_cast<int64_t>(d));
-    return n;
-  }();
-  at::Tensor runs = out.reshape({outer, -1});  // a copy when out is not contiguous
-  for (int64_t i = 0; i < outer; ++i) {
-    int64_t first = begin[split - 1] * stride[split - 1], rest = i;
-    for (size_t d = split - 1; d-- > 0;) {
-      const int64_t size = out.size(static_cast<int64_t>(d));
-      first += (begin[d] + rest % size) * stride[d];
-      rest /= size;
-    }
-    init_elements(seed, name, runs[i], first);
-  }
-  if (!runs.is_same(out) && runs.data_ptr() != out.data_ptr()) out.copy_(runs.view(out.sizes()));
-}
-
-int64_t LanguageModelImpl::num_params() const {
-  // Of the global parameters: a tensor-parallel shard counts as its whole tensor.
-  int64_t n = 0;
-  for (const auto& p : named_parameters()) {
-    int64_t numel = 1;
-    for (int64_t d : global_shape(p.key())) numel *= d;
-    n += numel;
-  }
-  return n;
-}
-
-}  // namespace titan
-
-namespace titan::llama3 {
-
-TransformerBlockImpl::TransformerBlockImpl(int64_t layer_id, const ModelArgs& args, const at::TensorOptions& opts) {
-  attention = register_module("attention", nn::Attention(args.dim, args.n_heads, args.kv_heads(), opts));
+DecoderBlockImpl::DecoderBlockImpl(int64_t layer_id, const DecoderArgs& args, const at::TensorOptions& opts) {
+  std::optional<double> qk_norm_eps;
+  if (args.qk_norm) qk_norm_eps = args.norm_eps;
+  attention = register_module(
+      "attention", nn::Attention(args.dim, args.n_heads, args.kv_heads(), args.head_dim(), qk_norm_eps, opts));
   feed_forward = register_module("feed_forward", nn::FeedForward(args.dim, args.ffn_hidden_dim(), opts));
   attention_norm = register_module("attention_norm", nn::RMSNorm(args.dim, args.norm_eps, opts));
   ffn_norm = register_module("ffn_norm", nn::RMSNorm(args.dim, args.norm_eps, opts));
 }
 
-at::Tensor TransformerBlockImpl::forward(const at::Tensor& x_BSD, const at::Tensor& cis_SE2) {
+at::Tensor DecoderBlockImpl::forward(const at::Tensor& x_BSD, const at::Tensor& cis_SE2) {
   // The body depends on its inputs only (activation checkpointing may run it again in backward).
   return with_hooks({x_BSD, cis_SE2}, [this](const std::vector<at::Tensor>& in) {
     const at::Tensor &x = in[0], &cis = in[1];
@@ -107,7 +30,7 @@ at::Tensor TransformerBlockImpl::forward(const at::Tensor& x_BSD, const at::Tens
   });
 }
 
-TransformerImpl::TransformerImpl(ModelArgs args, const at::TensorOptions& opts, const std::vector<std::string>& modules)
+DecoderImpl::DecoderImpl(DecoderArgs args, const at::TensorOptions& opts, const std::vector<std::string>& modules)
     : args_(std::move(args)) {
   args_.validate();
   // Which modules this instance holds: all of them, or a pipeline stage's.
@@ -124,32 +47,37 @@ TransformerImpl::TransformerImpl(ModelArgs args, const at::TensorOptions& opts, 
                     std::to_string(args_.n_layers - 1) + ", norm, output); check parallelism.module_fqns_per_model_part "
                     "or pipeline_parallel_split_points");
   }
-  TITAN_USER_CHECK(!args_.tie_embeddings || !head || embed, "this flavor ties the output projection to the token "
-                   "embedding, so the stage with 'output' must also hold 'tok_embeddings': pipeline parallelism "
-                   "with tied embeddings is not supported (use pipeline_parallel_degree 1, or a flavor without tied "
-                   "embeddings such as 8B)");
-  if (embed) tok_embeddings = register_module("tok_embeddings", nn::Embedding(args_.vocab_size, args_.dim, opts));
+  // With tied embeddings a last stage without the embedding holds a copy of the table for the output
+  // projection (shared_parameters()).
+  if (embed || (head && args_.tie_embeddings))
+    tok_embeddings = register_module("tok_embeddings", nn::Embedding(args_.vocab_size, args_.dim, opts));
+  embeds_input_ = embed;
   layers = register_module("layers", torch::nn::ModuleDict());
-  for (int64_t i : ids) layers->update({{std::to_string(i), TransformerBlock(i, args_, opts).ptr()}});
+  for (int64_t i : ids) layers->update({{std::to_string(i), DecoderBlock(i, args_, opts).ptr()}});
   if (final_norm) norm = register_module("norm", nn::RMSNorm(args_.dim, args_.norm_eps, opts));
   if (head && !args_.tie_embeddings) output = register_module("output", nn::Linear(args_.dim, args_.vocab_size, opts));
   tied_output_ = head && args_.tie_embeddings;
   std::optional<nn::RopeScaling> scaling;
   if (args_.rope_scaling) {
-    const auto& s = *args_.rope_scaling;
+    const RopeScaling& s = *args_.rope_scaling;
     scaling = nn::RopeScaling{s.factor, s.low_freq_factor, s.high_freq_factor, s.original_max_position_embeddings};
   }
   freqs_ = nn::rope_frequencies(args_.head_dim(), args_.rope_theta, scaling);
 }
 
-std::vector<std::pair<std::string, TransformerBlockImpl*>> TransformerImpl::blocks() const {
-  std::vector<std::pair<std::string, TransformerBlockImpl*>> out;
+std::vector<LanguageModelImpl::SharedParameter> DecoderImpl::shared_parameters() const {
+  if (!args_.tie_embeddings || !tok_embeddings || embeds_input_ == tied_output_) return {};
+  return {{"tok_embeddings.weight", /*primary=*/embeds_input_}};
+}
+
+std::vector<std::pair<std::string, DecoderBlockImpl*>> DecoderImpl::blocks() const {
+  std::vector<std::pair<std::string, DecoderBlockImpl*>> out;
   for (const auto& item : layers->items())
-    out.emplace_back("layers." + item.first + ".", item.second->as<TransformerBlockImpl>());
+    out.emplace_back("layers." + item.first + ".", item.second->as<DecoderBlockImpl>());
   return out;
 }
 
-at::Tensor TransformerImpl::rope_table(int64_t seq_len, const at::Device& device) {
+at::Tensor DecoderImpl::rope_table(int64_t seq_len, const at::Device& device) {
   TITAN_USER_CHECK(seq_len <= args_.max_seq_len, "sequence length ", seq_len,
                    " exceeds the model's max_seq_len ", args_.max_seq_len);
   auto key = std::make_pair(seq_len, device.str());
@@ -161,16 +89,16 @@ at::Tensor TransformerImpl::rope_table(int64_t seq_len, const at::Device& device
   return cis_SE2;
 }
 
-void TransformerImpl::set_sequence_positions(int64_t degree, std::function<at::Tensor(int64_t)> positions) {
+void DecoderImpl::set_sequence_positions(int64_t degree, std::function<at::Tensor(int64_t)> positions) {
   sequence_degree_ = degree;
   sequence_positions_ = std::move(positions);
   local_rope_cache_.clear();
 }
 
-at::Tensor TransformerImpl::forward(const at::Tensor& input, int64_t seq_len) {
+at::Tensor DecoderImpl::forward(const at::Tensor& input, int64_t seq_len) {
   return with_hooks([&] {
     // Tokens (B, S) into the embedding, or a previous stage's hidden states (B, S, D).
-    at::Tensor h_BSD = tok_embeddings ? tok_embeddings(input) : input;
+    at::Tensor h_BSD = embeds_input_ ? tok_embeddings(input) : input;
     // The RoPE table covers the sequence the rank attends with (under sequence parallelism the
     // blocks' input hooks gather it before attention): the whole sequence, or under context
     // parallelism the rows of this rank's positions.
@@ -188,14 +116,14 @@ at::Tensor TransformerImpl::forward(const at::Tensor& input, int64_t seq_len) {
     } else {
       cis_SE2 = rope_table(local, input.device());
     }
-    for (const auto& item : layers->items()) h_BSD = item.second->as<TransformerBlockImpl>()->forward(h_BSD, cis_SE2);
+    for (const auto& item : layers->items()) h_BSD = item.second->as<DecoderBlockImpl>()->forward(h_BSD, cis_SE2);
     if (norm) h_BSD = norm(h_BSD);
     if (output) return output(h_BSD);
     return tied_output_ ? at::linear(h_BSD, tok_embeddings->weight) : h_BSD;
   });
 }
 
-void TransformerImpl::init_elements(uint64_t seed, const std::string& name, at::Tensor rows, int64_t first) const {
+void DecoderImpl::init_elements(uint64_t seed, const std::string& name, at::Tensor rows, int64_t first) const {
   // torchtitan's initialization. Output layer: truncated normal, std dim^-0.5, cut off at 3 std; with
   // tied embeddings the one shared matrix (tok_embeddings.weight) takes the output layer's. Block
   // input projections: std 0.02; output projections (wo, w2, w3): depth-scaled std. nn.init.trunc_normal_'s
@@ -225,7 +153,7 @@ void TransformerImpl::init_elements(uint64_t seed, const std::string& name, at::
   }
 }
 
-double TransformerImpl::flops_per_token(int64_t seq_len) const {
+double DecoderImpl::flops_per_token(int64_t seq_len) const {
   // torchtitan (PaLM appendix B): 6 * (params - embedding params) for the matmuls, forward and
   // backward, plus 12 * L * H * E * S for attention scores and values (causal mask not discounted).
   const double n = static_cast<double>(num_params());
@@ -233,4 +161,4 @@ double TransformerImpl::flops_per_token(int64_t seq_len) const {
   return 6.0 * (n - emb) + 12.0 * static_cast<double>(args_.n_layers * args_.n_heads * args_.head_dim() * seq_len);
 }
 
-}  // namespace titan::llama3
+}  // namespace titan

@@ -1,17 +1,17 @@
-#include "titan/models/llama3/parallelize.h"
+#include "titan/models/common/decoder_parallelize.h"
 
 #include "titan/common/error.h"
 #include "titan/distributed/context_parallel.h"
 #include "titan/distributed/data_parallel.h"
 #include "titan/distributed/tensor_parallel.h"
-#include "titan/models/common/activation_checkpoint.h"
-#include "titan/models/common/loss.h"
-#include "titan/models/llama3/model.h"
+#include "titan/nn/activation_checkpoint.h"
+#include "titan/nn/loss.h"
+#include "titan/models/common/decoder.h"
 
-namespace titan::llama3 {
+namespace titan {
 namespace {
 
-void check_tensor_parallel_degree(const ModelArgs& a, int64_t tp) {
+void check_tensor_parallel_degree(const DecoderArgs& a, int64_t tp) {
   auto fits = [&](int64_t size, const char* what) {
     TITAN_USER_CHECK(size % tp == 0, "parallelism.tensor_parallel_degree ", tp, " does not divide the model's ", what,
                      " ", size, ": tensor parallelism splits them evenly across ranks; choose a degree that divides "
@@ -26,7 +26,7 @@ void check_tensor_parallel_degree(const ModelArgs& a, int64_t tp) {
 
 // Tensor parallelism: shards the parameters, puts the communication around the modules and tells
 // the data-parallel layer each parameter's placement.
-void apply_tensor_parallel(TransformerImpl& model, dist::TensorParallel& tp, dist::DataParallel& dp) {
+void apply_tensor_parallel(DecoderImpl& model, dist::TensorParallel& tp, dist::DataParallel& dp) {
   check_tensor_parallel_degree(model.args(), tp.degree());
   model.keep_global_shapes();
   auto place = [&](const std::string& prefix, const std::vector<std::pair<std::string, dist::Placement>>& placed) {
@@ -46,6 +46,18 @@ void apply_tensor_parallel(TransformerImpl& model, dist::TensorParallel& tp, dis
     place(pre + "attention.wk.", tp.column_wise(*attn.wk));
     place(pre + "attention.wv.", tp.column_wise(*attn.wv));
     place(pre + "attention.wo.", tp.row_wise(*attn.wo));
+    if (attn.q_norm) {
+      // Each rank normalizes its own heads: the weights' gradients are partial sums over tp whether
+      // or not the sequence is sharded.
+      const std::pair<std::string, nn::RMSNormImpl*> norms[] = {{"attention.q_norm.", attn.q_norm.get()},
+                                                               {"attention.k_norm.", attn.k_norm.get()}};
+      for (const auto& [prefix, module] : norms) {
+        for (const auto& [name, p] : tp.replicated(*module)) {
+          dp.set_placement(pre + prefix + name, p);
+          dp.add_grad_sum(pre + prefix + name, tp.group());
+        }
+      }
+    }
     tp.region(attn, {attn.wq.get(), attn.wk.get(), attn.wv.get()}, *attn.wo);
     place(pre + "ffn_norm.", tp.replicated(*block.ffn_norm));
     place(pre + "feed_forward.w1.", tp.column_wise(*ffn.w1));
@@ -63,9 +75,9 @@ void apply_tensor_parallel(TransformerImpl& model, dist::TensorParallel& tp, dis
 
 }  // namespace
 
-ParallelizedModel parallelize(LanguageModelImpl& model, const ParallelizeContext& ctx) {
-  auto* transformer = dynamic_cast<TransformerImpl*>(&model);
-  TITAN_ASSERT(transformer, "llama3::parallelize needs a llama3 Transformer");
+ParallelizedModel parallelize_decoder(LanguageModelImpl& model, const ParallelizeContext& ctx) {
+  auto* transformer = dynamic_cast<DecoderImpl*>(&model);
+  TITAN_ASSERT(transformer, "parallelize_decoder needs a DecoderImpl");
   ParallelizedModel out;
   out.loss_sum = [](const at::Tensor& logits, const at::Tensor& labels) { return nn::cross_entropy_sum(logits, labels); };
 
@@ -127,4 +139,4 @@ ParallelizedModel parallelize(LanguageModelImpl& model, const ParallelizeContext
   return out;
 }
 
-}  // namespace titan::llama3
+}  // namespace titan

@@ -1,4 +1,4 @@
-#include "titan/models/common/init.h"
+#include "titan/nn/init.h"
 
 #include "titan/common/error.h"
 #include "titan/common/tensor_storage.h"

@@ -1,4 +1,4 @@
-#include "titan/models/common/loss.h"
+#include "titan/nn/loss.h"
 
 #include <ATen/ATen.h>
 #include <torch/autograd.h>

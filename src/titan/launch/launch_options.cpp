@@ -1,5 +1,5 @@
 // `titan launch` arguments: parsing, validation, help, and the command's entry point.
-#include "titan/distributed/launcher.h"
+#include "titan/launch/launcher.h"
 
 #include "titan/common/error.h"
 

@@ -13,7 +13,7 @@
 // when init_weights is called.
 #pragma once
 
-#include "titan/models/common/hooks.h"
+#include "titan/nn/hooks.h"
 
 #include <torch/nn/module.h>
 
@@ -103,15 +103,19 @@ struct AttentionKernels {
 // causal_attention's halves (attention_block_forward/backward, causal).
 AttentionKernels causal_attention_kernels();
 
-// Grouped-query causal self-attention through ATen's scaled_dot_product_attention.
+// Grouped-query causal self-attention through ATen's scaled_dot_product_attention, with heads of
+// head_dim (not necessarily dim / n_heads). With qk_norm_eps, q and k are normalized per head by an
+// RMSNorm over head_dim (weights q_norm, k_norm (E)) before RoPE: Qwen3's QK-norm.
 class AttentionImpl : public HookedModule {
  public:
-  AttentionImpl(int64_t dim, int64_t n_heads, int64_t n_kv_heads, const at::TensorOptions& opts);
+  AttentionImpl(int64_t dim, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+                std::optional<double> qk_norm_eps, const at::TensorOptions& opts);
   at::Tensor forward(const at::Tensor& x_BSD, const at::Tensor& cis_SE2);
   // Heads are read from the projections' outputs, so a tensor-parallel shard of them (a subset of
   // the heads) runs the same code; n_heads and n_kv_heads stay the model's totals.
   int64_t n_heads, n_kv_heads, head_dim;
   Linear wq{nullptr}, wk{nullptr}, wv{nullptr}, wo{nullptr};
+  RMSNorm q_norm{nullptr}, k_norm{nullptr};  // QK-norm only
   // The attention of the rotated q (B, H, S, E) over k, v (B, K, S, E): causal_attention unless a
   // parallelism replaces it (context parallelism's ring attention over the sequence's shards).
   std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)> attend;

@@ -1,7 +1,7 @@
-#include "titan/models/common/activation_checkpoint.h"
+#include "titan/nn/activation_checkpoint.h"
 
 #include "titan/common/autocast.h"
-#include "titan/models/common/split_backward.h"
+#include "titan/nn/split_backward.h"
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>

@@ -1,4 +1,4 @@
-#include "titan/components/tokenizer/utf8.h"
+#include "titan/common/utf8.h"
 
 namespace titan::tokenizer {
 

@@ -12,7 +12,7 @@
 //   --fail-after-ms MS    the failing rank's own delay instead of --sleep-ms
 //   --exit-code C         exit code (default 0)
 //   --raise SIG           end by raising a signal instead: KILL, TERM, SEGV, ABRT or INT
-#include "titan/distributed/launcher.h"
+#include "titan/launch/launcher.h"
 #include "titan/distributed/runtime.h"
 
 #include "titan/common/error.h"

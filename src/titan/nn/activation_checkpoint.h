@@ -16,8 +16,8 @@
 // forward never runs again (nor, under context parallelism, the ring's forward exchange of K/V).
 #pragma once
 
-#include "titan/models/common/hooks.h"
-#include "titan/models/common/layers.h"
+#include "titan/nn/hooks.h"
+#include "titan/nn/layers.h"
 
 namespace titan::nn {
 

@@ -1,4 +1,4 @@
-#include "titan/models/common/split_backward.h"
+#include "titan/nn/split_backward.h"
 
 #include <ATen/ATen.h>
 // Internal autograd API pinned to the torch version (2.11): graph nodes and edges, pre-hooks on a

@@ -1,0 +1,35 @@
+#include "titan/models/common/decoder_args.h"
+
+#include "titan/common/error.h"
+
+namespace titan {
+
+int64_t DecoderArgs::ffn_hidden_dim() const {
+  if (hidden_dim > 0) return hidden_dim;
+  // FeedForward is built with hidden_dim = 4 * dim and reduces it to 2/3 of that.
+  int64_t hidden = static_cast<int64_t>(2.0 * static_cast<double>(4 * dim) / 3.0);
+  if (ffn_dim_multiplier) hidden = static_cast<int64_t>(*ffn_dim_multiplier * static_cast<double>(hidden));
+  return multiple_of * ((hidden + multiple_of - 1) / multiple_of);
+}
+
+void DecoderArgs::validate() const {
+  TITAN_USER_CHECK(dim > 0 && n_layers > 0 && n_heads > 0 && vocab_size > 0 && multiple_of > 0 && hidden_dim >= 0 &&
+                       attention_head_dim >= 0 && n_kv_heads >= 0,
+                   "model: dim, n_layers, n_heads, vocab_size and multiple_of must be positive (head_dim, "
+                   "hidden_dim and n_kv_heads positive or unset)");
+  TITAN_USER_CHECK(attention_head_dim > 0 || dim % n_heads == 0, "model: dim ", dim, " is not divisible by n_heads ",
+                   n_heads, " (or set head_dim)");
+  TITAN_USER_CHECK(n_heads % kv_heads() == 0, "model: n_heads ", n_heads, " is not a multiple of n_kv_heads ",
+                   kv_heads());
+  TITAN_USER_CHECK(head_dim() % 2 == 0, "model: head_dim ", head_dim(), " must be even for RoPE");
+  TITAN_USER_CHECK(norm_eps > 0 && rope_theta > 0, "model: norm_eps and rope_theta must be positive");
+  if (rope_scaling) {
+    const RopeScaling& s = *rope_scaling;
+    TITAN_USER_CHECK(s.factor > 0 && s.high_freq_factor > s.low_freq_factor && s.low_freq_factor > 0 &&
+                         s.original_max_position_embeddings > 0,
+                     "model: RoPE scaling needs factor > 0, high_freq_factor > low_freq_factor > 0 and a positive "
+                     "original_max_position_embeddings");
+  }
+}
+
+}  // namespace titan

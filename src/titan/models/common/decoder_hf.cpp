@@ -1,0 +1,294 @@
+#include "titan/models/common/decoder_hf.h"
+
+#include "titan/common/error.h"
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <regex>
+
+namespace titan {
+namespace {
+
+// Per-layer suffixes: titan name -> HF name.
+const std::vector<std::pair<std::string, std::string>>& layer_names() {
+  static const std::vector<std::pair<std::string, std::string>> names = {
+      {"attention.wq.weight", "self_attn.q_proj.weight"},
+      {"attention.wk.weight", "self_attn.k_proj.weight"},
+      {"attention.wv.weight", "self_attn.v_proj.weight"},
+      {"attention.wo.weight", "self_attn.o_proj.weight"},
+      {"feed_forward.w1.weight", "mlp.gate_proj.weight"},
+      {"feed_forward.w2.weight", "mlp.down_proj.weight"},
+      {"feed_forward.w3.weight", "mlp.up_proj.weight"},
+      {"attention_norm.weight", "input_layernorm.weight"},
+      {"ffn_norm.weight", "post_attention_layernorm.weight"},
+      {"attention.q_norm.weight", "self_attn.q_norm.weight"},
+      {"attention.k_norm.weight", "self_attn.k_norm.weight"},
+  };
+  return names;
+}
+
+// Rows of a q/k projection (heads*E, D): within each head, Meta orders rotation pairs
+// interleaved (r0 i0 r1 i1 ...), HF as halves (r0 r1 ... i0 i1 ...).
+at::Tensor interleaved_to_halves(const at::Tensor& w, int64_t heads) {
+  const auto rows = w.size(0), cols = w.size(1);
+  return w.view({heads, rows / heads / 2, 2, cols}).transpose(1, 2).reshape({rows, cols});
+}
+at::Tensor halves_to_interleaved(const at::Tensor& w, int64_t heads) {
+  const auto rows = w.size(0), cols = w.size(1);
+  return w.view({heads, 2, rows / heads / 2, cols}).transpose(1, 2).reshape({rows, cols});
+}
+
+StateDict convert(const StateDict& in, const DecoderArgs& args, const HFDialect& dialect, bool to_hf) {
+  static const std::regex titan_layer(R"(^layers\.(\d+)\.(.+)$)");
+  static const std::regex hf_layer(R"(^model\.layers\.(\d+)\.(.+)$)");
+  const std::vector<std::pair<std::string, std::string>> globals = {
+      {"tok_embeddings.weight", "model.embed_tokens.weight"},
+      {"norm.weight", "model.norm.weight"},
+      {"output.weight", "lm_head.weight"},
+  };
+  StateDict out;
+  for (const auto& [name, tensor] : in) {
+    std::string mapped;
+    for (const auto& [t, h] : globals)
+      if (name == (to_hf ? t : h)) mapped = to_hf ? h : t;
+    if (args.tie_embeddings && mapped == (to_hf ? "lm_head.weight" : "output.weight")) continue;
+    at::Tensor value = tensor;
+    std::smatch m;
+    if (mapped.empty() && std::regex_match(name, m, to_hf ? titan_layer : hf_layer)) {
+      const std::string layer = m[1], suffix = m[2];
+      for (const auto& [t, h] : layer_names()) {
+        if (suffix != (to_hf ? t : h)) continue;
+        mapped = to_hf ? "model.layers." + layer + "." + h : "layers." + layer + "." + t;
+        const int64_t heads = t == "attention.wq.weight" ? args.n_heads
+                              : t == "attention.wk.weight" ? args.kv_heads() : 0;
+        if (heads) value = to_hf ? interleaved_to_halves(tensor, heads) : halves_to_interleaved(tensor, heads);
+        // A QK-norm weight scales the head's elements before the rotation: it follows the same order.
+        if (t == "attention.q_norm.weight" || t == "attention.k_norm.weight") {
+          const at::Tensor column = tensor.reshape({-1, 1});
+          value = (to_hf ? interleaved_to_halves(column, 1) : halves_to_interleaved(column, 1)).reshape(tensor.sizes());
+        }
+      }
+    }
+    if (mapped.empty() && !to_hf && name.find("rotary_emb") != std::string::npos) continue;  // buffers
+    // Only the parameters the model has (a QK-norm weight in a model without QK-norm has no counterpart).
+    if (!mapped.empty() && !args.qk_norm && mapped.find("_norm.weight") != std::string::npos &&
+        (mapped.find("q_norm") != std::string::npos || mapped.find("k_norm") != std::string::npos))
+      mapped.clear();
+    TITAN_USER_CHECK(!mapped.empty(), "tensor '", name, "' has no ", to_hf ? "Hugging Face" : "titan",
+                     " counterpart for a ", dialect.model_type, " model (", dialect.architecture,
+                     "); is this checkpoint of another architecture?");
+    out.emplace(mapped, value);
+  }
+  return out;
+}
+
+std::string torch_dtype_name(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat: return "float32";
+    case at::kBFloat16: return "bfloat16";
+    case at::kHalf: return "float16";
+    default: throw UserError(std::string("Hugging Face export supports float32, bfloat16 and float16, not ") +
+                             c10::toString(dtype));
+  }
+}
+
+std::string config_json(const DecoderArgs& args, const HFDialect& dialect, at::ScalarType dtype) {
+  nlohmann::json rope_scaling = nullptr;
+  if (args.rope_scaling) {
+    const RopeScaling& s = *args.rope_scaling;
+    rope_scaling = {{"rope_type", "llama3"},
+                    {"factor", s.factor},
+                    {"low_freq_factor", s.low_freq_factor},
+                    {"high_freq_factor", s.high_freq_factor},
+                    {"original_max_position_embeddings", s.original_max_position_embeddings}};
+  }
+  nlohmann::json cfg = {
+      {"architectures", {dialect.architecture}},
+      {"model_type", dialect.model_type},
+      {"hidden_size", args.dim},
+      {"intermediate_size", args.ffn_hidden_dim()},
+      {"num_attention_heads", args.n_heads},
+      {"num_hidden_layers", args.n_layers},
+      {"num_key_value_heads", args.kv_heads()},
+      {"head_dim", args.head_dim()},
+      {"hidden_act", "silu"},
+      {"rms_norm_eps", args.norm_eps},
+      {"rope_theta", args.rope_theta},
+      {"rope_scaling", rope_scaling},
+      {"max_position_embeddings", args.max_seq_len},
+      {"vocab_size", args.vocab_size},
+      {"tie_word_embeddings", args.tie_embeddings},
+      {"attention_bias", false},
+      {"torch_dtype", torch_dtype_name(dtype)},
+      {"initializer_range", 0.02},
+  };
+  if (dialect.model_type == "llama") cfg["mlp_bias"] = false;
+  if (dialect.model_type == "qwen3") {
+    cfg["use_sliding_window"] = false;
+    cfg["sliding_window"] = nullptr;
+    cfg["max_window_layers"] = args.n_layers;
+  }
+  return cfg.dump(2) + "\n";
+}
+
+// A transformers config.json read with the defaults of the dialect's config class: a field given
+// as null counts as absent.
+class HFConfig {
+ public:
+  HFConfig(const std::string& text, const HFDialect& dialect) : dialect_(dialect) {
+    try {
+      cfg_ = nlohmann::json::parse(text);
+    } catch (const std::exception& e) {
+      throw UserError(std::string("malformed JSON: ") + e.what());
+    }
+    TITAN_USER_CHECK(cfg_.is_object(), "malformed config: not a JSON object");
+    // transformers 5 keeps the RoPE settings (theta included) in rope_parameters, 4 in rope_theta
+    // and rope_scaling.
+    rope_ = field("rope_parameters", field("rope_scaling", nlohmann::json::object()));
+    if (!rope_.is_object()) fail("rope_scaling", rope_, "an object or null");
+  }
+
+  nlohmann::json field(const std::string& name, const nlohmann::json& fallback) const {
+    auto it = cfg_.find(name);
+    return it == cfg_.end() || it->is_null() ? fallback : *it;
+  }
+  int64_t integer(const std::string& name, const nlohmann::json& fallback = nullptr) const {
+    const nlohmann::json v = field(name, fallback);
+    if (!v.is_number_integer() || v.get<int64_t>() <= 0) fail(name, v, "a positive integer");
+    return v.get<int64_t>();
+  }
+  double number(const std::string& name, const nlohmann::json& v) const {
+    if (!v.is_number() || !(v.get<double>() > 0)) fail(name, v, "a positive number");
+    return v.get<double>();
+  }
+  // Throws: the field's value is not what titan can honour.
+  [[noreturn]] void fail(const std::string& name, const nlohmann::json& value, const std::string& wanted) const {
+    throw UserError(name + " is " + value.dump() + ": a " + dialect_.architecture + " that titan trains needs " +
+                    wanted);
+  }
+  const nlohmann::json& rope() const { return rope_; }
+
+ private:
+  const HFDialect& dialect_;
+  nlohmann::json cfg_, rope_;
+};
+
+}  // namespace
+
+DecoderArgs decoder_args_from_hf_config(const std::string& text, const HFDialect& dialect) {
+  HFConfig c(text, dialect);
+  const nlohmann::json model_type = c.field("model_type", dialect.model_type);
+  if (model_type != dialect.model_type) c.fail("model_type", model_type, "\"" + dialect.model_type + "\"");
+  DecoderArgs a;
+  a.dim = c.integer("hidden_size");
+  a.n_layers = c.integer("num_hidden_layers");
+  a.n_heads = c.integer("num_attention_heads");
+  a.n_kv_heads = c.integer("num_key_value_heads", a.n_heads);
+  a.vocab_size = c.integer("vocab_size");
+  a.hidden_dim = c.integer("intermediate_size");
+  a.attention_head_dim = c.integer("head_dim", dialect.default_head_dim > 0 ? dialect.default_head_dim
+                                                                            : a.dim / a.n_heads);
+  TITAN_USER_CHECK(a.n_heads % a.n_kv_heads == 0, "num_key_value_heads ", a.n_kv_heads,
+                   " does not divide num_attention_heads ", a.n_heads);
+  const nlohmann::json act = c.field("hidden_act", "silu");
+  if (act != "silu") c.fail("hidden_act", act, "\"silu\" (SwiGLU feed-forward)");
+  for (const char* bias : {"attention_bias", "mlp_bias"}) {
+    const nlohmann::json v = c.field(bias, false);
+    if (v != false) c.fail(bias, v, "false (titan's decoder has no biases)");
+  }
+  if (dialect.model_type == "qwen3") {
+    const nlohmann::json sliding = c.field("use_sliding_window", false);
+    if (sliding != false) c.fail("use_sliding_window", sliding, "false (titan attends over the whole sequence)");
+    const nlohmann::json types = c.field("layer_types", nlohmann::json::array());
+    for (const auto& t : types)
+      if (t != "full_attention") c.fail("layer_types", t, "\"full_attention\" in every layer");
+  }
+  const nlohmann::json tied = c.field("tie_word_embeddings", false);
+  if (!tied.is_boolean()) c.fail("tie_word_embeddings", tied, "true or false");
+  a.tie_embeddings = tied.get<bool>();
+  a.norm_eps = c.number("rms_norm_eps", c.field("rms_norm_eps", 1e-6));
+  a.qk_norm = dialect.qk_norm;
+  const nlohmann::json& rope = c.rope();
+  a.rope_theta = c.number("rope_theta", rope.contains("rope_theta") ? rope["rope_theta"] : c.field("rope_theta", 10000.0));
+  const nlohmann::json type = rope.value("rope_type", rope.value("type", nlohmann::json("default")));
+  if (type == "default") {
+    a.rope_scaling.reset();
+  } else if (type == "llama3") {
+    RopeScaling s;
+    auto get = [&](const std::string& name, const nlohmann::json& fallback) {
+      return c.number("rope_scaling." + name, rope.contains(name) && !rope[name].is_null() ? rope[name] : fallback);
+    };
+    s.factor = get("factor", nullptr);
+    s.low_freq_factor = get("low_freq_factor", nullptr);
+    s.high_freq_factor = get("high_freq_factor", nullptr);
+    // transformers takes original_max_position_embeddings from max_position_embeddings when absent.
+    s.original_max_position_embeddings = static_cast<int64_t>(
+        get("original_max_position_embeddings", c.field("max_position_embeddings", nullptr)));
+    a.rope_scaling = s;
+  } else {
+    c.fail("rope_scaling.rope_type", type, "\"default\" or \"llama3\" (the RoPE variants titan implements)");
+  }
+  a.validate();
+  return a;
+}
+
+namespace {
+
+// The first field of a config.json that differs from `args`, as "field is X, the flavor has Y"
+// (or why titan cannot honour the config). Absent fields take the dialect's config class defaults.
+std::string config_mismatch(const DecoderArgs& args, const HFDialect& dialect, const std::string& text) {
+  DecoderArgs got;
+  try {
+    got = decoder_args_from_hf_config(text, dialect);
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  auto differs = [](const std::string& field, const auto& value, const auto& expected) {
+    return field + " is " + nlohmann::json(value).dump() + ", the flavor has " + nlohmann::json(expected).dump();
+  };
+  auto close = [](double v, double expected) { return std::abs(v - expected) <= 1e-9 * std::abs(expected); };
+  const std::vector<std::tuple<std::string, int64_t, int64_t>> ints = {
+      {"hidden_size", got.dim, args.dim},
+      {"num_hidden_layers", got.n_layers, args.n_layers},
+      {"num_attention_heads", got.n_heads, args.n_heads},
+      {"num_key_value_heads", got.kv_heads(), args.kv_heads()},
+      {"vocab_size", got.vocab_size, args.vocab_size},
+      {"intermediate_size", got.ffn_hidden_dim(), args.ffn_hidden_dim()},
+      {"head_dim", got.head_dim(), args.head_dim()},
+  };
+  for (const auto& [name, value, expected] : ints)
+    if (value != expected) return differs(name, value, expected);
+  if (got.tie_embeddings != args.tie_embeddings)
+    return differs("tie_word_embeddings", got.tie_embeddings, args.tie_embeddings);
+  if (!close(got.norm_eps, args.norm_eps)) return differs("rms_norm_eps", got.norm_eps, args.norm_eps);
+  if (got.qk_norm != args.qk_norm) return differs("model_type", dialect.model_type, args.qk_norm ? "qwen3" : "llama");
+  if (!close(got.rope_theta, args.rope_theta)) return differs("rope_theta", got.rope_theta, args.rope_theta);
+  if (got.rope_scaling.has_value() != args.rope_scaling.has_value())
+    return differs("rope_scaling.rope_type", got.rope_scaling ? "llama3" : "default",
+                   args.rope_scaling ? "llama3" : "default");
+  if (!args.rope_scaling) return "";
+  const RopeScaling &g = *got.rope_scaling, &s = *args.rope_scaling;
+  const std::vector<std::tuple<std::string, double, double>> scaling = {
+      {"factor", g.factor, s.factor},
+      {"low_freq_factor", g.low_freq_factor, s.low_freq_factor},
+      {"high_freq_factor", g.high_freq_factor, s.high_freq_factor},
+      {"original_max_position_embeddings", static_cast<double>(g.original_max_position_embeddings),
+       static_cast<double>(s.original_max_position_embeddings)},
+  };
+  for (const auto& [name, value, expected] : scaling)
+    if (!close(value, expected)) return differs("rope_scaling." + name, value, expected);
+  return "";
+}
+
+}  // namespace
+
+HFAdapter decoder_hf_adapter(const DecoderArgs& args, const HFDialect& dialect) {
+  return HFAdapter{[args, dialect](const StateDict& sd) { return convert(sd, args, dialect, true); },
+                   [args, dialect](const StateDict& sd) { return convert(sd, args, dialect, false); },
+                   [args, dialect](at::ScalarType dtype) { return config_json(args, dialect, dtype); },
+                   [args, dialect](const std::string& text) { return config_mismatch(args, dialect, text); }};
+}
+
+}  // namespace titan

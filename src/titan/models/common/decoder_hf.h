@@ -1,0 +1,33 @@
+// The decoder (decoder.h) <-> Hugging Face transformers: state-dict conversion and config.json,
+// for each architecture a family maps to (LlamaForCausalLM for Llama 2 and 3, Qwen3ForCausalLM).
+//
+// Names map one to one (tok_embeddings -> model.embed_tokens, attention.wq -> self_attn.q_proj,
+// attention.q_norm -> self_attn.q_norm, feed_forward.w1/w3/w2 -> mlp.gate_proj/up_proj/down_proj,
+// ...). wq and wk rows, and the QK-norm weights, are permuted between Meta's interleaved RoPE pairs
+// (titan's) and HF's rotate-half layout. With tied embeddings HF stores no lm_head.weight.
+#pragma once
+
+#include "titan/models/common/decoder_args.h"
+#include "titan/models/registry.h"
+
+#include <string>
+
+namespace titan {
+
+// What distinguishes an architecture's config.json and weights.
+struct HFDialect {
+  std::string architecture;      // "LlamaForCausalLM"
+  std::string model_type;        // "llama"
+  bool qk_norm = false;          // the architecture normalizes q and k per head (every layer)
+  int64_t default_head_dim = 0;  // head_dim when config.json gives none; 0: hidden_size / num_attention_heads
+};
+
+HFAdapter decoder_hf_adapter(const DecoderArgs& args, const HFDialect& dialect);
+
+// The arguments a transformers config.json of `dialect` describes (sizes, heads, head_dim, RoPE
+// theta and scaling, tied embeddings, norm epsilon), with the config class's defaults for absent
+// fields. Throws UserError naming the first field titan cannot honour (another model_type, biases,
+// a RoPE type other than default and llama3, sliding-window attention, a missing size).
+DecoderArgs decoder_args_from_hf_config(const std::string& text, const HFDialect& dialect);
+
+}  // namespace titan

@@ -1,0 +1,136 @@
+// Every model family trains under every parallelism as one process does: the shipped debug configs
+// of Qwen3 (QK-norm, heads of 128 over dim 256, tied embeddings) and Llama 2 (SentencePiece
+// tokenizer, RoPE without scaling), 10 steps of 8 sequences of 32 tokens, under FSDP 2 (with CPU
+// offload for Llama 2), TP 2 (sequence parallel and loss parallel), CP 2 and PP 2, through the real
+// launcher. Tolerances as in launch_train_test.cpp: losses 1e-5 relative at every step, final
+// weights within 1% of lr x steps.
+//
+// Qwen3's debug model ties its embeddings: under PP the first stage embeds with the table and the
+// last projects with its own copy, their gradients summed after backward. A Hugging Face model of
+// its own size trains from its config.json (--model.flavor) and weights (initial_load_in_hf).
+#include "launched_training.h"
+#include "test_util.h"
+
+#include "titan/components/checkpoint/safetensors.h"
+
+#include <ATen/ATen.h>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+namespace titan {
+namespace {
+
+const std::string kSource = TITAN_SOURCE_DIR;
+constexpr int kSteps = 10;
+constexpr double kLr = 8e-4;
+
+std::vector<std::string> train_args(const std::string& config, const std::string& dump,
+                                    std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = {"train", "--job.config_file", kSource + "/configs/" + config, "--job.dump_folder",
+                                   dump, "--training.seq_len", "32", "--training.local_batch_size", "8",
+                                   "--training.global_batch_size", "8", "--training.steps", std::to_string(kSteps),
+                                   "--lr_scheduler.warmup_steps", "2", "--metrics.log_freq", "5"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+struct Layout {
+  std::string name;
+  std::vector<std::string> args;
+};
+
+const std::vector<Layout>& layouts() {
+  static const std::vector<Layout> all = {
+      {"fsdp2", {"--training.local_batch_size", "4"}},
+      {"tp2", {"--parallelism.tensor_parallel_degree", "2"}},
+      {"cp2", {"--parallelism.context_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "1"}},
+  };
+  return all;
+}
+
+// Returns the single process's final weights and losses.
+safetensors::Tensors expect_layouts_train_as_one_process(const std::string& config,
+                                                         const std::vector<std::string>& model_args,
+                                                         std::vector<Layout> runs) {
+  test::TempDir ref_dir;
+  const test::LaunchedRun ref = test::run_titan(1, train_args(config, ref_dir.path(), model_args), ref_dir);
+  if (ref.exit_code != 0) return {};
+  const at::Tensor losses = ref.weights.at("__losses__");
+  EXPECT_LT(losses[kSteps - 1].item<double>(), losses[0].item<double>()) << "the reference run did not learn";
+  for (const Layout& layout : runs) {
+    SCOPED_TRACE(config + " " + layout.name);
+    test::TempDir dir;
+    std::vector<std::string> extra = model_args;
+    extra.insert(extra.end(), layout.args.begin(), layout.args.end());
+    const test::LaunchedRun r = test::run_titan(2, train_args(config, dir.path(), extra), dir);
+    if (r.exit_code == 0) test::expect_same_training(ref.weights, r.weights, 0.01 * kLr * kSteps);
+  }
+  return ref.weights;
+}
+
+TEST(ModelFamiliesTrain, Qwen3DebugModelUnderEveryLayoutAndItsPipelineCheckpointResumesInOneProcess) {
+  // The pipeline run ties the first stage's embedding to the last stage's output projection: the two
+  // copies' gradients are summed, and its checkpoint (step 5) holds the table once.
+  std::vector<Layout> runs = layouts();
+  test::TempDir pp_dir;
+  runs.push_back({"pp2",
+                  {"--parallelism.pipeline_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "1",
+                   "--checkpoint.enable", "--checkpoint.interval", "5", "--checkpoint.folder", pp_dir / "checkpoint"}});
+  const safetensors::Tensors ref = expect_layouts_train_as_one_process("qwen3_debugmodel.toml", {}, runs);
+  ASSERT_FALSE(ref.empty());
+
+  ASSERT_TRUE(std::filesystem::exists(pp_dir / "checkpoint/step-5/index.json"));
+  std::filesystem::remove_all(pp_dir / "checkpoint/step-10");
+  test::TempDir dir;
+  const test::LaunchedRun resumed = test::run_titan(
+      1, train_args("qwen3_debugmodel.toml", dir.path(), {"--checkpoint.enable", "--checkpoint.folder", pp_dir / "checkpoint"}),
+      dir);
+  ASSERT_EQ(resumed.exit_code, 0);
+  EXPECT_NE(resumed.output.find("resumed from"), std::string::npos) << resumed.output;
+  ASSERT_EQ(resumed.weights.at("__losses__").numel(), 5);
+  test::expect_same_training(ref, resumed.weights, 0.01 * kLr * kSteps, /*first_step=*/6);
+}
+
+TEST(ModelFamiliesTrain, AHuggingFaceQwen3OfItsOwnSizeContinuesPretrainingUnderPp) {
+  // A randomly initialized Qwen3ForCausalLM of a size no flavor has (head_dim 48 over dim 64,
+  // untied), saved by transformers, trained from its weights through its own config.json.
+  test::TempDir dir;
+  const nlohmann::json config = {{"model_type", "qwen3"},     {"hidden_size", 64},   {"intermediate_size", 160},
+                                 {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"head_dim", 48},
+                                 {"num_hidden_layers", 4},   {"vocab_size", 2048},  {"rms_norm_eps", 1e-6},
+                                 {"rope_theta", 1e6},        {"tie_word_embeddings", false}};
+  std::ofstream(dir / "create.json") << config.dump();
+  at::Tensor tokens = at::zeros({1, 4}, at::kLong);
+  safetensors::save(dir / "tokens.safetensors", {{"tokens", tokens}});
+  auto r = test::run_process({test::python(), kSource + "/tests/reference/hf_reference.py", "create",
+                              dir / "create.json", dir / "hf", dir / "tokens.safetensors", dir / "out.safetensors"},
+                             {{"OMP_NUM_THREADS", "2"}});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<std::string> hf = {"--model.flavor", dir / "hf/config.json", "--checkpoint.initial_load_path",
+                                       dir / "hf", "--checkpoint.initial_load_in_hf"};
+  expect_layouts_train_as_one_process(
+      "qwen3_debugmodel.toml", hf,
+      {{"pp2", {"--parallelism.pipeline_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "1"}}});
+  // The weights were loaded: without them the same model starts elsewhere.
+  test::TempDir own;
+  const test::LaunchedRun fresh =
+      test::run_titan(1, train_args("qwen3_debugmodel.toml", own.path(), {"--model.flavor", dir / "hf/config.json"}), own);
+  test::TempDir loaded_dir;
+  const test::LaunchedRun loaded = test::run_titan(1, train_args("qwen3_debugmodel.toml", loaded_dir.path(), hf), loaded_dir);
+  EXPECT_GT(std::abs(fresh.weights.at("__losses__")[0].item<double>() - loaded.weights.at("__losses__")[0].item<double>()),
+            1e-3);
+}
+
+TEST(ModelFamiliesTrain, Llama2DebugModelUnderEveryLayout) {
+  std::vector<Layout> runs = layouts();
+  runs[0].args.push_back("--training.enable_cpu_offload");
+  runs.push_back({"pp2", {"--parallelism.pipeline_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "1"}});
+  expect_layouts_train_as_one_process("llama2_debugmodel.toml", {}, runs);
+}
+
+}  // namespace
+}  // namespace titan

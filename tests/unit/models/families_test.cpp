@@ -1,0 +1,276 @@
+// The model families on the shared decoder (Llama 3, Llama 2, Qwen3), against Hugging Face
+// transformers' own implementations (Qwen3ForCausalLM, LlamaForCausalLM via
+// tests/reference/hf_reference.py):
+//   - logits, loss and every parameter's gradient of small random models, titan's weights written as
+//     a Hugging Face folder and its gradients compared through the adapter's name and row mapping;
+//   - Hugging Face models of sizes no flavor has (head_dim not dim / n_heads, RoPE scaling factor
+//     32, tied and untied) imported with `titan convert from-hf` through their own config.json, and
+//     exported back: the logits survive both ways;
+//   - the released models' parameter counts.
+//
+// Tolerances (fp32 on the CPU): logits, loss and gradients 1e-5 relative to each tensor's largest
+// entry, the Llama3Parity tests' bound: both sides run fp32 ATen kernels and differ only in
+// operation order (SDPA vs eager softmax attention, complex vs rotate-half RoPE).
+#include "test_util.h"
+
+#include "titan/components/checkpoint/checkpoint.h"
+#include "titan/components/checkpoint/hf.h"
+#include "titan/components/checkpoint/safetensors.h"
+#include "titan/models/common/decoder.h"
+#include "titan/models/llama2/llama2.h"
+#include "titan/models/llama3/args.h"
+#include "titan/models/qwen3/qwen3.h"
+#include "titan/models/registry.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+namespace titan {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kTitan = std::string(TITAN_BINARY_DIR) + "/titan";
+const std::string kScript = std::string(TITAN_SOURCE_DIR) + "/tests/reference/hf_reference.py";
+constexpr double kTol = 1e-5;
+
+int64_t count(const std::string& model, const std::string& flavor) {
+  return model_spec(model).build(flavor, at::TensorOptions().device(at::kMeta), 128)->num_params();
+}
+
+TEST(ModelFamilies, FlavorParameterCountsAreTheReleasedModels) {
+  // The released models' parameter counts as transformers' num_parameters() reports them for
+  // Qwen/Qwen3-* and meta-llama/Llama-2-*-hf (a tied table counted once: the Hub's file-size figure
+  // for Qwen3-1.7B, 2.03B, counts the stored lm_head copy too).
+  const std::vector<std::tuple<std::string, std::string, int64_t>> released = {
+      {"qwen3", "0.6B", 596'049'920},        {"qwen3", "1.7B", 1'720'574'976},  {"qwen3", "4B", 4'022'468'096},
+      {"qwen3", "8B", 8'190'735'360},        {"qwen3", "14B", 14'768'307'200},  {"qwen3", "32B", 32'762'123'264},
+      {"llama2", "7B", 6'738'415'616},       {"llama2", "13B", 13'015'864'320}, {"llama2", "70B", 68'976'648'192},
+      {"llama3", "8B", 8'030'261'248},       {"llama3", "70B", 70'553'706'496},
+  };
+  for (const auto& [model, flavor, n] : released) EXPECT_EQ(count(model, flavor), n) << model << " " << flavor;
+  // The families list torchtitan's flavor names.
+  EXPECT_EQ(model_spec("qwen3").flavors,
+            (std::vector<std::string>{"debugmodel", "0.6B", "1.7B", "4B", "8B", "14B", "32B"}));
+  EXPECT_EQ(model_spec("llama2").flavors, (std::vector<std::string>{"debugmodel", "7B", "13B", "70B"}));
+  EXPECT_EQ(registered_models(), (std::vector<std::string>{"llama2", "llama3", "qwen3"}));
+}
+
+TEST(ModelFamilies, FlopsPerTokenFollowTorchtitansFormula) {
+  // 6 * (params - embedding) + 12 * layers * heads * head_dim * seq_len; Qwen3's heads are 128 wide
+  // whatever dim is (0.6B: 16 heads of 128 = 2048 > dim 1024).
+  const int64_t seq = 4096;
+  LanguageModel m = model_spec("qwen3").build("0.6B", at::TensorOptions().device(at::kMeta), seq);
+  const double expected = 6.0 * (596'049'920.0 - 151'936.0 * 1024.0) + 12.0 * 28 * 16 * 128 * seq;
+  EXPECT_DOUBLE_EQ(m->flops_per_token(seq), expected);
+  LanguageModel l2 = model_spec("llama2").build("7B", at::TensorOptions().device(at::kMeta), seq);
+  EXPECT_DOUBLE_EQ(l2->flops_per_token(seq), 6.0 * (6'738'415'616.0 - 32000.0 * 4096) + 12.0 * 32 * 32 * 128 * seq);
+}
+
+TEST(ModelFamilies, EstimateCoversEveryFamilyOnTheMetaDevice) {
+  // The dry run of a released size under 4D parallelism: the stage holding the tied output keeps a
+  // copy of the embedding table (Qwen3 4B under PP), which the estimate counts.
+  const std::vector<std::tuple<std::string, std::string, std::string>> runs = {
+      {"qwen3", "32B", "32,762,123,264"}, {"qwen3", "4B", "4,022,468,096"}, {"llama2", "70B", "68,976,648,192"}};
+  for (const auto& [model, flavor, params] : runs) {
+    auto r = test::run_process({kTitan, "estimate", "--model.name", model, "--model.flavor", flavor,
+                                "--training.seq_len", "4096", "--parallelism.tensor_parallel_degree", "8",
+                                "--parallelism.pipeline_parallel_degree", "4", "--parallelism.data_parallel_shard_degree",
+                                "8", "--training.local_batch_size", "4"},
+                               {{"OMP_NUM_THREADS", "1"}});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("model: " + model + " " + flavor), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("parameters: " + params), std::string::npos) << r.output;
+    std::printf("[titan estimate %s %s, tp 8 x pp 4 x fsdp 8]\n%s\n", model.c_str(), flavor.c_str(), r.output.c_str());
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Against transformers
+
+// A titan model of `flavor` with random weights (norms too, so that a norm weight in the wrong
+// place or order shows).
+LanguageModel random_model(const std::string& model, const std::string& flavor) {
+  LanguageModel m = model_spec(model).build(flavor, at::TensorOptions().dtype(at::kFloat), 128);
+  m->init_weights(7);
+  at::NoGradGuard no_grad;
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(11);
+  for (auto& p : m->named_parameters())
+    if (p.key().find("norm") != std::string::npos) p.value().copy_(1 + 0.3 * at::randn(p.value().sizes(), gen));
+  return m;
+}
+
+void write_config(const std::string& path, const nlohmann::json& config) {
+  fs::create_directories(fs::path(path).parent_path());
+  std::ofstream(path) << config.dump(2);
+}
+
+struct GradCase {
+  std::string model;
+  nlohmann::json config;  // a Hugging Face config.json: the flavor
+};
+
+std::vector<GradCase> grad_cases() {
+  const nlohmann::json qwen3 = {{"model_type", "qwen3"},       {"hidden_size", 64},   {"intermediate_size", 96},
+                                {"num_attention_heads", 4},   {"num_key_value_heads", 2}, {"head_dim", 24},
+                                {"num_hidden_layers", 2},     {"vocab_size", 300},   {"rms_norm_eps", 1e-6},
+                                {"rope_theta", 1e6},          {"tie_word_embeddings", true}};
+  nlohmann::json qwen3_untied = qwen3;
+  qwen3_untied["tie_word_embeddings"] = false;
+  qwen3_untied["num_key_value_heads"] = 4;
+  const nlohmann::json llama2 = {{"model_type", "llama"},     {"hidden_size", 64},     {"intermediate_size", 172},
+                                 {"num_attention_heads", 4}, {"num_hidden_layers", 2}, {"vocab_size", 300},
+                                 {"rms_norm_eps", 1e-5},     {"rope_theta", 10000.0}, {"tie_word_embeddings", false}};
+  nlohmann::json llama31 = llama2;
+  llama31["num_key_value_heads"] = 2;
+  llama31["rope_theta"] = 500000.0;
+  llama31["rope_scaling"] = {{"rope_type", "llama3"},
+                             {"factor", 32.0},
+                             {"low_freq_factor", 1.0},
+                             {"high_freq_factor", 4.0},
+                             {"original_max_position_embeddings", 8192}};
+  return {{"qwen3", qwen3}, {"qwen3", qwen3_untied}, {"llama2", llama2}, {"llama3", llama31}};
+}
+
+TEST(ModelFamilies, LogitsLossAndEveryGradientEqualTransformers) {
+  for (const GradCase& c : grad_cases()) {
+    SCOPED_TRACE(c.model + " " + c.config.dump());
+    test::TempDir dir;
+    const std::string flavor = dir / "flavor/config.json";
+    write_config(flavor, c.config);
+    const ModelSpec& spec = model_spec(c.model);
+    LanguageModel model = random_model(c.model, flavor);
+    // titan's weights as a Hugging Face folder.
+    {
+      checkpoint::HFWriter writer(dir / "hf", spec, flavor, at::kFloat);
+      for (const auto& p : model->named_parameters()) writer.add(p.key(), p.value().detach());
+      writer.finish();
+    }
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(5);
+    const at::Tensor seq = at::randint(model->vocab_size(), {2, 33}, gen, at::kLong);
+    const at::Tensor tokens = seq.slice(1, 0, 32).contiguous(), labels = seq.slice(1, 1, 33).contiguous();
+    safetensors::save(dir / "batch.safetensors", {{"tokens", tokens}, {"labels", labels}});
+    auto r = test::run_process({test::python(), kScript, "grads", dir / "hf", dir / "batch.safetensors",
+                                dir / "out.safetensors"},
+                               {{"OMP_NUM_THREADS", "2"}});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto ref = safetensors::load(dir / "out.safetensors").tensors;
+
+    const at::Tensor logits = model->forward(tokens);
+    const at::Tensor loss = at::cross_entropy_loss(logits.flatten(0, 1), labels.flatten());
+    loss.backward();
+    EXPECT_LT(test::relative_error(logits.detach(), ref.at("logits")), kTol);
+    EXPECT_LT(test::relative_error(loss.detach(), ref.at("loss")), kTol);
+    // transformers' gradients in titan's names and layouts.
+    StateDict hf_grads;
+    for (const auto& [name, t] : ref)
+      if (name.rfind("grad.", 0) == 0) hf_grads[name.substr(5)] = t;
+    if (c.config.at("tie_word_embeddings") == true) hf_grads.erase("lm_head.weight");  // the embedding's
+    const StateDict grads = spec.hf_adapter(flavor).from_hf(hf_grads);
+    ASSERT_EQ(grads.size(), model->named_parameters().size());
+    double worst = 0;
+    for (const auto& p : model->named_parameters()) {
+      ASSERT_TRUE(grads.count(p.key())) << p.key();
+      const double err = test::relative_error(p.value().grad(), grads.at(p.key()));
+      EXPECT_LT(err, kTol) << p.key();
+      worst = std::max(worst, err);
+    }
+    if (c.model == "qwen3") EXPECT_TRUE(grads.count("layers.1.attention.q_norm.weight"));
+    std::printf("[%s vs transformers] %zu gradients, worst relative error %.2e\n", c.model.c_str(), grads.size(),
+                worst);
+  }
+}
+
+struct ImportCase {
+  std::string model;
+  nlohmann::json config;
+};
+
+// transformers' save_pretrained -> titan convert from-hf (no flavor: the folder's own config.json)
+// -> titan's logits; then titan convert to-hf of that checkpoint (with the config file gone) ->
+// transformers' logits again.
+TEST(ModelFamilies, HuggingFaceModelsOfAnySizeImportAndExport) {
+  std::vector<ImportCase> cases;
+  for (const GradCase& c : grad_cases()) cases.push_back({c.model, c.config});
+  for (const ImportCase& c : cases) {
+    SCOPED_TRACE(c.model + " " + c.config.dump());
+    test::TempDir dir;
+    write_config(dir / "create.json", c.config);
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(3);
+    const at::Tensor tokens = at::randint(300, {2, 40}, gen, at::kLong);
+    safetensors::save(dir / "tokens.safetensors", {{"tokens", tokens}});
+    auto r = test::run_process({test::python(), kScript, "create", dir / "create.json", dir / "hf",
+                                dir / "tokens.safetensors", dir / "created.safetensors"},
+                               {{"OMP_NUM_THREADS", "2"}});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const at::Tensor hf_logits = safetensors::load(dir / "created.safetensors").tensors.at("logits");
+
+    r = test::run_process({kTitan, "convert", "from-hf", dir / "hf", dir / "ckpt/step-0", "--model.name", c.model},
+                          {{"OMP_NUM_THREADS", "2"}});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    checkpoint::Reader reader(dir / "ckpt/step-0");
+    const nlohmann::json record = reader.info().at("model");
+    ASSERT_TRUE(record.contains("hf_config")) << record.dump();
+    const std::string flavor = record.at("hf_config").get<std::string>();
+    // titan's model of the recorded arguments, with the imported weights.
+    LanguageModel model = model_spec(c.model).build(flavor, at::TensorOptions().dtype(at::kFloat), 128);
+    {
+      at::NoGradGuard no_grad;
+      for (auto& p : model->named_parameters()) {
+        const auto shape = p.value().sizes().vec();
+        p.value().copy_(reader.read("model." + p.key(), std::vector<int64_t>(shape.size(), 0), shape));
+      }
+    }
+    at::Tensor logits;
+    {
+      at::NoGradGuard no_grad;
+      logits = model->forward(tokens);
+    }
+    EXPECT_LT(test::relative_error(logits, hf_logits), kTol);
+
+    fs::remove_all(dir / "hf");  // the checkpoint holds everything the export needs
+    r = test::run_process({kTitan, "convert", "to-hf", dir / "ckpt/step-0", dir / "hf2"}, {{"OMP_NUM_THREADS", "2"}});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    r = test::run_process({test::python(), kScript, "load", dir / "hf2", dir / "tokens.safetensors",
+                           dir / "loaded.safetensors"},
+                          {{"OMP_NUM_THREADS", "2"}});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto loaded = safetensors::load(dir / "loaded.safetensors");
+    EXPECT_LT(test::relative_error(loaded.tensors.at("logits"), hf_logits), kTol);
+    const nlohmann::json report = nlohmann::json::parse(loaded.metadata.at("report"));
+    for (const char* key : {"missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"})
+      EXPECT_TRUE(report.at(key).empty()) << key << ": " << report.at(key).dump();
+  }
+}
+
+TEST(ModelFamilies, ConfigFieldsTitanCannotHonourAreNamed) {
+  test::TempDir dir;
+  const nlohmann::json base = grad_cases()[0].config;  // qwen3
+  const std::vector<std::tuple<std::string, nlohmann::json, std::string>> bad = {
+      {"attention_bias", true, "attention_bias is true"},
+      {"use_sliding_window", true, "use_sliding_window is true"},
+      {"hidden_act", "gelu", "hidden_act is \"gelu\""},
+      {"model_type", "llama", "model_type is \"llama\""},
+      {"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}}, "rope_scaling.rope_type is \"yarn\""},
+      {"hidden_size", nullptr, "hidden_size is null"},
+  };
+  for (const auto& [field, value, says] : bad) {
+    nlohmann::json c = base;
+    c[field] = value;
+    write_config(dir / "config.json", c);
+    const std::string msg = test::error_of([&] { model_spec("qwen3").build(dir / "config.json", {}, 16); });
+    EXPECT_NE(msg.find(says), std::string::npos) << field << ": " << msg;
+    EXPECT_NE(msg.find(dir / "config.json"), std::string::npos) << msg;
+  }
+  const std::string msg = test::error_of([&] { model_spec("qwen3").build(dir / "missing/config.json", {}, 16); });
+  EXPECT_NE(msg.find("no such file"), std::string::npos) << msg;
+  const std::string unknown = test::error_of([&] { model_spec("llama2").build("34B", {}, 16); });
+  EXPECT_NE(unknown.find("choose one of: debugmodel, 7B, 13B, 70B"), std::string::npos) << unknown;
+}
+
+}  // namespace
+}  // namespace titan
