@@ -170,6 +170,17 @@ PipelinePlan plan_pipeline(const ModelSpec& spec, const std::string& flavor, con
                     std::to_string(plan.microbatches) + " microbatches of " + std::to_string(mbs) + ")");
   }
   plan.stage_ranks = dist::stage_ranks(plan.order, num_stages);
+  // A tied embedding table is held by the first stage and, as a copy, by the last (their gradients
+  // are exchanged between their ranks): they must be on different pipeline ranks.
+  if (num_stages > 1 && plan.stage_ranks.front() == plan.stage_ranks.back()) {
+    const LanguageModel last = spec.build_stage(flavor, at::TensorOptions().device(at::kMeta), 1, plan.stage_modules.back());
+    TITAN_USER_CHECK(last->shared_parameters().empty(), "the first and the last pipeline stage are on the same pipeline "
+                     "rank (", csv ? "parallelism.pipeline_parallel_schedule_csv " + par.pipeline_parallel_schedule_csv
+                                   : "schedule " + par.pipeline_parallel_schedule,
+                     "), and this model ties its output projection to the token embedding, which both stages hold: "
+                     "choose a schedule that places them on different ranks (e.g. 1F1B or Interleaved1F1B), or a "
+                     "flavor without tied embeddings");
+  }
   return plan;
 }
 

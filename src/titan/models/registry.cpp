@@ -33,10 +33,18 @@ void register_builtin_models_locked() {
 void set_activation_checkpointing(ParallelizeContext& ctx, const config::ActivationCheckpoint& ac) {
   ctx.ac_mode = ac.mode;
   if (ctx.ac_mode != "selective") return;
-  if (ac.selective_ac_option == "op")
+  if (ac.selective_ac_option == "op") {
     ctx.ac_mode = ac.per_op_policy == "all_matmuls" ? "op_all_matmuls" : "op";
-  else
-    ctx.ac_every = std::stoll(ac.selective_ac_option);
+    return;
+  }
+  int64_t k = 0;
+  try {
+    k = std::stoll(ac.selective_ac_option);
+  } catch (const std::exception&) {
+  }
+  TITAN_USER_CHECK(k >= 1, "activation_checkpoint.selective_ac_option '", ac.selective_ac_option,
+                   "' is neither a positive integer (every k-th block) nor 'op'");
+  ctx.ac_every = k;
 }
 
 void register_model(ModelSpec spec) {

@@ -2,6 +2,7 @@
 
 #include "titan/common/error.h"
 #include "titan/distributed/context_parallel.h"
+#include "titan/distributed/options.h"
 #include "titan/distributed/parallel_dims.h"
 #include "titan/models/pipeline_split.h"
 #include "titan/models/registry.h"
@@ -50,21 +51,6 @@ std::string human(int64_t bytes) {
 }
 
 const char* dtype_name(at::ScalarType t) { return t == at::kBFloat16 ? "bfloat16" : "float32"; }
-
-// activation_checkpoint.{mode, selective_ac_option} -> the parallelize function's (mode, every k),
-// as the trainer maps them.
-std::pair<std::string, int64_t> ac_plan(const config::ActivationCheckpoint& ac) {
-  if (ac.mode != "selective") return {ac.mode, 1};
-  if (ac.selective_ac_option == "op") return {ac.per_op_policy == "all_matmuls" ? "op_all_matmuls" : "op", 1};
-  int64_t k = 0;
-  try {
-    k = std::stoll(ac.selective_ac_option);
-  } catch (const std::exception&) {
-  }
-  TITAN_USER_CHECK(k >= 1, "activation_checkpoint.selective_ac_option '", ac.selective_ac_option,
-                   "' is neither a positive integer (every k-th block) nor 'op'");
-  return {"selective", k};
-}
 
 std::string ac_words(const std::string& mode, int64_t k) {
   if (mode == "none") return "none";
@@ -181,9 +167,7 @@ Estimate estimate(const JobConfig& cfg, const EstimateOptions& options) {
   plan.fsdp = use_fsdp;
   plan.tp = dims.tp();
   dist::check_sequence_length(tr.seq_len, dims.tp(), p.enable_sequence_parallel);
-  plan.tp_options.sequence_parallel = p.enable_sequence_parallel;
-  plan.tp_options.loss_parallel = !p.disable_loss_parallel;
-  plan.tp_options.async = p.enable_async_tensor_parallel;
+  plan.tp_options = dist::tensor_parallel_options(p);
   if (dims.cp() > 1) {
     plan.cp_options = dist::context_parallel_options(p.context_parallel_load_balancer, p.context_parallel_rotate_method);
     dist::check_context_parallel_sequence(tr.seq_len, dims.cp(), plan.cp_options.load_balance, dims.tp(),
@@ -195,7 +179,10 @@ Estimate estimate(const JobConfig& cfg, const EstimateOptions& options) {
     plan.pipeline = plan_pipeline(spec, cfg.model.flavor, p, tr.local_batch_size);
   }
   plan.reshard_after_forward = p.fsdp_reshard_after_forward;
-  std::tie(plan.ac_mode, plan.ac_every) = ac_plan(cfg.activation_checkpoint);
+  ParallelizeContext ac;  // the trainer's mapping of [activation_checkpoint]
+  set_activation_checkpointing(ac, cfg.activation_checkpoint);
+  plan.ac_mode = ac.ac_mode;
+  plan.ac_every = ac.ac_every;
   plan.optimizer = cfg.optimizer.name;
   plan.optimizer_implementation = cfg.optimizer.implementation;
   plan.max_norm = tr.max_norm;

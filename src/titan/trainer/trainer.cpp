@@ -7,6 +7,7 @@
 #include "titan/common/memory_tracker.h"
 #include "titan/common/tensor_storage.h"
 #include "titan/common/trace.h"
+#include "titan/components/checkpoint/hf.h"
 #include "titan/components/checkpoint/safetensors.h"
 #include "titan/components/metrics/format.h"
 #include "titan/config/field.h"
@@ -151,6 +152,7 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
     DeferAllocation defer;
     model_ = spec.build(cfg_.model.flavor, at::TensorOptions().device(device_).dtype(param_dtype), max_seq_len);
   }
+  model_record_ = checkpoint::model_record(spec, cfg_.model.flavor);
   const int64_t vocab = model_->vocab_size();
   TITAN_USER_CHECK(tokenizer_->vocab_size() <= vocab, "the tokenizer at ", cfg_.model.hf_assets_path, " has ",
                    tokenizer_->vocab_size(), " tokens but model ", cfg_.model.name, " ", cfg_.model.flavor,

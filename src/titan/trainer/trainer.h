@@ -2,6 +2,7 @@
 // Read top to bottom: Trainer() sets the run up, train() is the loop, train_step() one step.
 #pragma once
 
+#include "titan/components/checkpoint/checkpoint.h"
 #include "titan/components/checkpoint/checkpointer.h"
 #include "titan/components/data/dataloader.h"
 #include "titan/components/metrics/metrics.h"
@@ -20,6 +21,7 @@
 #include "titan/models/registry.h"
 
 #include <c10/core/Device.h>
+#include <nlohmann/json.hpp>
 
 #include <functional>
 #include <memory>
@@ -90,6 +92,8 @@ class Trainer {
   std::string restart_note() const;
   void set_up_distributed();
   void set_up_checkpointing();
+  // UserError when a titan checkpoint of this model family records other model arguments.
+  void check_checkpoint_model(const checkpoint::Reader& reader) const;
   void set_up_validation();  // the validation data loader (checked at start-up), when enabled
   // The next batch of the training data on the device (the data fault point, its trace range and
   // the time it took counted in the data-loading figure); under context parallelism, this rank's
@@ -169,6 +173,7 @@ class Trainer {
     int peer = -1;        // the pipeline rank holding the other copy
   };
   std::vector<SharedGradient> shared_gradients_;
+  nlohmann::json model_record_;  // what checkpoints record of the model (checkpoint::model_record), made once
   void sum_shared_gradients();
   // Whether `name` is a parameter this rank holds as a non-primary copy (see SharedGradient).
   bool is_shared_copy(const std::string& name) const;

@@ -103,7 +103,7 @@ void Trainer::save_checkpoint(bool model_only, std::optional<at::ScalarType> cas
   checkpoint::Snapshot snap = checkpoint::take_snapshot(tensors, so);
   nlohmann::json contents = parts;
   snap.info = {{"step", step_},
-               {"model", checkpoint::model_record(model_spec(cfg_.model.name), cfg_.model.flavor)},
+               {"model", model_record_},
                {"contents", contents},
                {"world_size", env_.world_size},
                {"layout", dims_->describe()}};
@@ -191,6 +191,27 @@ void Trainer::load_checkpoint(checkpoint::Source& source, std::vector<std::strin
   }
 }
 
+void Trainer::check_checkpoint_model(const checkpoint::Reader& reader) const {
+  // Two models of the same shapes may differ (RoPE scaling, norm epsilon): the recorded arguments
+  // must be this run's. Checkpoints of another family, or of a flavor this build does not know, are
+  // left to the shape checks.
+  const nlohmann::json& info = reader.info();
+  if (!info.contains("model") || !info.at("model").is_object()) return;
+  const nlohmann::json& m = info.at("model");
+  if (m.value("name", std::string()) != cfg_.model.name) return;
+  const std::string recorded = m.contains("hf_config") ? m.value("hf_config", std::string()) : m.value("flavor", std::string());
+  const ModelSpec& spec = model_spec(cfg_.model.name);
+  std::string why;
+  try {
+    why = spec.hf_adapter(cfg_.model.flavor).config_mismatch(spec.hf_adapter(recorded).config_json(at::kFloat));
+  } catch (const UserError&) {
+    return;
+  }
+  TITAN_USER_CHECK(why.empty(), reader.describe(), " holds a ", cfg_.model.name, " model of other arguments than "
+                   "model.flavor '", cfg_.model.flavor, "': ", why, ". Train with the flavor it was saved with (index.json "
+                   "records it under info.model)");
+}
+
 void Trainer::set_up_checkpointing() {
   const auto& c = cfg_.checkpoint;
   TITAN_USER_CHECK(!c.create_seed_checkpoint || c.enable,
@@ -237,7 +258,10 @@ void Trainer::set_up_checkpointing() {
   if (const int64_t step = chosen.item<int64_t>(); step >= 0) {
     const std::string dir = checkpointer_->step_dir(step);
     std::unique_ptr<checkpoint::Reader> reader;
-    on_every_rank([&] { reader = std::make_unique<checkpoint::Reader>(dir); }, "open " + dir);
+    on_every_rank([&] {
+      reader = std::make_unique<checkpoint::Reader>(dir);
+      check_checkpoint_model(*reader);
+    }, "open " + dir);
     const std::vector<std::string> parts = parts_to_load(*reader, c.exclude_from_loading);
     load_checkpoint(*reader, parts, reader->state(), /*allow_cast=*/false);
     std::string loaded;
@@ -259,6 +283,7 @@ void Trainer::set_up_checkpointing() {
       return;
     }
     auto reader = std::make_unique<checkpoint::Reader>(c.initial_load_path);
+    check_checkpoint_model(*reader);
     if (!c.initial_load_model_only) {
       for (const auto& p : parts_to_load(*reader, c.exclude_from_loading))
         if (p != "model") parts.push_back(p);

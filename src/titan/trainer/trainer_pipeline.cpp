@@ -63,12 +63,10 @@ void Trainer::set_up_pipeline(const ModelSpec& spec, ParallelizeContext pctx,
     };
     // A parameter shared with another stage (a tied embedding table, first and last stage): its
     // gradients are summed with the other copy's after backward, over the pp group.
+    // (plan_pipeline refuses a schedule that puts both stages on one rank.)
     for (const auto& shared : stage_model->shared_parameters()) {
       const int other = shared.primary ? num_stages - 1 : 0;
-      TITAN_USER_CHECK(ranks[other] != pp_group.rank(), "the first and the last pipeline stage are on the same "
-                       "pipeline rank (schedule ", plan.schedule, "), and this model ties its output projection to "
-                       "the token embedding, which both stages hold: choose a schedule that places them on "
-                       "different ranks (e.g. 1F1B or Interleaved1F1B), or a flavor without tied embeddings");
+      TITAN_ASSERT(ranks[other] != pp_group.rank(), "shared parameter ", shared.name, " on one pipeline rank twice");
       shared_gradients_.push_back({shared.name, shared.primary, ranks[other]});
     }
     ps.parameters = stage_model->parameters();

@@ -12,6 +12,7 @@
 #include "test_util.h"
 
 #include "titan/components/checkpoint/safetensors.h"
+#include "titan/models/registry.h"
 
 #include <ATen/ATen.h>
 
@@ -20,6 +21,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 namespace titan {
 namespace {
@@ -41,7 +43,11 @@ std::vector<std::string> train_args(const std::string& config, const std::string
 struct Layout {
   std::string name;
   std::vector<std::string> args;
+  int nproc = 2;
 };
+
+// Point-to-point messages match by order, as on NCCL (see pipeline_train_test.cpp).
+const std::map<std::string, std::string> kOrderMatched = {{"TITAN_P2P_ORDER_MATCHED", "1"}};
 
 const std::vector<Layout>& layouts() {
   static const std::vector<Layout> all = {
@@ -57,7 +63,7 @@ safetensors::Tensors expect_layouts_train_as_one_process(const std::string& conf
                                                          const std::vector<std::string>& model_args,
                                                          std::vector<Layout> runs) {
   test::TempDir ref_dir;
-  const test::LaunchedRun ref = test::run_titan(1, train_args(config, ref_dir.path(), model_args), ref_dir);
+  const test::LaunchedRun ref = test::run_titan(1, train_args(config, ref_dir.path(), model_args), ref_dir, kOrderMatched);
   if (ref.exit_code != 0) return {};
   const at::Tensor losses = ref.weights.at("__losses__");
   EXPECT_LT(losses[kSteps - 1].item<double>(), losses[0].item<double>()) << "the reference run did not learn";
@@ -66,7 +72,7 @@ safetensors::Tensors expect_layouts_train_as_one_process(const std::string& conf
     test::TempDir dir;
     std::vector<std::string> extra = model_args;
     extra.insert(extra.end(), layout.args.begin(), layout.args.end());
-    const test::LaunchedRun r = test::run_titan(2, train_args(config, dir.path(), extra), dir);
+    const test::LaunchedRun r = test::run_titan(layout.nproc, train_args(config, dir.path(), extra), dir, kOrderMatched);
     if (r.exit_code == 0) test::expect_same_training(ref.weights, r.weights, 0.01 * kLr * kSteps);
   }
   return ref.weights;
@@ -80,6 +86,11 @@ TEST(ModelFamiliesTrain, Qwen3DebugModelUnderEveryLayoutAndItsPipelineCheckpoint
   runs.push_back({"pp2",
                   {"--parallelism.pipeline_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "1",
                    "--checkpoint.enable", "--checkpoint.interval", "5", "--checkpoint.folder", pp_dir / "checkpoint"}});
+  // Each copy of the table sharded by FSDP, two microbatches accumulated per step.
+  runs.push_back({"pp2_fsdp2_accumulating",
+                  {"--parallelism.pipeline_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "2",
+                   "--training.local_batch_size", "2", "--parallelism.pipeline_parallel_microbatch_size", "1"},
+                  4});
   const safetensors::Tensors ref = expect_layouts_train_as_one_process("qwen3_debugmodel.toml", {}, runs);
   ASSERT_FALSE(ref.empty());
 
@@ -93,6 +104,22 @@ TEST(ModelFamiliesTrain, Qwen3DebugModelUnderEveryLayoutAndItsPipelineCheckpoint
   EXPECT_NE(resumed.output.find("resumed from"), std::string::npos) << resumed.output;
   ASSERT_EQ(resumed.weights.at("__losses__").numel(), 5);
   test::expect_same_training(ref, resumed.weights, 0.01 * kLr * kSteps, /*first_step=*/6);
+
+  // And the other way: one process's checkpoint resumed under PP fills both copies of the table.
+  test::TempDir one_dir, pp_resumed_dir;
+  const test::LaunchedRun one = test::run_titan(
+      1, train_args("qwen3_debugmodel.toml", one_dir.path(), {"--checkpoint.enable", "--checkpoint.interval", "5"}),
+      one_dir);
+  ASSERT_EQ(one.exit_code, 0);
+  std::filesystem::remove_all(one_dir / "checkpoint/step-10");
+  const test::LaunchedRun pp_resumed = test::run_titan(
+      2, train_args("qwen3_debugmodel.toml", pp_resumed_dir.path(),
+                    {"--checkpoint.enable", "--checkpoint.folder", one_dir / "checkpoint",
+                     "--parallelism.pipeline_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "1"}),
+      pp_resumed_dir, kOrderMatched);
+  ASSERT_EQ(pp_resumed.exit_code, 0);
+  ASSERT_EQ(pp_resumed.weights.at("__losses__").numel(), 5);
+  test::expect_same_training(ref, pp_resumed.weights, 0.01 * kLr * kSteps, /*first_step=*/6);
 }
 
 TEST(ModelFamiliesTrain, AHuggingFaceQwen3OfItsOwnSizeContinuesPretrainingUnderPp) {
@@ -120,9 +147,29 @@ TEST(ModelFamiliesTrain, AHuggingFaceQwen3OfItsOwnSizeContinuesPretrainingUnderP
   const test::LaunchedRun fresh =
       test::run_titan(1, train_args("qwen3_debugmodel.toml", own.path(), {"--model.flavor", dir / "hf/config.json"}), own);
   test::TempDir loaded_dir;
-  const test::LaunchedRun loaded = test::run_titan(1, train_args("qwen3_debugmodel.toml", loaded_dir.path(), hf), loaded_dir);
+  std::vector<std::string> export_hf = hf;
+  export_hf.insert(export_hf.end(), {"--checkpoint.enable", "--checkpoint.last_save_model_only",
+                                     "--checkpoint.last_save_in_hf"});
+  const test::LaunchedRun loaded =
+      test::run_titan(1, train_args("qwen3_debugmodel.toml", loaded_dir.path(), export_hf), loaded_dir);
   EXPECT_GT(std::abs(fresh.weights.at("__losses__")[0].item<double>() - loaded.weights.at("__losses__")[0].item<double>()),
             1e-3);
+  // The last save, in Hugging Face's format: a Qwen3ForCausalLM of this size holding the trained weights.
+  const std::string exported = loaded_dir / "checkpoint/step-10";
+  std::ifstream in(exported + "/config.json");
+  const nlohmann::json written = nlohmann::json::parse(in);
+  EXPECT_EQ(written.at("architectures"), nlohmann::json({"Qwen3ForCausalLM"}));
+  EXPECT_EQ(written.at("head_dim"), 48);
+  StateDict trained;
+  for (const auto& [name, t] : loaded.weights)
+    if (name != "__losses__") trained[name] = t;
+  const StateDict expected = model_spec("qwen3").hf_adapter(dir / "hf/config.json").to_hf(trained);
+  const auto stored = safetensors::load(exported + "/model.safetensors").tensors;
+  ASSERT_EQ(stored.size(), expected.size());
+  for (const auto& [name, t] : expected) {
+    ASSERT_TRUE(stored.count(name)) << name;
+    EXPECT_TRUE(at::equal(stored.at(name), t)) << name;
+  }
 }
 
 TEST(ModelFamiliesTrain, Llama2DebugModelUnderEveryLayout) {

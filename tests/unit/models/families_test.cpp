@@ -257,6 +257,9 @@ TEST(ModelFamilies, ConfigFieldsTitanCannotHonourAreNamed) {
       {"model_type", "llama", "model_type is \"llama\""},
       {"rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}}, "rope_scaling.rope_type is \"yarn\""},
       {"hidden_size", nullptr, "hidden_size is null"},
+      {"attention_dropout", 0.1, "attention_dropout is 0.1"},
+      {"rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0}},
+       "rope_scaling.original_max_position_embeddings is null"},
   };
   for (const auto& [field, value, says] : bad) {
     nlohmann::json c = base;
@@ -270,6 +273,93 @@ TEST(ModelFamilies, ConfigFieldsTitanCannotHonourAreNamed) {
   EXPECT_NE(msg.find("no such file"), std::string::npos) << msg;
   const std::string unknown = test::error_of([&] { model_spec("llama2").build("34B", {}, 16); });
   EXPECT_NE(unknown.find("choose one of: debugmodel, 7B, 13B, 70B"), std::string::npos) << unknown;
+}
+
+// Absent fields take the defaults of transformers' config class, null ones too where the class says
+// so, and both generations of RoPE settings read alike.
+TEST(ModelFamilies, ConfigDefaultsAreTransformers) {
+  test::TempDir dir;
+  auto args_of = [&](const std::string& model, const nlohmann::json& c) {
+    write_config(dir / "config.json", c);
+    auto m = model_spec(model).build(dir / "config.json", at::TensorOptions().device(at::kMeta), 16);
+    return dynamic_cast<DecoderImpl&>(*m).args();
+  };
+  const nlohmann::json sizes = {{"hidden_size", 64}, {"intermediate_size", 96}, {"num_attention_heads", 4},
+                                {"num_hidden_layers", 1}, {"vocab_size", 300}};
+  // Qwen3Config: head_dim 128 and 32 key/value heads when absent (null: the attention heads), eps 1e-6,
+  // theta 10000, untied.
+  nlohmann::json q = sizes;
+  q["model_type"] = "qwen3";
+  const std::string msg = test::error_of([&] { args_of("qwen3", q); });
+  EXPECT_NE(msg.find("num_key_value_heads 32 does not divide num_attention_heads 4"), std::string::npos) << msg;
+  q["num_key_value_heads"] = nullptr;
+  DecoderArgs a = args_of("qwen3", q);
+  EXPECT_EQ(a.head_dim(), 128);
+  EXPECT_EQ(a.kv_heads(), 4);
+  EXPECT_TRUE(a.qk_norm);
+  EXPECT_DOUBLE_EQ(a.norm_eps, 1e-6);
+  EXPECT_DOUBLE_EQ(a.rope_theta, 10000.0);
+  EXPECT_FALSE(a.rope_scaling.has_value());
+  EXPECT_FALSE(a.tie_embeddings);
+  // LlamaConfig: head_dim = hidden / heads; transformers 4's rope_scaling with the old "type" key, and
+  // transformers 5's rope_parameters, read alike; a null rope_type is the default RoPE.
+  nlohmann::json l = sizes;
+  l["rope_scaling"] = {{"type", "llama3"}, {"factor", 32.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+                       {"original_max_position_embeddings", 8192}};
+  l["rope_theta"] = 500000.0;
+  a = args_of("llama3", l);
+  EXPECT_EQ(a.head_dim(), 16);
+  EXPECT_FALSE(a.qk_norm);
+  ASSERT_TRUE(a.rope_scaling.has_value());
+  EXPECT_DOUBLE_EQ(a.rope_scaling->factor, 32.0);
+  nlohmann::json v5 = sizes;
+  v5["rope_parameters"] = l["rope_scaling"];
+  v5["rope_parameters"]["rope_theta"] = 500000.0;
+  const DecoderArgs b = args_of("llama3", v5);
+  EXPECT_DOUBLE_EQ(b.rope_theta, 500000.0);
+  ASSERT_TRUE(b.rope_scaling.has_value());
+  EXPECT_DOUBLE_EQ(b.rope_scaling->factor, 32.0);
+  v5["rope_parameters"] = {{"rope_type", nullptr}, {"rope_theta", nullptr}};
+  const DecoderArgs c = args_of("llama2", v5);
+  EXPECT_FALSE(c.rope_scaling.has_value());
+  EXPECT_DOUBLE_EQ(c.rope_theta, 10000.0);
+  // A folder holding config.json is a flavor too.
+  EXPECT_EQ(args_of("llama2", sizes).dim, 64);
+  EXPECT_EQ(model_spec("llama2").build(dir.path(), at::TensorOptions().device(at::kMeta), 16)->hidden_size(), 64);
+}
+
+// A checkpoint records its model's arguments; loading one into a model of the same shapes but other
+// arguments (here RoPE scaling factor 32 against 8) is refused, naming the field.
+TEST(ModelFamilies, ACheckpointOfOtherArgumentsIsRefused) {
+  test::TempDir dir;
+  nlohmann::json config = {{"model_type", "llama"},     {"hidden_size", 64},     {"intermediate_size", 172},
+                           {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"num_hidden_layers", 2},
+                           {"vocab_size", 2048},       {"rms_norm_eps", 1e-5},  {"rope_theta", 500000.0},
+                           {"rope_scaling", {{"rope_type", "llama3"}, {"factor", 32.0}, {"low_freq_factor", 1.0},
+                                             {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}}}};
+  write_config(dir / "create.json", config);
+  safetensors::save(dir / "tokens.safetensors", {{"tokens", at::zeros({1, 4}, at::kLong)}});
+  auto r = test::run_process({test::python(), kScript, "create", dir / "create.json", dir / "hf",
+                              dir / "tokens.safetensors", dir / "out.safetensors"},
+                             {{"OMP_NUM_THREADS", "2"}});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = test::run_process({kTitan, "convert", "from-hf", dir / "hf", dir / "ckpt/step-0"}, {{"OMP_NUM_THREADS", "2"}});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  config["rope_scaling"]["factor"] = 8.0;
+  write_config(dir / "factor8/config.json", config);
+  auto train = [&](const std::string& flavor, const std::string& dump) {
+    return test::run_process({kTitan, "train", "--job.config_file", std::string(TITAN_SOURCE_DIR) + "/configs/llama3_debugmodel.toml",
+                              "--job.dump_folder", dump, "--model.flavor", flavor, "--training.seq_len", "32",
+                              "--training.steps", "1", "--checkpoint.initial_load_path", dir / "ckpt/step-0"},
+                             {{"OMP_NUM_THREADS", "2"}});
+  };
+  r = train(dir / "factor8/config.json", dir / "run8");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("holds a llama3 model of other arguments than model.flavor"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rope_scaling.factor is 32.0, the flavor has 8.0"), std::string::npos) << r.output;
+  r = train(dir / "hf/config.json", dir / "run32");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("initial load of"), std::string::npos) << r.output;
 }
 
 }  // namespace

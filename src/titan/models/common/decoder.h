@@ -38,8 +38,8 @@ TORCH_MODULE(DecoderBlock);
 class DecoderImpl : public LanguageModelImpl {
  public:
   // opts: device and dtype of the parameters (use device meta for a shape-only model). modules:
-  // empty for the whole model. Throws UserError for a name the model does not have, and for a stage
-  // that would need the tied embedding table without holding it.
+  // empty for the whole model. Throws UserError for a name the model does not have. A last stage of
+  // a tied model holds its own copy of the embedding table (shared_parameters()).
   DecoderImpl(DecoderArgs args, const at::TensorOptions& opts, const std::vector<std::string>& modules = {});
   at::Tensor forward(const at::Tensor& input, int64_t seq_len = 0) override;
   void init_elements(uint64_t seed, const std::string& name, at::Tensor out, int64_t first) const override;

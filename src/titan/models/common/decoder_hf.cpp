@@ -154,6 +154,7 @@ class HFConfig {
     auto it = cfg_.find(name);
     return it == cfg_.end() || it->is_null() ? fallback : *it;
   }
+  bool given(const std::string& name) const { return cfg_.contains(name); }  // null included
   int64_t integer(const std::string& name, const nlohmann::json& fallback = nullptr) const {
     const nlohmann::json v = field(name, fallback);
     if (!v.is_number_integer() || v.get<int64_t>() <= 0) fail(name, v, "a positive integer");
@@ -185,7 +186,10 @@ DecoderArgs decoder_args_from_hf_config(const std::string& text, const HFDialect
   a.dim = c.integer("hidden_size");
   a.n_layers = c.integer("num_hidden_layers");
   a.n_heads = c.integer("num_attention_heads");
-  a.n_kv_heads = c.integer("num_key_value_heads", a.n_heads);
+  // Absent: the config class's default (Qwen3Config's is 32); null: num_attention_heads.
+  a.n_kv_heads = c.integer("num_key_value_heads", c.given("num_key_value_heads") || dialect.default_kv_heads == 0
+                                                      ? a.n_heads
+                                                      : dialect.default_kv_heads);
   a.vocab_size = c.integer("vocab_size");
   a.hidden_dim = c.integer("intermediate_size");
   a.attention_head_dim = c.integer("head_dim", dialect.default_head_dim > 0 ? dialect.default_head_dim
@@ -198,6 +202,11 @@ DecoderArgs decoder_args_from_hf_config(const std::string& text, const HFDialect
     const nlohmann::json v = c.field(bias, false);
     if (v != false) c.fail(bias, v, "false (titan's decoder has no biases)");
   }
+  const nlohmann::json dropout = c.field("attention_dropout", 0.0);
+  if (!dropout.is_number() || dropout.get<double>() != 0.0)
+    c.fail("attention_dropout", dropout, "0 (titan trains without dropout)");
+  const nlohmann::json positions = c.field("max_position_embeddings", nullptr);
+  if (!positions.is_null()) a.max_seq_len = c.integer("max_position_embeddings");
   if (dialect.model_type == "qwen3") {
     const nlohmann::json sliding = c.field("use_sliding_window", false);
     if (sliding != false) c.fail("use_sliding_window", sliding, "false (titan attends over the whole sequence)");
@@ -211,21 +220,23 @@ DecoderArgs decoder_args_from_hf_config(const std::string& text, const HFDialect
   a.norm_eps = c.number("rms_norm_eps", c.field("rms_norm_eps", 1e-6));
   a.qk_norm = dialect.qk_norm;
   const nlohmann::json& rope = c.rope();
-  a.rope_theta = c.number("rope_theta", rope.contains("rope_theta") ? rope["rope_theta"] : c.field("rope_theta", 10000.0));
-  const nlohmann::json type = rope.value("rope_type", rope.value("type", nlohmann::json("default")));
+  auto in_rope = [&](const std::string& name) { return rope.contains(name) && !rope[name].is_null(); };
+  a.rope_theta = c.number("rope_theta", in_rope("rope_theta") ? rope["rope_theta"] : c.field("rope_theta", 10000.0));
+  const nlohmann::json type = in_rope("rope_type") ? rope["rope_type"]
+                              : in_rope("type")    ? rope["type"]
+                                                   : nlohmann::json("default");
   if (type == "default") {
     a.rope_scaling.reset();
   } else if (type == "llama3") {
     RopeScaling s;
-    auto get = [&](const std::string& name, const nlohmann::json& fallback) {
-      return c.number("rope_scaling." + name, rope.contains(name) && !rope[name].is_null() ? rope[name] : fallback);
+    // Every field of the llama3 type is required (as transformers requires it).
+    auto get = [&](const std::string& name) {
+      return c.number("rope_scaling." + name, in_rope(name) ? rope[name] : nlohmann::json(nullptr));
     };
-    s.factor = get("factor", nullptr);
-    s.low_freq_factor = get("low_freq_factor", nullptr);
-    s.high_freq_factor = get("high_freq_factor", nullptr);
-    // transformers takes original_max_position_embeddings from max_position_embeddings when absent.
-    s.original_max_position_embeddings = static_cast<int64_t>(
-        get("original_max_position_embeddings", c.field("max_position_embeddings", nullptr)));
+    s.factor = get("factor");
+    s.low_freq_factor = get("low_freq_factor");
+    s.high_freq_factor = get("high_freq_factor");
+    s.original_max_position_embeddings = static_cast<int64_t>(get("original_max_position_embeddings"));
     a.rope_scaling = s;
   } else {
     c.fail("rope_scaling.rope_type", type, "\"default\" or \"llama3\" (the RoPE variants titan implements)");

@@ -20,14 +20,17 @@ struct HFDialect {
   std::string model_type;        // "llama"
   bool qk_norm = false;          // the architecture normalizes q and k per head (every layer)
   int64_t default_head_dim = 0;  // head_dim when config.json gives none; 0: hidden_size / num_attention_heads
+  int64_t default_kv_heads = 0;  // num_key_value_heads when absent; 0: num_attention_heads (null always means that)
 };
 
 HFAdapter decoder_hf_adapter(const DecoderArgs& args, const HFDialect& dialect);
 
 // The arguments a transformers config.json of `dialect` describes (sizes, heads, head_dim, RoPE
-// theta and scaling, tied embeddings, norm epsilon), with the config class's defaults for absent
-// fields. Throws UserError naming the first field titan cannot honour (another model_type, biases,
-// a RoPE type other than default and llama3, sliding-window attention, a missing size).
+// theta and scaling, tied embeddings, norm epsilon, max_position_embeddings as max_seq_len). The
+// sizes (hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, vocab_size) must be
+// given; other absent fields take the config class's defaults. Throws UserError naming the first
+// field titan cannot honour (another model_type, biases, dropout, a RoPE type other than default
+// and llama3, sliding-window attention, a missing or malformed size).
 DecoderArgs decoder_args_from_hf_config(const std::string& text, const HFDialect& dialect);
 
 }  // namespace titan

@@ -25,13 +25,17 @@ DecoderArgs table_flavor(const std::string& family, const FlavorTable& table, co
                   ", or give the path of a Hugging Face config.json");
 }
 
-bool is_hf_config_flavor(const std::string& flavor) {
+bool is_hf_config_flavor(const DecoderFamily& family, const std::string& flavor) {
+  for (const auto& [name, args] : *family.flavors)
+    if (name == flavor) return false;
+  std::error_code ec;
   return !flavor.empty() && (flavor.front() == '{' || flavor.find('/') != std::string::npos ||
-                             (flavor.size() > 5 && flavor.compare(flavor.size() - 5, 5, ".json") == 0));
+                             (flavor.size() > 5 && flavor.compare(flavor.size() - 5, 5, ".json") == 0) ||
+                             fs::exists(flavor, ec));
 }
 
 DecoderArgs decoder_flavor(const DecoderFamily& family, const std::string& flavor) {
-  if (!is_hf_config_flavor(flavor)) return table_flavor(family.name, *family.flavors, flavor);
+  if (!is_hf_config_flavor(family, flavor)) return table_flavor(family.name, *family.flavors, flavor);
   std::string text = flavor, where = "the recorded Hugging Face config";
   if (flavor.front() != '{') {
     fs::path path = flavor;
@@ -76,7 +80,7 @@ ModelSpec decoder_model_spec(const DecoderFamily& family) {
     return decoder_hf_adapter(decoder_flavor(family, flavor), family.hf);
   };
   spec.flavor_record = [family](const std::string& flavor) -> std::string {
-    if (!is_hf_config_flavor(flavor)) return flavor;
+    if (!is_hf_config_flavor(family, flavor)) return flavor;
     // The arguments themselves, as a compact config.json, independent of the file.
     const std::string text = decoder_hf_adapter(decoder_flavor(family, flavor), family.hf).config_json(at::kFloat);
     return nlohmann::json::parse(text).dump();

@@ -25,8 +25,9 @@ struct DecoderFamily {
 DecoderArgs table_flavor(const std::string& family, const FlavorTable& table, const std::string& name);
 // The arguments of `flavor` (a name, a config.json path, or a config.json text) for `family`.
 DecoderArgs decoder_flavor(const DecoderFamily& family, const std::string& flavor);
-// Whether `flavor` names a Hugging Face config (a path or JSON text) rather than a table entry.
-bool is_hf_config_flavor(const std::string& flavor);
+// Whether `flavor` names a Hugging Face config (JSON text, or a path: with a '/', ending in .json,
+// or an existing file or folder) rather than an entry of the family's table (names win).
+bool is_hf_config_flavor(const DecoderFamily& family, const std::string& flavor);
 
 ModelSpec decoder_model_spec(const DecoderFamily& family);
 

@@ -17,7 +17,7 @@ DecoderArgs make(int64_t dim, int64_t n_layers, int64_t n_heads, int64_t n_kv_he
   a.norm_eps = 1e-6;
   a.rope_theta = 1e6;
   a.rope_scaling.reset();
-  a.max_seq_len = 4096;
+  a.max_seq_len = 40960;  // the released models' max_position_embeddings
   a.tie_embeddings = tied;
   a.qk_norm = true;
   return a;
@@ -41,7 +41,7 @@ const FlavorTable& flavors() {
 DecoderArgs flavor(const std::string& name) { return table_flavor("qwen3", flavors(), name); }
 
 ModelSpec spec() {
-  return decoder_model_spec({"qwen3", &flavors(), HFDialect{"Qwen3ForCausalLM", "qwen3", true, 128}});
+  return decoder_model_spec({"qwen3", &flavors(), HFDialect{"Qwen3ForCausalLM", "qwen3", true, 128, 32}});
 }
 
 }  // namespace titan::qwen3
