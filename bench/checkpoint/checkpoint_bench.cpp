@@ -80,7 +80,8 @@ int main(int argc, char** argv) {
     // Load as one process would: every tensor's block, checked against its CRC-32.
     const auto t0 = Clock::now();
     titan::checkpoint::Reader reader(dir + "/bench_ckpt/step-2");
-    titan::checkpoint::stage(reader, tensors, false);
+    titan::checkpoint::check(reader, tensors, false);
+    titan::checkpoint::load_into(reader, tensors, false);
     const double load = since(t0);
     std::printf("{\"mode\": \"load\", \"gb\": %.3f, \"load_s\": %.3f, \"load_gbps\": %.3f}\n", bytes / 1e9, load,
                 bytes / 1e9 / load);

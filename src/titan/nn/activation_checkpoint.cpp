@@ -64,6 +64,8 @@ struct KeptLinear : public torch::autograd::Function<KeptLinear> {
   }
 };
 
+thread_local int recomputations = 0;  // checkpointed bodies being recomputed on this thread
+
 // The backward of a checkpointed body: recompute it with a graph, then back-propagate the output's
 // gradient through it (parameter gradients accumulate as usual; input gradients are returned).
 struct CheckpointBackward : torch::autograd::Node {
@@ -92,7 +94,14 @@ struct CheckpointBackward : torch::autograd::Node {
         tape->matmuls = 0;
       }
       TapeScope scope(tape.get());
-      out = body(in);
+      ++recomputations;
+      try {
+        out = body(in);
+      } catch (...) {
+        --recomputations;
+        throw;
+      }
+      --recomputations;
     }
     tape.reset();
     variable_list result;
@@ -121,6 +130,8 @@ struct CheckpointBackward : torch::autograd::Node {
 };
 
 }  // namespace
+
+bool recomputing() { return recomputations > 0; }
 
 namespace {
 

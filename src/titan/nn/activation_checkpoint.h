@@ -26,6 +26,10 @@ enum class SaveOps { None, EveryOtherMatmul, AllMatmuls };
 // Runs `body(inputs)` checkpointed: see above. Without grad mode it simply runs the body.
 at::Tensor checkpoint(const HookedModule::Body& body, const std::vector<at::Tensor>& inputs, SaveOps save = SaveOps::None);
 
+// Whether this thread is recomputing a checkpointed body in backward (state a body updates once per
+// forward, such as an MoE layer's token counts, must not be updated again then).
+bool recomputing();
+
 // Makes `module`'s body checkpointed (its hooks still run once per forward, outside the recomputation).
 void apply_activation_checkpointing(HookedModule& module, SaveOps save = SaveOps::None);
 

@@ -1,0 +1,149 @@
+#include "titan/nn/moe.h"
+
+#include "titan/common/error.h"
+#include "titan/common/tensor_storage.h"
+#include "titan/nn/activation_checkpoint.h"
+
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+
+#include <limits>
+
+namespace titan::nn {
+
+void MoEOptions::validate() const {
+  TITAN_USER_CHECK(dim > 0 && hidden_dim > 0 && num_experts > 0, "moe: dim, hidden_dim and num_experts must be positive");
+  TITAN_USER_CHECK(top_k >= 1 && top_k <= num_experts, "moe: top_k ", top_k, " must be between 1 and the number of "
+                   "experts ", num_experts);
+  TITAN_USER_CHECK(score_func == "softmax" || score_func == "sigmoid", "moe: score_func '", score_func,
+                   "' is neither softmax nor sigmoid");
+  TITAN_USER_CHECK(num_shared_experts >= 0, "moe: num_shared_experts must not be negative");
+  if (n_groups > 1) {
+    TITAN_USER_CHECK(num_experts % n_groups == 0 && num_experts / n_groups >= 2, "moe: ", num_experts,
+                     " experts do not split into ", n_groups, " groups of at least 2");
+    TITAN_USER_CHECK(topk_groups >= 1 && topk_groups <= n_groups, "moe: topk_groups ", topk_groups,
+                     " must be between 1 and n_groups ", n_groups);
+    TITAN_USER_CHECK(top_k <= topk_groups * (num_experts / n_groups), "moe: top_k ", top_k, " exceeds the ",
+                     topk_groups * (num_experts / n_groups), " experts of the ", topk_groups, " groups kept");
+  }
+}
+
+Routing route(const at::Tensor& logits_TE, const at::Tensor& expert_bias_E, const MoEOptions& o) {
+  Routing r;
+  const at::Tensor logits = logits_TE.to(at::kFloat);
+  r.scores_TE = o.score_func == "sigmoid" ? at::sigmoid(logits) : at::softmax(logits, -1);
+  at::Tensor choice;
+  {
+    at::NoGradGuard no_grad;  // the choice is discrete: no gradient flows through it
+    choice = r.scores_TE.detach();
+    if (expert_bias_E.defined()) choice = choice + expert_bias_E.to(at::kFloat);
+    if (o.n_groups > 1) {
+      const int64_t T = choice.size(0), G = o.n_groups;
+      const at::Tensor grouped = choice.view({T, G, -1});
+      const at::Tensor group_scores = std::get<0>(grouped.topk(2, -1)).sum(-1);  // (T, G)
+      const at::Tensor kept = std::get<1>(group_scores.topk(o.topk_groups, -1));  // (T, topk_groups)
+      const at::Tensor keep = at::zeros({T, G}, choice.options().dtype(at::kBool)).scatter_(1, kept, true);
+      choice = grouped.masked_fill(keep.logical_not().unsqueeze(-1), -std::numeric_limits<float>::infinity())
+                   .view({T, -1});
+    }
+    r.ids_TK = std::get<1>(choice.topk(o.top_k, -1, /*largest=*/true, /*sorted=*/true));
+    r.counts_E = at::bincount(r.ids_TK.reshape({-1}), {}, o.num_experts);
+  }
+  r.weights_TK = r.scores_TE.gather(-1, r.ids_TK);
+  if (o.route_norm) r.weights_TK = r.weights_TK / (r.weights_TK.sum(-1, /*keepdim=*/true) + 1e-20);
+  if (o.route_scale != 1.0) r.weights_TK = r.weights_TK * o.route_scale;
+  return r;
+}
+
+at::Tensor grouped_linear(const at::Tensor& x_NI, const at::Tensor& w_EOI, const at::Tensor& counts_E) {
+  const int64_t E = w_EOI.size(0);
+  const int64_t elem = static_cast<int64_t>(x_NI.element_size());
+  // at::_grouped_mm's kernels read rows at 16-byte strides (both operands, and the gradients').
+  const bool aligned = (w_EOI.size(1) * elem) % 16 == 0 && (w_EOI.size(2) * elem) % 16 == 0;
+  if (aligned) {
+    const at::Tensor offsets = at::cumsum(counts_E, 0).to(at::kInt);
+    return at::_grouped_mm(x_NI, w_EOI.transpose(-2, -1), offsets);
+  }
+  const at::Tensor counts = counts_E.to(at::kCPU);  // one read of E counts
+  const int64_t* c = counts.data_ptr<int64_t>();
+  std::vector<at::Tensor> outs;
+  int64_t begin = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    outs.push_back(at::matmul(x_NI.narrow(0, begin, c[e]), w_EOI[e].t()));
+    begin += c[e];
+  }
+  return at::cat(outs, 0);
+}
+
+GroupedExpertsImpl::GroupedExpertsImpl(int64_t num_experts, int64_t dim, int64_t hidden_dim,
+                                       const at::TensorOptions& opts) {
+  w1 = register_parameter("w1", new_parameter({num_experts, hidden_dim, dim}, opts));
+  w2 = register_parameter("w2", new_parameter({num_experts, dim, hidden_dim}, opts));
+  w3 = register_parameter("w3", new_parameter({num_experts, hidden_dim, dim}, opts));
+}
+
+at::Tensor GroupedExpertsImpl::forward(const at::Tensor& x_ND, const at::Tensor& counts_E) {
+  return with_hooks([&] {
+    // Under autocast the grouped matmuls run in the autocast dtype, as Linear layers would.
+    const at::DeviceType dev = x_ND.device().type();
+    const bool autocast = at::autocast::is_autocast_available(dev) && at::autocast::is_autocast_enabled(dev);
+    const at::ScalarType dtype = autocast ? at::autocast::get_autocast_dtype(dev) : x_ND.scalar_type();
+    const at::Tensor x = x_ND.to(dtype);
+    const at::Tensor h = swiglu(grouped_linear(x, w1.to(dtype), counts_E), grouped_linear(x, w3.to(dtype), counts_E));
+    return grouped_linear(h, w2.to(dtype), counts_E);
+  });
+}
+
+RouterImpl::RouterImpl(int64_t dim, int64_t num_experts, const at::TensorOptions& opts) {
+  gate = register_module("gate", Linear(dim, num_experts, opts));
+}
+
+at::Tensor RouterImpl::forward(const at::Tensor& x_TD) {
+  return with_hooks([&] { return gate(x_TD); });
+}
+
+MoEImpl::MoEImpl(MoEOptions options, const at::TensorOptions& opts) : options_(std::move(options)) {
+  options_.validate();
+  const MoEOptions& o = options_;
+  router = register_module("router", Router(o.dim, o.num_experts, opts));
+  experts = register_module("experts", GroupedExperts(o.num_experts, o.dim, o.hidden_dim, opts));
+  if (o.num_shared_experts > 0)
+    shared_experts = register_module("shared_experts", FeedForward(o.dim, o.hidden_dim * o.num_shared_experts, opts));
+  const at::TensorOptions buffer = opts.dtype(at::kFloat).requires_grad(false);
+  if (o.expert_bias) expert_bias = register_buffer("expert_bias", at::zeros({o.num_experts}, buffer));
+  tokens_per_expert = register_buffer("tokens_per_expert", at::zeros({o.num_experts}, buffer));
+}
+
+at::Tensor MoEImpl::forward(const at::Tensor& x_BSD) {
+  return with_hooks({x_BSD}, [this](const std::vector<at::Tensor>& in) {
+    const at::Tensor& x = in[0];
+    const int64_t D = x.size(-1), K = options_.top_k;
+    const at::Tensor x_TD = x.reshape({-1, D});
+    const Routing r = route(router(x_TD), expert_bias, options_);
+    if (count_tokens && !recomputing() && tokens_per_expert.device().type() != at::kMeta) {
+      at::NoGradGuard no_grad;
+      tokens_per_expert.add_(r.counts_E.to(tokens_per_expert.device(), at::kFloat));
+    }
+    // The routed copies sorted by expert (stable: a token's copies keep the order of its choices).
+    const at::Tensor perm_N = std::get<1>(r.ids_TK.reshape({-1}).sort(/*stable=*/true, 0, /*descending=*/false));
+    const at::Tensor token_N = at::floor_divide(perm_N, K);
+    const at::Tensor routed_ND = x_TD.index_select(0, token_N);
+    const at::Tensor out_ND = experts(routed_ND, r.counts_E);
+    const at::Tensor weights_N = r.weights_TK.reshape({-1}).index_select(0, perm_N);
+    const at::Tensor weighted_ND = (out_ND.to(at::kFloat) * weights_N.unsqueeze(1)).to(out_ND.scalar_type());
+    at::Tensor y_TD = at::zeros({x_TD.size(0), D}, weighted_ND.options())
+                          .scatter_add(0, token_N.unsqueeze(1).expand({-1, D}), weighted_ND);
+    if (shared_experts) y_TD = y_TD + shared_experts(x_TD).to(y_TD.scalar_type());
+    return y_TD.view(x.sizes());
+  });
+}
+
+void update_expert_bias(at::Tensor& expert_bias_E, const at::Tensor& counts_E, double rate) {
+  at::NoGradGuard no_grad;
+  const at::Tensor c = counts_E.to(at::kFloat);
+  at::Tensor delta = at::sign(c.mean() - c) * rate;
+  delta = delta - delta.mean();
+  expert_bias_E.add_(delta.to(expert_bias_E.device(), expert_bias_E.scalar_type()));
+}
+
+}  // namespace titan::nn

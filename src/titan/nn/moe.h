@@ -1,0 +1,103 @@
+// Mixture of experts: a token-choice top-k router, routed SwiGLU experts computed as grouped matrix
+// multiplications over the tokens sorted by expert, optional shared experts (docs/moe.md).
+//
+// Shape legend: T tokens (batch x sequence), D model dim, E experts, K experts per token, F an
+// expert's hidden size, N = T * K routed token copies.
+//
+// Routing, for x (T, D) (torchtitan's order):
+//   scores  = softmax(x Wg^T) or sigmoid(x Wg^T)          fp32, (T, E)
+//   choice  = scores + expert_bias                          the bias only chooses (aux-loss-free balancing)
+//   groups  (n_groups > 1): choice viewed (T, G, E/G); a group's score is the sum of its top 2; the
+//           topk_groups best groups are kept, the others' experts get -inf
+//   ids     = the K largest entries of choice               (T, K)
+//   weights = scores at ids (without the bias); / their sum + 1e-20 when route_norm; x route_scale
+// Experts: each routed copy of a token goes through its expert's w2(silu(w1 x) * w3 x); the outputs,
+// multiplied by their weights in fp32, are summed per token. No token is dropped (no capacity).
+#pragma once
+
+#include "titan/nn/hooks.h"
+#include "titan/nn/layers.h"
+
+#include <torch/nn/module.h>
+
+#include <cstdint>
+#include <string>
+
+namespace titan::nn {
+
+struct MoEOptions {
+  int64_t dim = 0;
+  int64_t hidden_dim = 0;          // F: each routed expert's SwiGLU hidden size
+  int64_t num_experts = 0;         // E
+  int64_t top_k = 1;               // K
+  int64_t num_shared_experts = 0;  // shared experts: one SwiGLU of hidden F x this count, on every token
+  std::string score_func = "softmax";  // "softmax" | "sigmoid"
+  bool route_norm = false;         // normalize the K weights of a token to sum 1
+  double route_scale = 1.0;
+  int64_t n_groups = 0;            // group-limited routing (DeepSeek): groups of E / n_groups experts
+  int64_t topk_groups = 0;         // groups kept per token
+  bool expert_bias = true;         // aux-loss-free load balancing (a bias that only steers the choice)
+  // Throws UserError naming the option that does not fit.
+  void validate() const;
+};
+
+struct Routing {
+  at::Tensor weights_TK;  // fp32
+  at::Tensor ids_TK;      // int64, the chosen experts of each token
+  at::Tensor scores_TE;   // fp32, the router's scores (for an auxiliary loss)
+  at::Tensor counts_E;    // int64, routed copies per expert
+};
+
+// The routing above for the gate's logits (T, E) (any float dtype) and the bias (E) or an undefined
+// tensor. Differentiable in the logits through the weights.
+Routing route(const at::Tensor& logits_TE, const at::Tensor& expert_bias_E, const MoEOptions& options);
+
+// (N, D) rows sorted by expert, `counts` (E) rows each, through per-expert weights w (E, out, in):
+// row block e times w[e]^T. at::_grouped_mm where its layout rules allow (16-byte aligned rows),
+// one matmul per expert otherwise; both give the same values.
+at::Tensor grouped_linear(const at::Tensor& x_NI, const at::Tensor& w_EOI, const at::Tensor& counts_E);
+
+// Routed experts as stacked weights: w1, w3 (E, F, D), w2 (E, D, F) (each w[e] a Linear weight).
+class GroupedExpertsImpl : public HookedModule {
+ public:
+  GroupedExpertsImpl(int64_t num_experts, int64_t dim, int64_t hidden_dim, const at::TensorOptions& opts);
+  // x_ND sorted by expert, counts_E rows each.
+  at::Tensor forward(const at::Tensor& x_ND, const at::Tensor& counts_E);
+  at::Tensor w1, w2, w3;
+};
+TORCH_MODULE(GroupedExperts);
+
+// The gate (E, D): router.gate.weight.
+class RouterImpl : public HookedModule {
+ public:
+  RouterImpl(int64_t dim, int64_t num_experts, const at::TensorOptions& opts);
+  at::Tensor forward(const at::Tensor& x_TD);  // logits (T, E)
+  Linear gate{nullptr};
+};
+TORCH_MODULE(Router);
+
+class MoEImpl : public HookedModule {
+ public:
+  MoEImpl(MoEOptions options, const at::TensorOptions& opts);
+  // x (B, S, D) -> (B, S, D). Adds the step's routed copies per expert to tokens_per_expert (not when
+  // an activation-checkpointed body is recomputed, nor when count_tokens is off).
+  at::Tensor forward(const at::Tensor& x_BSD);
+
+  const MoEOptions& options() const { return options_; }
+  Router router{nullptr};
+  GroupedExperts experts{nullptr};
+  FeedForward shared_experts{nullptr};  // null without shared experts
+  at::Tensor expert_bias;              // (E) fp32 buffer, undefined without balancing
+  at::Tensor tokens_per_expert;        // (E) fp32 buffer: routed copies since the last bias update
+  bool count_tokens = true;            // off while evaluating
+
+ private:
+  MoEOptions options_;
+};
+TORCH_MODULE(MoE);
+
+// torchtitan's auxiliary-loss-free update of one layer's bias from its token counts (E): every
+// expert's bias moves by rate * sign(mean - count), then the moves are centred to zero mean.
+void update_expert_bias(at::Tensor& expert_bias_E, const at::Tensor& counts_E, double rate);
+
+}  // namespace titan::nn

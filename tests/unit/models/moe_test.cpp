@@ -1,0 +1,167 @@
+// The MoE layer (nn/moe.h) against an independent PyTorch reference written from the routing
+// formulas token by token (tests/reference/moe_reference.py): the chosen experts exactly, and the
+// output, the routing weights and every gradient (input, gate, experts, shared experts) within 1e-5
+// relative to each tensor's largest entry (fp32 on the CPU; the two sides differ only in summation
+// order: grouped matmuls over sorted tokens against per-token products).
+#include "test_util.h"
+
+#include "titan/components/checkpoint/safetensors.h"
+#include "titan/nn/activation_checkpoint.h"
+#include "titan/nn/moe.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+namespace titan {
+namespace {
+
+constexpr double kTol = 1e-5;
+
+struct Case {
+  std::string name;
+  nn::MoEOptions options;
+  int64_t tokens;
+};
+
+std::vector<Case> cases() {
+  nn::MoEOptions softmax;  // Qwen3-MoE's routing: softmax, normalized top-k, no shared expert
+  softmax.dim = 16;
+  softmax.hidden_dim = 12;
+  softmax.num_experts = 8;
+  softmax.top_k = 2;
+  softmax.route_norm = true;
+  nn::MoEOptions deepseek;  // DeepSeek-V3's: sigmoid, group-limited, scaled, a shared expert
+  deepseek.dim = 16;
+  deepseek.hidden_dim = 8;
+  deepseek.num_experts = 8;
+  deepseek.top_k = 3;
+  deepseek.score_func = "sigmoid";
+  deepseek.route_norm = true;
+  deepseek.route_scale = 2.5;
+  deepseek.n_groups = 4;
+  deepseek.topk_groups = 2;
+  deepseek.num_shared_experts = 1;
+  nn::MoEOptions unaligned = softmax;  // rows of 6 floats: the per-expert matmul path
+  unaligned.hidden_dim = 6;
+  unaligned.top_k = 3;
+  unaligned.route_norm = false;
+  return {{"softmax_top2", softmax, 40}, {"sigmoid_grouped_shared", deepseek, 40}, {"unaligned_loop", unaligned, 24}};
+}
+
+TEST(MoELayer, EqualsTheReferenceWrittenFromTheFormulas) {
+  for (const Case& c : cases()) {
+    SCOPED_TRACE(c.name);
+    test::TempDir dir;
+    nn::MoE moe(c.options, at::TensorOptions().dtype(at::kFloat));
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(17);
+    {
+      at::NoGradGuard no_grad;
+      for (auto& p : moe->named_parameters()) p.value().copy_(at::randn(p.value().sizes(), gen) * 0.3);
+      if (moe->expert_bias.defined()) moe->expert_bias.copy_(at::randn({c.options.num_experts}, gen) * 0.05);
+    }
+    const at::Tensor x = (at::randn({c.tokens, c.options.dim}, gen)).requires_grad_(true);
+    const at::Tensor grad_out = at::randn({c.tokens, c.options.dim}, gen);
+
+    safetensors::Tensors in = {{"x", x.detach()},
+                               {"gate", moe->router->gate->weight.detach()},
+                               {"w1", moe->experts->w1.detach()},
+                               {"w2", moe->experts->w2.detach()},
+                               {"w3", moe->experts->w3.detach()},
+                               {"grad_out", grad_out}};
+    if (moe->shared_experts) {
+      in["shared_w1"] = moe->shared_experts->w1->weight.detach();
+      in["shared_w2"] = moe->shared_experts->w2->weight.detach();
+      in["shared_w3"] = moe->shared_experts->w3->weight.detach();
+    }
+    if (moe->expert_bias.defined()) in["expert_bias"] = moe->expert_bias;
+    const nlohmann::json options = {{"top_k", c.options.top_k},         {"score_func", c.options.score_func},
+                                    {"route_norm", c.options.route_norm}, {"route_scale", c.options.route_scale},
+                                    {"n_groups", c.options.n_groups},     {"topk_groups", c.options.topk_groups}};
+    safetensors::save(dir / "in.safetensors", in, {{"options", options.dump()}});
+    auto r = test::run_process({test::python(), std::string(TITAN_SOURCE_DIR) + "/tests/reference/moe_reference.py",
+                                dir / "in.safetensors", dir / "out.safetensors"},
+                               {{"OMP_NUM_THREADS", "2"}});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto ref = safetensors::load(dir / "out.safetensors").tensors;
+
+    const nn::Routing routing = nn::route(moe->router(x.detach()), moe->expert_bias, c.options);
+    EXPECT_TRUE(at::equal(routing.ids_TK, ref.at("ids"))) << "the chosen experts differ";
+    EXPECT_TRUE(at::equal(routing.counts_E, ref.at("counts")));
+    EXPECT_LT(test::relative_error(routing.weights_TK.detach(), ref.at("weights")), kTol);
+
+    const at::Tensor y = moe->forward(x.unsqueeze(0)).squeeze(0);
+    (y * grad_out).sum().backward();
+    EXPECT_LT(test::relative_error(y.detach(), ref.at("y")), kTol);
+    EXPECT_LT(test::relative_error(x.grad(), ref.at("grad.x")), kTol);
+    EXPECT_LT(test::relative_error(moe->router->gate->weight.grad(), ref.at("grad.gate")), kTol);
+    for (const char* w : {"w1", "w2", "w3"}) {
+      const at::Tensor& mine = std::string(w) == "w1" ? moe->experts->w1 : std::string(w) == "w2" ? moe->experts->w2 : moe->experts->w3;
+      EXPECT_LT(test::relative_error(mine.grad(), ref.at(std::string("grad.") + w)), kTol) << w;
+    }
+    if (moe->shared_experts) {
+      EXPECT_LT(test::relative_error(moe->shared_experts->w1->weight.grad(), ref.at("grad.shared_w1")), kTol);
+      EXPECT_LT(test::relative_error(moe->shared_experts->w2->weight.grad(), ref.at("grad.shared_w2")), kTol);
+    }
+    // One forward counted its routed copies once.
+    EXPECT_TRUE(at::equal(moe->tokens_per_expert, ref.at("counts").to(at::kFloat)));
+  }
+}
+
+TEST(MoELayer, GroupedMatmulEqualsOneMatmulPerExpert) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(3);
+  const at::Tensor w = at::randn({4, 12, 8}, gen);
+  for (const std::vector<int64_t>& counts : {std::vector<int64_t>{3, 0, 5, 2}, std::vector<int64_t>{0, 0, 10, 0}}) {
+    const at::Tensor c = at::tensor(counts, at::kLong);
+    const at::Tensor x = at::randn({10, 8}, gen);
+    std::vector<at::Tensor> parts;
+    int64_t begin = 0;
+    for (size_t e = 0; e < counts.size(); ++e) {
+      parts.push_back(at::matmul(x.narrow(0, begin, counts[e]), w[e].t()));
+      begin += counts[e];
+    }
+    EXPECT_LT(test::relative_error(nn::grouped_linear(x, w, c), at::cat(parts)), 1e-6);
+  }
+}
+
+TEST(MoELayer, ExpertBiasUpdateFollowsTheRule) {
+  // counts 5, 1, 3, 3: mean 3; under-loaded experts rise by the rate, over-loaded ones fall, then the
+  // moves are centred (here already zero-mean).
+  at::Tensor bias = at::zeros({4});
+  nn::update_expert_bias(bias, at::tensor({5.0, 1.0, 3.0, 3.0}), 1e-3);
+  EXPECT_TRUE(at::allclose(bias, at::tensor({-1e-3, 1e-3, 0.0, 0.0}).to(at::kFloat), 0, 1e-9)) << bias;
+  // counts 4, 0, 0, 0: mean 1; moves -1, +1, +1, +1 (x rate), centred by their mean 0.5.
+  bias.zero_();
+  nn::update_expert_bias(bias, at::tensor({4.0, 0.0, 0.0, 0.0}), 1e-3);
+  EXPECT_TRUE(at::allclose(bias, at::tensor({-1.5e-3, 0.5e-3, 0.5e-3, 0.5e-3}).to(at::kFloat), 0, 1e-9)) << bias;
+}
+
+TEST(MoELayer, ActivationCheckpointingCountsTokensOnce) {
+  nn::MoEOptions o = cases()[0].options;
+  nn::MoE moe(o, at::TensorOptions().dtype(at::kFloat));
+  {
+    at::NoGradGuard no_grad;
+    for (auto& p : moe->parameters()) p.normal_(0, 0.3);
+  }
+  nn::apply_activation_checkpointing(*moe);
+  const at::Tensor x = at::randn({1, 20, o.dim}).requires_grad_(true);
+  moe->forward(x).sum().backward();  // the body runs again in backward
+  EXPECT_EQ(moe->tokens_per_expert.sum().item<double>(), 20.0 * o.top_k);
+  EXPECT_TRUE(x.grad().defined());
+}
+
+TEST(MoELayer, BadOptionsAreNamed) {
+  nn::MoEOptions o = cases()[0].options;
+  o.top_k = 9;
+  EXPECT_NE(test::error_of([&] { o.validate(); }).find("top_k 9 must be between 1 and the number of experts 8"),
+            std::string::npos);
+  o = cases()[1].options;
+  o.n_groups = 3;
+  EXPECT_NE(test::error_of([&] { o.validate(); }).find("8 experts do not split into 3 groups"), std::string::npos);
+  o = cases()[0].options;
+  o.score_func = "relu";
+  EXPECT_NE(test::error_of([&] { o.validate(); }).find("score_func 'relu'"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace titan
