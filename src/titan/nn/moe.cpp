@@ -55,12 +55,12 @@ Routing route(const at::Tensor& logits_TE, const at::Tensor& expert_bias_E, cons
   return r;
 }
 
-at::Tensor grouped_linear(const at::Tensor& x_NI, const at::Tensor& w_EOI, const at::Tensor& counts_E) {
+at::Tensor grouped_linear(const at::Tensor& x_NI, const at::Tensor& w_EOI, const at::Tensor& counts_E, bool grouped) {
   const int64_t E = w_EOI.size(0);
   const int64_t elem = static_cast<int64_t>(x_NI.element_size());
   // at::_grouped_mm's kernels read rows at 16-byte strides (both operands, and the gradients').
   const bool aligned = (w_EOI.size(1) * elem) % 16 == 0 && (w_EOI.size(2) * elem) % 16 == 0;
-  if (aligned) {
+  if (aligned && grouped) {
     const at::Tensor offsets = at::cumsum(counts_E, 0).to(at::kInt);
     return at::_grouped_mm(x_NI, w_EOI.transpose(-2, -1), offsets);
   }
@@ -76,7 +76,8 @@ at::Tensor grouped_linear(const at::Tensor& x_NI, const at::Tensor& w_EOI, const
 }
 
 GroupedExpertsImpl::GroupedExpertsImpl(int64_t num_experts, int64_t dim, int64_t hidden_dim,
-                                       const at::TensorOptions& opts) {
+                                       const at::TensorOptions& opts, bool grouped_mm_)
+    : grouped_mm(grouped_mm_) {
   w1 = register_parameter("w1", new_parameter({num_experts, hidden_dim, dim}, opts));
   w2 = register_parameter("w2", new_parameter({num_experts, dim, hidden_dim}, opts));
   w3 = register_parameter("w3", new_parameter({num_experts, hidden_dim, dim}, opts));
@@ -89,8 +90,9 @@ at::Tensor GroupedExpertsImpl::forward(const at::Tensor& x_ND, const at::Tensor&
     const bool autocast = at::autocast::is_autocast_available(dev) && at::autocast::is_autocast_enabled(dev);
     const at::ScalarType dtype = autocast ? at::autocast::get_autocast_dtype(dev) : x_ND.scalar_type();
     const at::Tensor x = x_ND.to(dtype);
-    const at::Tensor h = swiglu(grouped_linear(x, w1.to(dtype), counts_E), grouped_linear(x, w3.to(dtype), counts_E));
-    return grouped_linear(h, w2.to(dtype), counts_E);
+    const at::Tensor h = swiglu(grouped_linear(x, w1.to(dtype), counts_E, grouped_mm),
+                                grouped_linear(x, w3.to(dtype), counts_E, grouped_mm));
+    return grouped_linear(h, w2.to(dtype), counts_E, grouped_mm);
   });
 }
 
@@ -106,7 +108,7 @@ MoEImpl::MoEImpl(MoEOptions options, const at::TensorOptions& opts) : options_(s
   options_.validate();
   const MoEOptions& o = options_;
   router = register_module("router", Router(o.dim, o.num_experts, opts));
-  experts = register_module("experts", GroupedExperts(o.num_experts, o.dim, o.hidden_dim, opts));
+  experts = register_module("experts", GroupedExperts(o.num_experts, o.dim, o.hidden_dim, opts, o.grouped_mm));
   if (o.num_shared_experts > 0)
     shared_experts = register_module("shared_experts", FeedForward(o.dim, o.hidden_dim * o.num_shared_experts, opts));
   const at::TensorOptions buffer = opts.dtype(at::kFloat).requires_grad(false);

@@ -37,6 +37,7 @@ struct MoEOptions {
   int64_t n_groups = 0;            // group-limited routing (DeepSeek): groups of E / n_groups experts
   int64_t topk_groups = 0;         // groups kept per token
   bool expert_bias = true;         // aux-loss-free load balancing (a bias that only steers the choice)
+  bool grouped_mm = true;          // false: one matmul per expert (the benchmark's baseline)
   // Throws UserError naming the option that does not fit.
   void validate() const;
 };
@@ -53,17 +54,20 @@ struct Routing {
 Routing route(const at::Tensor& logits_TE, const at::Tensor& expert_bias_E, const MoEOptions& options);
 
 // (N, D) rows sorted by expert, `counts` (E) rows each, through per-expert weights w (E, out, in):
-// row block e times w[e]^T. at::_grouped_mm where its layout rules allow (16-byte aligned rows),
-// one matmul per expert otherwise; both give the same values.
-at::Tensor grouped_linear(const at::Tensor& x_NI, const at::Tensor& w_EOI, const at::Tensor& counts_E);
+// row block e times w[e]^T. at::_grouped_mm where its layout rules allow (16-byte aligned rows) and
+// `grouped` is set, one matmul per expert otherwise; both give the same values.
+at::Tensor grouped_linear(const at::Tensor& x_NI, const at::Tensor& w_EOI, const at::Tensor& counts_E,
+                          bool grouped = true);
 
 // Routed experts as stacked weights: w1, w3 (E, F, D), w2 (E, D, F) (each w[e] a Linear weight).
 class GroupedExpertsImpl : public HookedModule {
  public:
-  GroupedExpertsImpl(int64_t num_experts, int64_t dim, int64_t hidden_dim, const at::TensorOptions& opts);
+  GroupedExpertsImpl(int64_t num_experts, int64_t dim, int64_t hidden_dim, const at::TensorOptions& opts,
+                     bool grouped_mm = true);
   // x_ND sorted by expert, counts_E rows each.
   at::Tensor forward(const at::Tensor& x_ND, const at::Tensor& counts_E);
   at::Tensor w1, w2, w3;
+  bool grouped_mm = true;
 };
 TORCH_MODULE(GroupedExperts);
 

@@ -121,6 +121,7 @@ TEST(MoELayer, GroupedMatmulEqualsOneMatmulPerExpert) {
       begin += counts[e];
     }
     EXPECT_LT(test::relative_error(nn::grouped_linear(x, w, c), at::cat(parts)), 1e-6);
+    EXPECT_TRUE(at::equal(nn::grouped_linear(x, w, c, /*grouped=*/false), at::cat(parts)));
   }
 }
 

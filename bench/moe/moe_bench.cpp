@@ -1,0 +1,52 @@
+// One MoE layer's training step on the CPU (forward, backward): titan's layer with grouped matmuls
+// and with one matmul per expert. Prints one JSON line per variant: the median step time.
+// usage: titan_moe_bench TOKENS DIM HIDDEN EXPERTS TOP_K STEPS
+#include "titan/nn/moe.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+int main(int argc, char** argv) {
+  if (argc < 7) {
+    std::fprintf(stderr, "usage: %s TOKENS DIM HIDDEN EXPERTS TOP_K STEPS\n", argv[0]);
+    return 2;
+  }
+  const int64_t T = std::atoll(argv[1]), D = std::atoll(argv[2]), F = std::atoll(argv[3]), E = std::atoll(argv[4]),
+                K = std::atoll(argv[5]), steps = std::atoll(argv[6]);
+  for (const bool grouped : {true, false}) {
+    titan::nn::MoEOptions o;
+    o.dim = D;
+    o.hidden_dim = F;
+    o.num_experts = E;
+    o.top_k = K;
+    o.route_norm = true;
+    o.grouped_mm = grouped;
+    titan::nn::MoE moe(o, at::TensorOptions().dtype(at::kFloat));
+    at::manual_seed(0);
+    {
+      at::NoGradGuard no_grad;
+      for (auto& p : moe->parameters()) p.normal_(0, 0.02);
+    }
+    const at::Tensor x = at::randn({1, T, D}).requires_grad_(true);
+    const at::Tensor g = at::randn({1, T, D});
+    std::vector<double> ms;
+    for (int64_t s = 0; s < steps + 3; ++s) {
+      const auto t0 = std::chrono::steady_clock::now();
+      (moe->forward(x) * g).sum().backward();
+      const double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      if (s >= 3) ms.push_back(dt);  // 3 warm-up steps
+      for (auto& p : moe->parameters()) p.mutable_grad() = at::Tensor();
+      x.mutable_grad() = at::Tensor();
+    }
+    std::sort(ms.begin(), ms.end());
+    std::printf("{\"impl\": \"titan_%s\", \"threads\": %d, \"median_ms\": %.3f}\n", grouped ? "grouped" : "loop",
+                at::get_num_threads(), ms[ms.size() / 2]);
+    std::fflush(stdout);
+  }
+  return 0;
+}

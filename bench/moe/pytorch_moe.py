@@ -1,0 +1,53 @@
+"""The same MoE layer step in PyTorch eager, written as torchtitan's layer (softmax router, top-k,
+normalized weights, tokens sorted by expert, torch._grouped_mm experts, scatter_add combine).
+usage: pytorch_moe.py TOKENS DIM HIDDEN EXPERTS TOP_K STEPS; prints one JSON line."""
+
+import json
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+
+def main():
+    T, D, Fh, E, K, steps = (int(a) for a in sys.argv[1:7])
+    torch.manual_seed(0)
+    gate = (torch.randn(E, D) * 0.02).requires_grad_()
+    w1 = (torch.randn(E, Fh, D) * 0.02).requires_grad_()
+    w2 = (torch.randn(E, D, Fh) * 0.02).requires_grad_()
+    w3 = (torch.randn(E, Fh, D) * 0.02).requires_grad_()
+    x = torch.randn(T, D, requires_grad=True)
+    g = torch.randn(T, D)
+
+    def step():
+        scores = torch.softmax((x @ gate.T).float(), -1)
+        ids = torch.topk(scores.detach(), K, dim=-1).indices
+        w = scores.gather(-1, ids)
+        w = w / (w.sum(-1, keepdim=True) + 1e-20)
+        counts = torch.bincount(ids.flatten(), minlength=E)
+        perm = torch.argsort(ids.flatten(), stable=True)
+        token = perm // K
+        routed = x[token]
+        offs = torch.cumsum(counts, 0, dtype=torch.int32)
+        h = F.silu(torch._grouped_mm(routed, w1.transpose(-2, -1), offs=offs)) * \
+            torch._grouped_mm(routed, w3.transpose(-2, -1), offs=offs)
+        out = torch._grouped_mm(h, w2.transpose(-2, -1), offs=offs)
+        out = out * w.flatten()[perm].unsqueeze(1)
+        y = torch.zeros(T, D).scatter_add(0, token.unsqueeze(1).expand(-1, D), out)
+        (y * g).sum().backward()
+        for t in (gate, w1, w2, w3, x):
+            t.grad = None
+
+    ms = []
+    for s in range(steps + 3):
+        t0 = time.perf_counter()
+        step()
+        if s >= 3:
+            ms.append((time.perf_counter() - t0) * 1e3)
+    print(json.dumps({"impl": "pytorch", "threads": torch.get_num_threads(), "median_ms": statistics.median(ms)}))
+
+
+if __name__ == "__main__":
+    main()
