@@ -19,6 +19,7 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/cuda.h>
 
+#include <algorithm>
 #include <chrono>
 #include <optional>
 #include <cstdio>
@@ -202,6 +203,14 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
     params_.insert(params_.end(), dp->parameters().begin(), dp->parameters().end());
     for (auto& p : dp->named_parameters()) named.push_back(std::move(p));
   }
+  for (SharedGradient& s : shared_gradients_) {
+    const auto it = std::find_if(params_.begin(), params_.end(), [&](const dist::PlacedTensor& p) { return p.name == s.name; });
+    TITAN_ASSERT(it != params_.end(), "shared parameter ", s.name, " is not among this rank's parameters");
+    s.param = static_cast<size_t>(it - params_.begin());
+  }
+  if (!shared_gradients_.empty())
+    for (const auto& p : params_)
+      if (!is_shared_copy(p.name)) norm_params_.push_back(p);
 
   // ---- optimizer and learning-rate schedule
   optimizer_ = std::make_unique<Optimizer>(named, optimizer_options(cfg_.optimizer));
@@ -372,13 +381,10 @@ Trainer::StepOnDevice Trainer::run_step() {
   const at::Tensor bad_loss = at::where(at::isfinite(loss_sum), 0.0, std::numeric_limits<double>::infinity());
   // A copy of a parameter shared between pipeline stages (tied embeddings) counts once in the norm,
   // on the primary copy's stage, and is scaled like the others (so the copies stay equal).
-  std::vector<dist::PlacedTensor> counted;
   std::vector<at::Tensor> copies;
-  for (const auto& p : params_) {
-    if (!is_shared_copy(p.name)) counted.push_back(p);
-    else if (p.local.grad().defined()) copies.push_back(p.local.grad());
-  }
-  at::Tensor grad_norm = dist::clip_grad_norm(shared_gradients_.empty() ? params_ : counted, tr.max_norm, *mesh_,
+  for (const SharedGradient& s : shared_gradients_)
+    if (!s.primary && params_[s.param].local.grad().defined()) copies.push_back(params_[s.param].local.grad());
+  at::Tensor grad_norm = dist::clip_grad_norm(shared_gradients_.empty() ? params_ : norm_params_, tr.max_norm, *mesh_,
                                               bad_loss,
                                               pipeline_ ? std::vector<std::string>{"pp"} : std::vector<std::string>{},
                                               copies);

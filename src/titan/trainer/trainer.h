@@ -171,8 +171,12 @@ class Trainer {
     std::string name;
     bool primary = true;  // the copy checkpoints write and the gradient norm counts
     int peer = -1;        // the pipeline rank holding the other copy
+    size_t param = 0;     // its index in params_ (resolved once params_ is complete)
   };
   std::vector<SharedGradient> shared_gradients_;
+  // params_ without the non-primary shared copies: what the gradient norm counts (set when
+  // shared_gradients_ is not empty; made once, not per step).
+  std::vector<dist::PlacedTensor> norm_params_;
   nlohmann::json model_record_;  // what checkpoints record of the model (checkpoint::model_record), made once
   void sum_shared_gradients();
   // Whether `name` is a parameter this rank holds as a non-primary copy (see SharedGradient).

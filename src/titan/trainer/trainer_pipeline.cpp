@@ -124,11 +124,8 @@ void Trainer::sum_shared_gradients() {
   // pairs them; a tag of its own keeps them apart from the schedule's on Gloo.
   constexpr int kTag = 1 << 20;
   dist::Group& pp = (*mesh_)["pp"];
-  std::map<std::string, const dist::PlacedTensor*> mine;
-  for (const auto& p : params_) mine[p.name] = &p;
   for (const SharedGradient& s : shared_gradients_) {
-    const dist::PlacedTensor& p = *mine.at(s.name);
-    at::Tensor grad = p.local.grad();
+    at::Tensor grad = params_[s.param].local.grad();
     TITAN_ASSERT(grad.defined(), "shared parameter ", s.name, " has no gradient after backward");
     const at::Tensor mine_out = grad.to(mesh_->device()).contiguous();
     at::Tensor theirs = at::empty_like(mine_out);
