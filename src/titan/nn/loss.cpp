@@ -26,6 +26,52 @@ at::Tensor log_sum_exp(const at::Tensor& x_CV) {
   return fp32_minus(x_CV, max_C1).exp_().sum(1).log_().add_(max_C1.squeeze(1));
 }
 
+// Labels with ignored rows pointing at column 0 (their contributions are masked separately).
+at::Tensor safe_labels(const at::Tensor& y_C, const at::Tensor& valid_C) {
+  return y_C.masked_fill(valid_C.logical_not(), 0).unsqueeze(1);
+}
+
+// The kSoftmax formulation: -log_softmax(x)[y] forward; backward through ATen's log-softmax backward
+// kernel with the gradient of the log-probabilities, -g at each valid row's label and 0 elsewhere, so
+// that the kernel's g_lp - exp(lp) * sum(g_lp) is g * (softmax(x) - onehot(y)) on valid rows, 0 else.
+struct SoftmaxCrossEntropySumFunction : public torch::autograd::Function<SoftmaxCrossEntropySumFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits_NV, const at::Tensor& labels_N,
+                            int64_t chunk) {
+    const int64_t N = logits_NV.size(0);
+    at::Tensor loss = at::zeros({}, logits_NV.options().dtype(at::kFloat));
+    for (int64_t a = 0; a < N; a += chunk) {
+      const int64_t b = std::min(N, a + chunk);
+      const at::Tensor y_C = labels_N.slice(0, a, b);
+      const at::Tensor valid_C = y_C.ne(kIgnoreIndex);
+      const at::Tensor lp_CV = at::log_softmax(logits_NV.slice(0, a, b), 1, at::kFloat);
+      loss.sub_(at::where(valid_C, lp_CV.gather(1, safe_labels(y_C, valid_C)).squeeze(1), 0.0).sum());
+    }
+    ctx->save_for_backward({logits_NV});
+    ctx->saved_data["labels"] = labels_N;
+    ctx->saved_data["chunk"] = chunk;
+    return loss;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor logits_NV = ctx->get_saved_variables()[0];
+    const at::Tensor labels_N = ctx->saved_data["labels"].toTensor();
+    const int64_t chunk = ctx->saved_data["chunk"].toInt();
+    const at::Tensor minus_g = grads[0].to(at::kFloat).neg();  // on the device: no host synchronization
+    const int64_t N = logits_NV.size(0);
+    at::Tensor grad_NV = at::empty_like(logits_NV, at::MemoryFormat::Contiguous);
+    for (int64_t a = 0; a < N; a += chunk) {
+      const int64_t b = std::min(N, a + chunk);
+      const at::Tensor y_C = labels_N.slice(0, a, b);
+      const at::Tensor valid_C = y_C.ne(kIgnoreIndex);
+      const at::Tensor lp_CV = at::log_softmax(logits_NV.slice(0, a, b), 1, at::kFloat);
+      at::Tensor g_lp_CV = at::zeros_like(lp_CV);
+      g_lp_CV.scatter_(1, safe_labels(y_C, valid_C), at::where(valid_C, minus_g, 0.0).unsqueeze(1));
+      // In fp32, rounded once to the logits' dtype by the copy.
+      grad_NV.slice(0, a, b).copy_(at::_log_softmax_backward_data(g_lp_CV, lp_CV, 1, at::kFloat));
+    }
+    return {grad_NV, at::Tensor(), at::Tensor()};
+  }
+};
+
 struct CrossEntropySumFunction : public torch::autograd::Function<CrossEntropySumFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits_NV, const at::Tensor& labels_N,
                             int64_t chunk) {
@@ -77,11 +123,14 @@ struct CrossEntropySumFunction : public torch::autograd::Function<CrossEntropySu
 
 }  // namespace
 
-at::Tensor cross_entropy_sum(const at::Tensor& logits_NV, const at::Tensor& labels_N, int64_t chunk_tokens) {
+at::Tensor cross_entropy_sum(const at::Tensor& logits_NV, const at::Tensor& labels_N, int64_t chunk_tokens,
+                             LossKernels kernels) {
   TORCH_CHECK(logits_NV.dim() == 2 && labels_N.dim() == 1 && labels_N.size(0) == logits_NV.size(0),
               "cross_entropy_sum takes logits (N, V) and labels (N,), got ", logits_NV.sizes(), " and ",
               labels_N.sizes());
   TORCH_CHECK(chunk_tokens > 0, "cross_entropy_sum: chunk_tokens must be positive, got ", chunk_tokens);
+  if (kernels == LossKernels::kAuto) kernels = logits_NV.is_cuda() ? LossKernels::kSoftmax : LossKernels::kComposite;
+  if (kernels == LossKernels::kSoftmax) return SoftmaxCrossEntropySumFunction::apply(logits_NV, labels_N, chunk_tokens);
   return CrossEntropySumFunction::apply(logits_NV, labels_N, chunk_tokens);
 }
 

@@ -25,7 +25,14 @@ constexpr int64_t kLossChunkTokens = 1024;
 // at::cross_entropy_loss(logits_NV.to(kFloat), labels_N, {}, Sum) with fp32 arithmetic, computed
 // chunk_tokens rows at a time in forward and backward. Returns an fp32 scalar; the gradient has
 // logits_NV's dtype.
+//
+// Two formulations of each chunk, equal to fp32 rounding: kComposite (max, subtract, exp, sum, log;
+// saves one fp32 log-sum-exp per token and holds one fp32 chunk at a time) and kSoftmax (ATen's fused
+// log-softmax kernel forward, recomputed in backward, and its fused backward kernel; three fp32
+// chunks at a time in backward). kAuto: kSoftmax on CUDA, where the composite's
+// broadcast passes cost twice the fused kernels' time (bench/gpu), kComposite elsewhere.
+enum class LossKernels { kAuto, kComposite, kSoftmax };
 at::Tensor cross_entropy_sum(const at::Tensor& logits_NV, const at::Tensor& labels_N,
-                             int64_t chunk_tokens = kLossChunkTokens);
+                             int64_t chunk_tokens = kLossChunkTokens, LossKernels kernels = LossKernels::kAuto);
 
 }  // namespace titan::nn

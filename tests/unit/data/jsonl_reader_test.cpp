@@ -161,6 +161,15 @@ TEST(DataJsonl, ClearErrors) {
   EXPECT_NE(msg.find("bad.jsonl:3"), std::string::npos) << msg;
   EXPECT_NE(msg.find("malformed JSON"), std::string::npos) << msg;
 
+  // A number beyond a double's range is the parser's out_of_range, not a parse error: still a user error.
+  test::write_file(dir / "huge.jsonl", "{\"text\": \"ok\"}\n{\"text\": \"b\", \"score\": 2e22222222226}\n");
+  msg = expect_user_error([&] {
+    JsonlReader r({dir / "huge.jsonl"}, "text");
+    read_all(r);
+  });
+  EXPECT_NE(msg.find("huge.jsonl:2"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("number overflow"), std::string::npos) << msg;
+
   test::write_file(dir / "array.json", "[{\"text\": \"a\"}, {\"text\": \"b\"}]\n");
   msg = expect_user_error([&] {
     JsonlReader r({dir / "array.json"}, "text");

@@ -43,6 +43,10 @@ at::Tensor labels_with_ignored(int64_t N, int64_t V) {
   return y;
 }
 
+// Both formulations run on every device (kAuto picks kSoftmax on CUDA only).
+const std::pair<nn::LossKernels, const char*> kBothKernels[] = {{nn::LossKernels::kComposite, "composite"},
+                                                                 {nn::LossKernels::kSoftmax, "softmax"}};
+
 TEST(ChunkedCrossEntropy, EqualsATenCrossEntropyForEveryChunkSize) {
   at::manual_seed(0);
   const int64_t N = 37, V = 211;
@@ -50,11 +54,12 @@ TEST(ChunkedCrossEntropy, EqualsATenCrossEntropyForEveryChunkSize) {
   for (at::ScalarType dt : {at::kFloat, at::kBFloat16}) {
     at::Tensor logits = (at::randn({N, V}) * 4).to(dt);
     LossAndGrad ref = loss_and_grad(plain_loss, logits, labels, 1.0 / N);
+    for (auto [kernels, name] : kBothKernels)
     for (int64_t chunk : {int64_t{1}, int64_t{7}, N, int64_t{1024}}) {
       LossAndGrad got = loss_and_grad(
-          [&](const at::Tensor& x, const at::Tensor& y) { return nn::cross_entropy_sum(x, y, chunk); }, logits, labels,
-          1.0 / N);
-      const std::string what = std::string(at::toString(dt)) + " chunk " + std::to_string(chunk);
+          [&](const at::Tensor& x, const at::Tensor& y) { return nn::cross_entropy_sum(x, y, chunk, kernels); },
+          logits, labels, 1.0 / N);
+      const std::string what = std::string(at::toString(dt)) + " " + name + " chunk " + std::to_string(chunk);
       EXPECT_EQ(got.loss.scalar_type(), at::kFloat) << what;
       EXPECT_EQ(got.grad.scalar_type(), dt) << what;
       EXPECT_LE(test::relative_error(got.loss, ref.loss), 1e-6) << what;
@@ -71,8 +76,12 @@ TEST(ChunkedCrossEntropy, IgnoredTokensGetNoLossAndNoGradient) {
   const int64_t N = 12, V = 50;
   at::Tensor logits = at::randn({N, V}) * 4;
   at::Tensor labels = labels_with_ignored(N, V);
-  LossAndGrad got = loss_and_grad(
-      [](const at::Tensor& x, const at::Tensor& y) { return nn::cross_entropy_sum(x, y, 5); }, logits, labels, 1.0);
+  for (auto [kernels, name] : kBothKernels) {
+  SCOPED_TRACE(name);
+  auto loss = [kernels = kernels](const at::Tensor& x, const at::Tensor& y) {
+    return nn::cross_entropy_sum(x, y, 5, kernels);
+  };
+  LossAndGrad got = loss_and_grad(loss, logits, labels, 1.0);
   at::Tensor ignored = labels.eq(nn::kIgnoreIndex);
   EXPECT_TRUE(at::equal(got.grad.index({ignored}), at::zeros({ignored.sum().item<int64_t>(), V})));
   // The loss is the sum over the labelled tokens only.
@@ -81,10 +90,10 @@ TEST(ChunkedCrossEntropy, IgnoredTokensGetNoLossAndNoGradient) {
   EXPECT_LE(test::relative_error(got.loss, only_kept.loss), 1e-6);
   // All ignored: zero loss, zero gradient.
   at::Tensor none = at::full({N}, nn::kIgnoreIndex, at::kLong);
-  LossAndGrad zero = loss_and_grad(
-      [](const at::Tensor& x, const at::Tensor& y) { return nn::cross_entropy_sum(x, y, 5); }, logits, none, 1.0);
+  LossAndGrad zero = loss_and_grad(loss, logits, none, 1.0);
   EXPECT_EQ(zero.loss.item<double>(), 0.0);
   EXPECT_TRUE(at::equal(zero.grad, at::zeros_like(logits)));
+  }
 }
 
 TEST(ChunkedCrossEntropy, RejectsMisshapenInputs) {

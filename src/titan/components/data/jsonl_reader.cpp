@@ -252,7 +252,7 @@ bool JsonlReader::next(std::string& text, DocPos& pos) {
     nlohmann::json obj;
     try {
       obj = nlohmann::json::parse(line_);
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {  // parse errors, and numbers beyond a double's range
       TITAN_USER_CHECK(false, path, ":", line_no, ": malformed JSON (", e.what(),
                        "); each line must be one JSON object (JSON Lines). Fix or remove that line.");
     }
