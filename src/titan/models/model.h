@@ -3,6 +3,7 @@
 #pragma once
 
 #include "titan/nn/hooks.h"
+#include "titan/nn/moe.h"
 
 #include <torch/nn/module.h>
 
@@ -44,6 +45,12 @@ class LanguageModelImpl : public nn::HookedModule {
   virtual int64_t vocab_size() const = 0;
   // Total number of parameter elements (tied tensors counted once).
   int64_t num_params() const;
+  // The share of parameter `name`'s elements that each token uses (FLOPs count active parameters):
+  // 1, or for a mixture of experts' routed expert weights top_k / num_experts.
+  virtual double active_share(const std::string& name) const { return 1.0; }
+  // The mixture-of-experts layers this instance holds, with their name prefixes ("layers.3.moe."):
+  // the trainer updates their routing biases once per step and checkpoints them.
+  virtual std::vector<std::pair<std::string, nn::MoEImpl*>> moe_layers() const { return {}; }
   // A parameter that another pipeline stage of the same model also holds: a tied embedding table,
   // which the first stage embeds with and the last stage projects with. The trainer sums the two
   // copies' gradients after backward, so that they stay equal; checkpoints and the gradient norm

@@ -47,7 +47,9 @@ Routing route(const at::Tensor& logits_TE, const at::Tensor& expert_bias_E, cons
                    .view({T, -1});
     }
     r.ids_TK = std::get<1>(choice.topk(o.top_k, -1, /*largest=*/true, /*sorted=*/true));
-    r.counts_E = at::bincount(r.ids_TK.reshape({-1}), {}, o.num_experts);
+    // On the meta device (shape-only dry runs) the counts have no values.
+    r.counts_E = choice.is_meta() ? at::empty({o.num_experts}, r.ids_TK.options())
+                                  : at::bincount(r.ids_TK.reshape({-1}), {}, o.num_experts);
   }
   r.weights_TK = r.scores_TE.gather(-1, r.ids_TK);
   if (o.route_norm) r.weights_TK = r.weights_TK / (r.weights_TK.sum(-1, /*keepdim=*/true) + 1e-20);
@@ -57,6 +59,8 @@ Routing route(const at::Tensor& logits_TE, const at::Tensor& expert_bias_E, cons
 
 at::Tensor grouped_linear(const at::Tensor& x_NI, const at::Tensor& w_EOI, const at::Tensor& counts_E, bool grouped) {
   const int64_t E = w_EOI.size(0);
+  // Shapes only (the meta device): one matmul of every row, as if by one expert.
+  if (x_NI.is_meta()) return at::matmul(x_NI, w_EOI[0].t());
   const int64_t elem = static_cast<int64_t>(x_NI.element_size());
   // at::_grouped_mm's kernels read rows at 16-byte strides (both operands, and the gradients').
   const bool aligned = (w_EOI.size(1) * elem) % 16 == 0 && (w_EOI.size(2) * elem) % 16 == 0;
@@ -128,7 +132,7 @@ at::Tensor MoEImpl::forward(const at::Tensor& x_BSD) {
     }
     // The routed copies sorted by expert (stable: a token's copies keep the order of its choices).
     const at::Tensor perm_N = std::get<1>(r.ids_TK.reshape({-1}).sort(/*stable=*/true, 0, /*descending=*/false));
-    const at::Tensor token_N = at::floor_divide(perm_N, K);
+    const at::Tensor token_N = perm_N.div(K, "floor");  // (div has a meta kernel, floor_divide none)
     const at::Tensor routed_ND = x_TD.index_select(0, token_N);
     const at::Tensor out_ND = experts(routed_ND, r.counts_E);
     const at::Tensor weights_N = r.weights_TK.reshape({-1}).index_select(0, perm_N);

@@ -37,6 +37,7 @@ struct MoEOptions {
   int64_t n_groups = 0;            // group-limited routing (DeepSeek): groups of E / n_groups experts
   int64_t topk_groups = 0;         // groups kept per token
   bool expert_bias = true;         // aux-loss-free load balancing (a bias that only steers the choice)
+  double load_balance_coeff = 1e-3;  // the bias's step per update (update_expert_bias's rate)
   bool grouped_mm = true;          // false: one matmul per expert (the benchmark's baseline)
   // Throws UserError naming the option that does not fit.
   void validate() const;

@@ -81,14 +81,16 @@ int most_in_flight(const std::vector<std::optional<dist::PipeAction>>& actions) 
 // formula split by module: 6 x their parameters outside the token embedding, plus the attention
 // term's share of their blocks (the whole model's term is the same for every block).
 double flops_per_token_of(const LanguageModelImpl& model, const std::vector<std::string>& modules, int64_t seq_len) {
-  int64_t all = 0, embedding = 0, mine = 0, blocks = 0, my_blocks = 0;
+  // Parameters counted as active per token (a mixture of experts' routed experts by top_k / experts).
+  double all = 0, embedding = 0, mine = 0;
+  int64_t blocks = 0, my_blocks = 0;
   auto in = [&](const std::string& name) {
     for (const auto& m : modules)
       if (name.rfind(m + ".", 0) == 0) return true;
     return false;
   };
   for (const auto& p : model.named_parameters()) {
-    const int64_t n = p.value().numel();
+    const double n = static_cast<double>(p.value().numel()) * model.active_share(p.key());
     const bool embed = p.key().rfind("tok_embeddings.", 0) == 0;
     all += n;
     if (embed) embedding += n;
@@ -98,8 +100,8 @@ double flops_per_token_of(const LanguageModelImpl& model, const std::vector<std:
     if (m.key() == "layers") blocks = static_cast<int64_t>(m.value()->children().size());
   for (const auto& m : modules)
     if (m.rfind("layers.", 0) == 0) ++my_blocks;
-  const double attention = model.flops_per_token(seq_len) - 6.0 * static_cast<double>(all - embedding);
-  return 6.0 * static_cast<double>(mine) +
+  const double attention = model.flops_per_token(seq_len) - 6.0 * (all - embedding);
+  return 6.0 * mine +
          (blocks > 0 ? attention * static_cast<double>(my_blocks) / static_cast<double>(blocks) : 0.0);
 }
 

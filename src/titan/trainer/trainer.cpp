@@ -198,6 +198,12 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
     parallelized_ = spec.parallelize(*model_, pctx);
   }
   const double model_seconds = std::chrono::duration<double>(Clock::now() - model_start).count();
+  if (dims_->pp() > 1) {
+    for (const LanguageModel& stage : stage_models_)
+      for (auto& layer : stage->moe_layers()) moe_layers_.push_back(layer);
+  } else {
+    moe_layers_ = model_->moe_layers();
+  }
   std::vector<std::pair<std::string, at::Tensor>> named;
   for (const auto& dp : data_parallel_) {
     params_.insert(params_.end(), dp->parameters().begin(), dp->parameters().end());
@@ -403,12 +409,31 @@ Trainer::StepOnDevice Trainer::run_step() {
   }
   fault::point("optimizer", step);
   optimizer_->step(nonfinite.to(at::kFloat));
+  update_expert_biases(nonfinite);
   optimizer_range.reset();
   ++step_;
   ++lr_step_;
   r.values = at::stack({loss_sum.to(at::kDouble), local_avg.to(loss_sum.device(), at::kDouble),
                         grad_norm.to(loss_sum.device(), at::kDouble), nonfinite.to(at::kDouble)});
   return r;
+}
+
+void Trainer::update_expert_biases(const at::Tensor& skipped) {
+  if (moe_layers_.empty()) return;
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> counts;
+  for (const auto& [prefix, layer] : moe_layers_) counts.push_back(layer->tokens_per_expert);
+  at::Tensor all_LE = at::stack(counts);  // one collective for every layer
+  (*mesh_)["dp_cp"].all_reduce(all_LE).wait();
+  for (size_t i = 0; i < moe_layers_.size(); ++i) {
+    nn::MoEImpl& layer = *moe_layers_[i].second;
+    if (layer.expert_bias.defined()) {
+      at::Tensor updated = layer.expert_bias.clone();
+      nn::update_expert_bias(updated, all_LE[static_cast<int64_t>(i)], layer.options().load_balance_coeff);
+      layer.expert_bias.copy_(at::where(skipped.to(updated.device()), layer.expert_bias, updated));
+    }
+    layer.tokens_per_expert.zero_();
+  }
 }
 
 std::vector<StepResult> Trainer::read_steps(const std::vector<StepOnDevice>& steps) {

@@ -178,6 +178,12 @@ class Trainer {
   // shared_gradients_ is not empty; made once, not per step).
   std::vector<dist::PlacedTensor> norm_params_;
   nlohmann::json model_record_;  // what checkpoints record of the model (checkpoint::model_record), made once
+  // The mixture-of-experts layers this rank holds (the model's, or its pipeline stages'), found once.
+  std::vector<std::pair<std::string, nn::MoEImpl*>> moe_layers_;
+  // Once per step, after the optimizer's update: every MoE layer's routing bias moves towards
+  // balance by the step's token counts, summed over the ranks that saw other tokens (dp and cp);
+  // not on a skipped step. Counts restart at zero.
+  void update_expert_biases(const at::Tensor& skipped);
   void sum_shared_gradients();
   // Whether `name` is a parameter this rank holds as a non-primary copy (see SharedGradient).
   bool is_shared_copy(const std::string& name) const;

@@ -48,9 +48,15 @@ std::vector<dist::PlacedTensor> Trainer::checkpoint_tensors(const std::vector<st
   // A copy of a parameter another pipeline stage holds too (tied embeddings) is loaded like the
   // primary but written by the primary's ranks only.
   auto skipped = [&](const dist::PlacedTensor& p) { return saving && is_shared_copy(p.name); };
-  if (has(parts, "model"))
+  if (has(parts, "model")) {
     for (const auto& p : params_)
       if (!skipped(p)) out.push_back({"model." + p.name, p.local, p.placement});
+    // Routing biases (buffers, equal on every rank of a pipeline stage): part of the model, as in
+    // torchtitan's state dict.
+    for (const auto& [prefix, layer] : moe_layers_)
+      if (layer->expert_bias.defined())
+        out.push_back({"model." + prefix + "expert_bias", layer->expert_bias, dist::whole(layer->expert_bias, {"dp_cp"})});
+  }
   if (has(parts, "optimizer")) {
     const auto state = optimizer_->state_dict();  // aliases of the live state
     for (const auto& p : params_) {
@@ -218,6 +224,8 @@ void Trainer::set_up_checkpointing() {
                    "checkpoint.create_seed_checkpoint needs checkpoint.enable = true (the seed is written to its folder)");
   TITAN_USER_CHECK(!c.last_save_in_hf || c.last_save_model_only,
                    "checkpoint.last_save_in_hf writes only the model: set checkpoint.last_save_model_only = true");
+  TITAN_USER_CHECK(!c.last_save_in_hf || moe_layers_.empty(), "checkpoint.last_save_in_hf: Hugging Face weights of "
+                   "a mixture-of-experts model cannot be written yet; keep titan checkpoints (last_save_in_hf = false)");
   for (const auto& part : c.exclude_from_loading) {
     TITAN_USER_CHECK(has(kParts, part), "checkpoint.exclude_from_loading: unknown part '", part,
                      "'; the parts are model, optimizer, lr_scheduler, dataloader, train_state, rng");

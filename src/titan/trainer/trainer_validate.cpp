@@ -40,6 +40,16 @@ metrics::ValidationStats Trainer::validate() {
   const auto& v = cfg_.validation;
   const auto start = std::chrono::steady_clock::now();
   at::NoGradGuard no_grad;
+  // Evaluation routes tokens without counting them for the routing biases' update.
+  struct CountingOff {
+    std::vector<std::pair<std::string, nn::MoEImpl*>>& layers;
+    explicit CountingOff(std::vector<std::pair<std::string, nn::MoEImpl*>>& l) : layers(l) {
+      for (auto& [prefix, layer] : layers) layer->count_tokens = false;
+    }
+    ~CountingOff() {
+      for (auto& [prefix, layer] : layers) layer->count_tokens = true;
+    }
+  } counting_off(moe_layers_);
   val_loader_->load_state(val_start_state_);
   // Sums in float64: the average over many batches does not depend on the order of the additions
   // beyond float64 rounding, so every layout reports the same figure.

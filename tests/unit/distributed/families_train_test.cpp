@@ -11,6 +11,7 @@
 #include "launched_training.h"
 #include "test_util.h"
 
+#include "titan/components/checkpoint/checkpoint.h"
 #include "titan/components/checkpoint/safetensors.h"
 #include "titan/models/registry.h"
 
@@ -170,6 +171,73 @@ TEST(ModelFamiliesTrain, AHuggingFaceQwen3OfItsOwnSizeContinuesPretrainingUnderP
     ASSERT_TRUE(stored.count(name)) << name;
     EXPECT_TRUE(at::equal(stored.at(name), t)) << name;
   }
+}
+
+TEST(ModelFamiliesTrain, Qwen3MoeUnderEveryLayoutAndItsCheckpointHoldsTheRoutingBiases) {
+  // A small Qwen3-MoE (a dense first layer, then two layers of 8 experts, 2 per token) from its
+  // config.json text: every layout routes the same tokens to the same experts, and every step's
+  // routing-bias update counts the tokens of every data-parallel and context-parallel rank (a rank
+  // that counted only its own would steer differently from one process).
+  const nlohmann::json config = {{"model_type", "qwen3_moe"},  {"hidden_size", 64},      {"intermediate_size", 96},
+                                 {"num_attention_heads", 4},  {"num_key_value_heads", 2}, {"head_dim", 16},
+                                 {"num_hidden_layers", 3},    {"vocab_size", 2048},      {"num_experts", 8},
+                                 {"num_experts_per_tok", 2},  {"moe_intermediate_size", 32}, {"norm_topk_prob", true},
+                                 {"mlp_only_layers", {0}},    {"rms_norm_eps", 1e-6},    {"rope_theta", 1e6},
+                                 {"tie_word_embeddings", false}};
+  const std::vector<std::string> moe = {"--model.flavor", config.dump()};
+  test::TempDir one_dir;
+  std::vector<Layout> runs = layouts();
+  runs.erase(runs.begin() + 1);  // tensor parallelism of experts is refused (below)
+  runs.push_back({"ddp2", {"--parallelism.data_parallel_replicate_degree", "2", "--parallelism.data_parallel_shard_degree",
+                           "1", "--training.local_batch_size", "4"}});
+  runs.push_back({"pp2", {"--parallelism.pipeline_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "1"}});
+  // Evaluation routes without counting: validating every 2 steps leaves training as it is.
+  runs.push_back({"validating", {"--validation.enable", "--validation.dataset", "c4_test", "--validation.freq", "2",
+                                 "--validation.steps", "2"}, 1});
+  runs.push_back({"full_ac_checkpointing_at_5",
+                  {"--activation_checkpoint.mode", "full", "--checkpoint.enable", "--checkpoint.interval", "5",
+                   "--checkpoint.folder", one_dir / "checkpoint"},
+                  1});
+  const safetensors::Tensors ref = expect_layouts_train_as_one_process("qwen3_debugmodel.toml", moe, runs);
+  ASSERT_FALSE(ref.empty());
+  EXPECT_TRUE(ref.count("layers.2.moe.experts.w1"));
+
+  // The checkpoint holds each MoE layer's routing bias: moved by +-1e-3 per step towards balance,
+  // then centred (the moves sum to zero; one move is at most 2e-3), so at most 1e-2 from zero after
+  // 5 steps.
+  {
+    checkpoint::Reader reader(one_dir / "checkpoint/step-5");
+    for (const std::string layer : {"1", "2"}) {
+      const std::string name = "model.layers." + layer + ".moe.expert_bias";
+      const auto meta = reader.meta(name);
+      ASSERT_TRUE(meta.has_value()) << name;
+      const at::Tensor bias = reader.read(name, {0}, {8});
+      EXPECT_GT(bias.abs().max().item<double>(), 0.0) << name << bias;
+      EXPECT_LE(bias.abs().max().item<double>(), 1e-2 + 1e-9) << name << bias;
+      EXPECT_NEAR(bias.sum().item<double>(), 0.0, 1e-6) << name << bias;
+    }
+    EXPECT_FALSE(reader.meta("model.layers.0.moe.expert_bias").has_value());  // the dense layer
+  }
+  // Resumed at step 5, the run goes on as the uninterrupted one (the biases restored).
+  std::filesystem::remove_all(one_dir / "checkpoint/step-10");
+  test::TempDir dir;
+  std::vector<std::string> resume = moe;
+  resume.insert(resume.end(), {"--checkpoint.enable", "--checkpoint.folder", one_dir / "checkpoint"});
+  const test::LaunchedRun resumed = test::run_titan(1, train_args("qwen3_debugmodel.toml", dir.path(), resume), dir);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resumed from"), std::string::npos) << resumed.output;
+  test::expect_same_training(ref, resumed.weights, 0.01 * kLr * kSteps, /*first_step=*/6);
+
+  // Tensor parallelism of experts is not built: refused at start-up, saying what to do.
+  test::TempDir tp_dir;
+  std::vector<std::string> tp = moe;
+  tp.insert(tp.end(), {"--parallelism.tensor_parallel_degree", "2"});
+  std::vector<std::string> argv = {std::string(TITAN_BINARY_DIR) + "/titan", "launch", "--nproc-per-node", "2",
+                                   "--master-port", "0", "--"};
+  for (const auto& a : train_args("qwen3_debugmodel.toml", tp_dir.path(), tp)) argv.push_back(a);
+  const test::ProcessResult refused = test::run_process(argv, {{"OMP_NUM_THREADS", "1"}});
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_NE(refused.output.find("tensor_parallel_degree = 1"), std::string::npos) << refused.output;
 }
 
 TEST(ModelFamiliesTrain, Llama2DebugModelUnderEveryLayout) {

@@ -55,7 +55,8 @@ TEST(ModelFamilies, FlavorParameterCountsAreTheReleasedModels) {
   for (const auto& [model, flavor, n] : released) EXPECT_EQ(count(model, flavor), n) << model << " " << flavor;
   // The families list torchtitan's flavor names.
   EXPECT_EQ(model_spec("qwen3").flavors,
-            (std::vector<std::string>{"debugmodel", "0.6B", "1.7B", "4B", "8B", "14B", "32B"}));
+            (std::vector<std::string>{"debugmodel", "0.6B", "1.7B", "4B", "8B", "14B", "32B", "debugmodel_moe",
+                                      "30B-A3B", "235B-A22B"}));
   EXPECT_EQ(model_spec("llama2").flavors, (std::vector<std::string>{"debugmodel", "7B", "13B", "70B"}));
   EXPECT_EQ(registered_models(), (std::vector<std::string>{"llama2", "llama3", "qwen3"}));
 }

@@ -16,7 +16,10 @@ DecoderBlockImpl::DecoderBlockImpl(int64_t layer_id, const DecoderArgs& args, co
   if (args.qk_norm) qk_norm_eps = args.norm_eps;
   attention = register_module(
       "attention", nn::Attention(args.dim, args.n_heads, args.kv_heads(), args.head_dim(), qk_norm_eps, opts));
-  feed_forward = register_module("feed_forward", nn::FeedForward(args.dim, args.ffn_hidden_dim(), opts));
+  if (args.is_moe_layer(layer_id))
+    moe = register_module("moe", nn::MoE(moe_options(args), opts));
+  else
+    feed_forward = register_module("feed_forward", nn::FeedForward(args.dim, args.ffn_hidden_dim(), opts));
   attention_norm = register_module("attention_norm", nn::RMSNorm(args.dim, args.norm_eps, opts));
   ffn_norm = register_module("ffn_norm", nn::RMSNorm(args.dim, args.norm_eps, opts));
 }
@@ -26,7 +29,7 @@ at::Tensor DecoderBlockImpl::forward(const at::Tensor& x_BSD, const at::Tensor& 
   return with_hooks({x_BSD, cis_SE2}, [this](const std::vector<at::Tensor>& in) {
     const at::Tensor &x = in[0], &cis = in[1];
     at::Tensor h_BSD = x + attention->forward(attention_norm(x), cis);
-    return h_BSD + feed_forward(ffn_norm(h_BSD));
+    return h_BSD + (moe ? moe->forward(ffn_norm(h_BSD)) : feed_forward(ffn_norm(h_BSD)));
   });
 }
 
@@ -74,6 +77,13 @@ std::vector<std::pair<std::string, DecoderBlockImpl*>> DecoderImpl::blocks() con
   std::vector<std::pair<std::string, DecoderBlockImpl*>> out;
   for (const auto& item : layers->items())
     out.emplace_back("layers." + item.first + ".", item.second->as<DecoderBlockImpl>());
+  return out;
+}
+
+std::vector<std::pair<std::string, nn::MoEImpl*>> DecoderImpl::moe_layers() const {
+  std::vector<std::pair<std::string, nn::MoEImpl*>> out;
+  for (const auto& [prefix, block] : blocks())
+    if (block->moe) out.emplace_back(prefix + "moe.", block->moe.get());
   return out;
 }
 
@@ -141,10 +151,15 @@ void DecoderImpl::init_elements(uint64_t seed, const std::string& name, at::Tens
   } else {
     TITAN_ASSERT(name.rfind("layers.", 0) == 0, "init_rows: no initialization for parameter '", name, "'");
     const int64_t layer = std::stoll(name.substr(7, name.find('.', 7) - 7));
+    // MoE layers as torchtitan initializes them: the router's gate, the experts' w2 and w3 and the
+    // shared experts' w2 and w3 with the depth-scaled std, the experts' and shared experts' w1 0.02.
     const bool output_projection = ends_with("attention.wo.weight") || ends_with("feed_forward.w2.weight") ||
-                                   ends_with("feed_forward.w3.weight");
+                                   ends_with("feed_forward.w3.weight") || ends_with("moe.router.gate.weight") ||
+                                   ends_with("moe.experts.w2") || ends_with("moe.experts.w3") ||
+                                   ends_with("moe.shared_experts.w2.weight") || ends_with("moe.shared_experts.w3.weight");
     const bool input_projection = ends_with("attention.wq.weight") || ends_with("attention.wk.weight") ||
-                                  ends_with("attention.wv.weight") || ends_with("feed_forward.w1.weight");
+                                  ends_with("attention.wv.weight") || ends_with("feed_forward.w1.weight") ||
+                                  ends_with("moe.experts.w1") || ends_with("moe.shared_experts.w1.weight");
     TITAN_ASSERT(input_projection || output_projection, "init_rows: no initialization for parameter '", name, "'");
     const double std = !output_projection ? 0.02
                        : args_.depth_init ? 0.02 / std::sqrt(2.0 * static_cast<double>(layer + 1))
@@ -153,10 +168,26 @@ void DecoderImpl::init_elements(uint64_t seed, const std::string& name, at::Tens
   }
 }
 
+double DecoderImpl::active_share(const std::string& name) const {
+  if (!args_.moe || name.find(".moe.experts.") == std::string::npos) return 1.0;
+  return static_cast<double>(args_.moe->top_k) / static_cast<double>(args_.moe->num_experts);
+}
+
 double DecoderImpl::flops_per_token(int64_t seq_len) const {
   // torchtitan (PaLM appendix B): 6 * (params - embedding params) for the matmuls, forward and
   // backward, plus 12 * L * H * E * S for attention scores and values (causal mask not discounted).
-  const double n = static_cast<double>(num_params());
+  // With MoE layers, torchtitan's count of active parameters: the routed experts' weights count
+  // top_k / num_experts of them (router and shared experts count whole).
+  double n = static_cast<double>(num_params());
+  if (args_.moe) {
+    for (const auto& p : named_parameters()) {
+      const double share = active_share(p.key());
+      if (share == 1.0) continue;
+      double numel = 1;
+      for (int64_t d : global_shape(p.key())) numel *= static_cast<double>(d);
+      n -= numel * (1.0 - share);
+    }
+  }
   const double emb = static_cast<double>(args_.vocab_size * args_.dim);  // the global table (TP shards it)
   return 6.0 * (n - emb) + 12.0 * static_cast<double>(args_.n_layers * args_.n_heads * args_.head_dim() * seq_len);
 }

@@ -5,12 +5,17 @@
 //   layers.N.attention.wq.weight (H*E, D)   wk, wv: (K*E, D)   wo: (D, H*E)
 //   layers.N.attention.q_norm.weight (E)    k_norm: (E)        (QK-norm only, e.g. Qwen3)
 //   layers.N.feed_forward.w1.weight (F, D)  w3: (F, D)         w2: (D, F)
+//   MoE layers instead of feed_forward (nn/moe.h), Fe an expert's hidden size, Xe experts:
+//   layers.N.moe.router.gate.weight (Xe, D)  layers.N.moe.experts.w1 (Xe, Fe, D)  w3: (Xe, Fe, D)  w2: (Xe, D, Fe)
+//   layers.N.moe.shared_experts.w1.weight (Fe*shared, D), w3, w2   (with shared experts)
+//   buffers layers.N.moe.expert_bias (Xe) (checkpointed), layers.N.moe.tokens_per_expert (Xe)
 //   norm.weight (D)                         output.weight (V, D)  (absent when embeddings are tied)
 #pragma once
 
 #include "titan/models/common/decoder_args.h"
 #include "titan/models/model.h"
 #include "titan/nn/layers.h"
+#include "titan/nn/moe.h"
 
 #include <torch/nn/modules/container/moduledict.h>
 
@@ -26,7 +31,8 @@ class DecoderBlockImpl : public nn::HookedModule {
   at::Tensor forward(const at::Tensor& x_BSD, const at::Tensor& cis_SE2);
 
   nn::Attention attention{nullptr};
-  nn::FeedForward feed_forward{nullptr};
+  nn::FeedForward feed_forward{nullptr};  // null in a MoE layer
+  nn::MoE moe{nullptr};                   // null in a dense layer
   nn::RMSNorm attention_norm{nullptr}, ffn_norm{nullptr};
 };
 TORCH_MODULE(DecoderBlock);
@@ -44,6 +50,7 @@ class DecoderImpl : public LanguageModelImpl {
   at::Tensor forward(const at::Tensor& input, int64_t seq_len = 0) override;
   void init_elements(uint64_t seed, const std::string& name, at::Tensor out, int64_t first) const override;
   double flops_per_token(int64_t seq_len) const override;
+  double active_share(const std::string& name) const override;
   int64_t vocab_size() const override { return args_.vocab_size; }
   int64_t hidden_size() const override { return args_.dim; }
 
@@ -61,6 +68,8 @@ class DecoderImpl : public LanguageModelImpl {
   std::vector<SharedParameter> shared_parameters() const override;
   // The blocks this instance holds, in order, with their name prefixes ("layers.3.").
   std::vector<std::pair<std::string, DecoderBlockImpl*>> blocks() const;
+  // The MoE layers this instance holds, with their name prefixes ("layers.3.moe.").
+  std::vector<std::pair<std::string, nn::MoEImpl*>> moe_layers() const override;
 
   nn::Embedding tok_embeddings{nullptr};  // null in a stage without it (or without the tied output)
   torch::nn::ModuleDict layers{nullptr};  // keyed by layer id ("3"): a stage keeps the global names

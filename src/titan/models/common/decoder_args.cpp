@@ -1,6 +1,7 @@
 #include "titan/models/common/decoder_args.h"
 
 #include "titan/common/error.h"
+#include "titan/nn/moe.h"
 
 namespace titan {
 
@@ -30,6 +31,31 @@ void DecoderArgs::validate() const {
                      "model: RoPE scaling needs factor > 0, high_freq_factor > low_freq_factor > 0 and a positive "
                      "original_max_position_embeddings");
   }
+  if (moe) {
+    TITAN_USER_CHECK(moe->n_dense_layers >= 0 && moe->n_dense_layers <= n_layers, "model: moe n_dense_layers ",
+                     moe->n_dense_layers, " must be between 0 and n_layers ", n_layers);
+    TITAN_USER_CHECK(moe->load_balance_coeff >= 0, "model: moe load_balance_coeff must not be negative");
+    moe_options(*this).validate();
+  }
+}
+
+nn::MoEOptions moe_options(const DecoderArgs& args) {
+  TITAN_ASSERT(args.moe, "moe_options: the model has no MoE layers");
+  const DecoderMoE& m = *args.moe;
+  nn::MoEOptions o;
+  o.dim = args.dim;
+  o.hidden_dim = m.hidden_dim;
+  o.num_experts = m.num_experts;
+  o.top_k = m.top_k;
+  o.num_shared_experts = m.num_shared_experts;
+  o.score_func = m.score_func;
+  o.route_norm = m.route_norm;
+  o.route_scale = m.route_scale;
+  o.n_groups = m.n_groups;
+  o.topk_groups = m.topk_groups;
+  o.expert_bias = m.load_balance_coeff > 0;
+  o.load_balance_coeff = m.load_balance_coeff;
+  return o;
 }
 
 }  // namespace titan

@@ -10,6 +10,9 @@
 #include <vector>
 
 namespace titan {
+namespace nn {
+struct MoEOptions;
+}
 
 // Llama 3.1 RoPE frequency scaling ("llama3" rope_type in transformers).
 struct RopeScaling {
@@ -17,6 +20,25 @@ struct RopeScaling {
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
   int64_t original_max_position_embeddings = 8192;
+};
+
+// The feed-forward of a decoder's MoE layers (nn/moe.h): routed SwiGLU experts, optional shared
+// experts. Layers with an id below n_dense_layers keep the dense feed-forward (DeepSeek's first
+// layers; 0: every layer is MoE, as in Qwen3-MoE).
+struct DecoderMoE {
+  int64_t num_experts = 0;             // E
+  int64_t top_k = 1;                   // K experts per token
+  int64_t hidden_dim = 0;              // F, each routed expert's SwiGLU hidden size
+  int64_t num_shared_experts = 0;      // a shared SwiGLU of hidden F x this count on every token
+  std::string score_func = "softmax";  // "softmax" | "sigmoid"
+  bool route_norm = false;             // the K weights of a token normalized to sum 1
+  double route_scale = 1.0;
+  int64_t n_groups = 0;                // group-limited routing: groups, and groups kept per token
+  int64_t topk_groups = 0;
+  // torchtitan's auxiliary-loss-free balancing: each step every expert's routing bias moves by this
+  // rate towards balance (the trainer updates it from the step's token counts); 0 disables it.
+  double load_balance_coeff = 1e-3;
+  int64_t n_dense_layers = 0;
 };
 
 struct DecoderArgs {
@@ -38,14 +60,20 @@ struct DecoderArgs {
   bool tie_embeddings = false;   // output projection shares tok_embeddings.weight
   bool qk_norm = false;          // per-head RMSNorm of q and k before RoPE (Qwen3)
   bool depth_init = true;        // output projections' init std shrinks with layer depth
+  std::optional<DecoderMoE> moe;  // mixture-of-experts feed-forward (in layers from moe->n_dense_layers)
 
   int64_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
   int64_t head_dim() const { return attention_head_dim > 0 ? attention_head_dim : dim / n_heads; }
   // hidden_dim, or torchtitan's rule: multiple_of * ceil(int(ffn_mult * int(2 * 4 * dim / 3)) / multiple_of).
   int64_t ffn_hidden_dim() const;
+  // Whether layer `id`'s feed-forward is the mixture of experts.
+  bool is_moe_layer(int64_t id) const { return moe.has_value() && id >= moe->n_dense_layers; }
   // Throws titan::UserError when the shape is inconsistent (heads not dividing dim, ...).
   void validate() const;
 };
+
+// The nn::MoE options of the model's MoE layers (args.moe must be set).
+nn::MoEOptions moe_options(const DecoderArgs& args);
 
 // A flavor table: names in the family's order, with their arguments.
 using FlavorTable = std::vector<std::pair<std::string, DecoderArgs>>;

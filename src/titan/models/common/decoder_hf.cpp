@@ -76,6 +76,9 @@ StateDict convert(const StateDict& in, const DecoderArgs& args, const HFDialect&
     if (!mapped.empty() && !args.qk_norm && mapped.find("_norm.weight") != std::string::npos &&
         (mapped.find("q_norm") != std::string::npos || mapped.find("k_norm") != std::string::npos))
       mapped.clear();
+    TITAN_USER_CHECK(!args.moe, "Hugging Face weights of a mixture-of-experts model (", dialect.moe_architecture,
+                     ") cannot be converted yet (tensor '", name, "'): keep titan checkpoints (checkpoint."
+                     "last_save_in_hf = false) and start from titan checkpoints or a random initialization");
     TITAN_USER_CHECK(!mapped.empty(), "tensor '", name, "' has no ", to_hf ? "Hugging Face" : "titan",
                      " counterpart for a ", dialect.model_type, " model (", dialect.architecture,
                      "); is this checkpoint of another architecture?");
@@ -124,8 +127,26 @@ std::string config_json(const DecoderArgs& args, const HFDialect& dialect, at::S
       {"torch_dtype", torch_dtype_name(dtype)},
       {"initializer_range", 0.02},
   };
+  if (args.moe) {
+    const DecoderMoE& m = *args.moe;
+    TITAN_USER_CHECK(!dialect.moe_model_type.empty() && m.num_shared_experts == 0 && m.score_func == "softmax" &&
+                         m.n_groups <= 1 && m.route_scale == 1.0,
+                     "this mixture of experts (shared experts, sigmoid scores, group-limited routing or a route "
+                     "scale) has no ", dialect.architecture, " config.json form");
+    cfg["architectures"] = {dialect.moe_architecture};
+    cfg["model_type"] = dialect.moe_model_type;
+    cfg["num_experts"] = m.num_experts;
+    cfg["num_experts_per_tok"] = m.top_k;
+    cfg["moe_intermediate_size"] = m.hidden_dim;
+    cfg["norm_topk_prob"] = m.route_norm;
+    cfg["decoder_sparse_step"] = 1;
+    std::vector<int64_t> dense;
+    for (int64_t i = 0; i < m.n_dense_layers; ++i) dense.push_back(i);
+    cfg["mlp_only_layers"] = dense;
+    cfg["output_router_logits"] = false;
+  }
   if (dialect.model_type == "llama") cfg["mlp_bias"] = false;
-  if (dialect.model_type == "qwen3") {
+  if (dialect.model_type == "qwen3") {  // and qwen3_moe
     cfg["use_sliding_window"] = false;
     cfg["sliding_window"] = nullptr;
     cfg["max_window_layers"] = args.n_layers;
@@ -181,7 +202,10 @@ class HFConfig {
 DecoderArgs decoder_args_from_hf_config(const std::string& text, const HFDialect& dialect) {
   HFConfig c(text, dialect);
   const nlohmann::json model_type = c.field("model_type", dialect.model_type);
-  if (model_type != dialect.model_type) c.fail("model_type", model_type, "\"" + dialect.model_type + "\"");
+  const bool moe = !dialect.moe_model_type.empty() && model_type == dialect.moe_model_type;
+  if (model_type != dialect.model_type && !moe)
+    c.fail("model_type", model_type,
+           "\"" + dialect.model_type + "\"" + (dialect.moe_model_type.empty() ? "" : " or \"" + dialect.moe_model_type + "\""));
   DecoderArgs a;
   a.dim = c.integer("hidden_size");
   a.n_layers = c.integer("num_hidden_layers");
@@ -218,6 +242,25 @@ DecoderArgs decoder_args_from_hf_config(const std::string& text, const HFDialect
   if (!tied.is_boolean()) c.fail("tie_word_embeddings", tied, "true or false");
   a.tie_embeddings = tied.get<bool>();
   a.norm_eps = c.number("rms_norm_eps", c.field("rms_norm_eps", 1e-6));
+  if (moe) {
+    // Qwen3MoeConfig's defaults for absent fields.
+    DecoderMoE m;
+    m.num_experts = c.integer("num_experts", 128);
+    m.top_k = c.integer("num_experts_per_tok", 8);
+    m.hidden_dim = c.integer("moe_intermediate_size", 768);
+    const nlohmann::json norm = c.field("norm_topk_prob", false);
+    if (!norm.is_boolean()) c.fail("norm_topk_prob", norm, "true or false");
+    m.route_norm = norm.get<bool>();
+    const nlohmann::json step = c.field("decoder_sparse_step", 1);
+    if (step != 1) c.fail("decoder_sparse_step", step, "1 (every layer after the dense ones is MoE)");
+    const nlohmann::json dense = c.field("mlp_only_layers", nlohmann::json::array());
+    if (!dense.is_array()) c.fail("mlp_only_layers", dense, "a list of layer ids");
+    for (size_t i = 0; i < dense.size(); ++i)
+      if (dense[i] != static_cast<int64_t>(i))
+        c.fail("mlp_only_layers", dense, "the first layers in order ([0, 1, ..., k-1]: dense layers come first)");
+    m.n_dense_layers = static_cast<int64_t>(dense.size());
+    a.moe = m;
+  }
   a.qk_norm = dialect.qk_norm;
   const nlohmann::json& rope = c.rope();
   auto in_rope = [&](const std::string& name) { return rope.contains(name) && !rope[name].is_null(); };
@@ -271,6 +314,21 @@ std::string config_mismatch(const DecoderArgs& args, const HFDialect& dialect, c
   };
   for (const auto& [name, value, expected] : ints)
     if (value != expected) return differs(name, value, expected);
+  if (got.moe.has_value() != args.moe.has_value())
+    return differs("model_type", got.moe ? dialect.moe_model_type : dialect.model_type,
+                   args.moe ? dialect.moe_model_type : dialect.model_type);
+  if (args.moe) {
+    const DecoderMoE &g = *got.moe, &m = *args.moe;
+    const std::vector<std::tuple<std::string, int64_t, int64_t>> moe_ints = {
+        {"num_experts", g.num_experts, m.num_experts},
+        {"num_experts_per_tok", g.top_k, m.top_k},
+        {"moe_intermediate_size", g.hidden_dim, m.hidden_dim},
+        {"mlp_only_layers (their count)", g.n_dense_layers, m.n_dense_layers},
+    };
+    for (const auto& [name, value, expected] : moe_ints)
+      if (value != expected) return differs(name, value, expected);
+    if (g.route_norm != m.route_norm) return differs("norm_topk_prob", g.route_norm, m.route_norm);
+  }
   if (got.tie_embeddings != args.tie_embeddings)
     return differs("tie_word_embeddings", got.tie_embeddings, args.tie_embeddings);
   if (!close(got.norm_eps, args.norm_eps)) return differs("rms_norm_eps", got.norm_eps, args.norm_eps);

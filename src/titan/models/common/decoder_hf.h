@@ -21,6 +21,9 @@ struct HFDialect {
   bool qk_norm = false;          // the architecture normalizes q and k per head (every layer)
   int64_t default_head_dim = 0;  // head_dim when config.json gives none; 0: hidden_size / num_attention_heads
   int64_t default_kv_heads = 0;  // num_key_value_heads when absent; 0: num_attention_heads (null always means that)
+  // The architecture's mixture-of-experts variant ("Qwen3MoeForCausalLM", "qwen3_moe"); empty: none.
+  std::string moe_architecture;
+  std::string moe_model_type;
 };
 
 HFAdapter decoder_hf_adapter(const DecoderArgs& args, const HFDialect& dialect);
@@ -30,7 +33,9 @@ HFAdapter decoder_hf_adapter(const DecoderArgs& args, const HFDialect& dialect);
 // sizes (hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, vocab_size) must be
 // given; other absent fields take the config class's defaults. Throws UserError naming the first
 // field titan cannot honour (another model_type, biases, dropout, a RoPE type other than default
-// and llama3, sliding-window attention, a missing or malformed size).
+// and llama3, sliding-window attention, a missing or malformed size). The dialect's MoE model_type
+// (qwen3_moe) gives MoE layers: num_experts, num_experts_per_tok, moe_intermediate_size,
+// norm_topk_prob, and mlp_only_layers as the first dense layers (decoder_sparse_step must be 1).
 DecoderArgs decoder_args_from_hf_config(const std::string& text, const HFDialect& dialect);
 
 }  // namespace titan

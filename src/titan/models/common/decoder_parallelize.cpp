@@ -27,6 +27,9 @@ void check_tensor_parallel_degree(const DecoderArgs& a, int64_t tp) {
 // Tensor parallelism: shards the parameters, puts the communication around the modules and tells
 // the data-parallel layer each parameter's placement.
 void apply_tensor_parallel(DecoderImpl& model, dist::TensorParallel& tp, dist::DataParallel& dp) {
+  TITAN_USER_CHECK(!model.args().moe, "tensor parallelism of mixture-of-experts layers is not supported yet: train "
+                   "this model with parallelism.tensor_parallel_degree = 1 (FSDP, HSDP, DDP, pipeline and context "
+                   "parallelism all apply)");
   check_tensor_parallel_degree(model.args(), tp.degree());
   model.keep_global_shapes();
   auto place = [&](const std::string& prefix, const std::vector<std::pair<std::string, dist::Placement>>& placed) {

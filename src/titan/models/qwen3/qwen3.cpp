@@ -22,6 +22,21 @@ DecoderArgs make(int64_t dim, int64_t n_layers, int64_t n_heads, int64_t n_kv_he
   a.qk_norm = true;
   return a;
 }
+// Qwen3-MoE: every layer's feed-forward is a mixture of `experts` SwiGLU experts of hidden size
+// `expert_hidden`, 8 per token, softmax scores renormalized over the 8, no shared expert; `hidden_dim`
+// is the dense size the released configs also list (intermediate_size), used by no layer.
+DecoderArgs make_moe(int64_t dim, int64_t n_layers, int64_t n_heads, int64_t n_kv_heads, int64_t vocab,
+                     int64_t hidden_dim, int64_t experts, int64_t expert_hidden, double theta) {
+  DecoderArgs a = make(dim, n_layers, n_heads, n_kv_heads, vocab, hidden_dim, false);
+  a.rope_theta = theta;
+  DecoderMoE m;
+  m.num_experts = experts;
+  m.top_k = 8;
+  m.hidden_dim = expert_hidden;
+  m.route_norm = true;
+  a.moe = m;
+  return a;
+}
 }  // namespace
 
 const FlavorTable& flavors() {
@@ -34,6 +49,10 @@ const FlavorTable& flavors() {
       {"8B", make(4096, 36, 32, 8, 151936, 12288, false)},
       {"14B", make(5120, 40, 40, 8, 151936, 17408, false)},
       {"32B", make(5120, 64, 64, 8, 151936, 25600, false)},
+      //                                 dim  layers heads kv  vocab   hidden experts F    theta
+      {"debugmodel_moe", make_moe(256, 8, 16, 8, 2048, 3072, 64, 768, 1e6)},
+      {"30B-A3B", make_moe(2048, 48, 32, 4, 151936, 6144, 128, 768, 1e6)},
+      {"235B-A22B", make_moe(4096, 94, 64, 4, 151936, 12288, 128, 1536, 5e6)},
   };
   return table;
 }
@@ -41,7 +60,7 @@ const FlavorTable& flavors() {
 DecoderArgs flavor(const std::string& name) { return table_flavor("qwen3", flavors(), name); }
 
 ModelSpec spec() {
-  return decoder_model_spec({"qwen3", &flavors(), HFDialect{"Qwen3ForCausalLM", "qwen3", true, 128, 32}});
+  return decoder_model_spec({"qwen3", &flavors(), HFDialect{"Qwen3ForCausalLM", "qwen3", true, 128, 32, "Qwen3MoeForCausalLM", "qwen3_moe"}});
 }
 
 }  // namespace titan::qwen3
