@@ -13,8 +13,14 @@ expert received in that layer (transformers' router's top-k).
 import sys
 
 import torch
+import transformers
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM
+
+# transformers 5 holds the experts fused (mlp.experts.gate_up_proj (E, 2F, D), down_proj (E, D, F))
+# and its router returns (logits, weights, indices); 4.x had one module per expert.
+if int(transformers.__version__.split(".")[0]) < 5:
+    sys.exit(f"qwen3_moe_reference.py needs transformers 5 or newer, found {transformers.__version__}")
 
 
 def interleaved_to_halves(w, heads):

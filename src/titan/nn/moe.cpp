@@ -48,8 +48,10 @@ Routing route(const at::Tensor& logits_TE, const at::Tensor& expert_bias_E, cons
     }
     r.ids_TK = std::get<1>(choice.topk(o.top_k, -1, /*largest=*/true, /*sorted=*/true));
     // On the meta device (shape-only dry runs) the counts have no values.
+    // (A scatter of ones rather than bincount, which reads the ids' range on the host: no sync.)
+    const at::Tensor flat = r.ids_TK.reshape({-1});
     r.counts_E = choice.is_meta() ? at::empty({o.num_experts}, r.ids_TK.options())
-                                  : at::bincount(r.ids_TK.reshape({-1}), {}, o.num_experts);
+                                  : at::zeros({o.num_experts}, r.ids_TK.options()).scatter_add_(0, flat, at::ones_like(flat));
   }
   r.weights_TK = r.scores_TE.gather(-1, r.ids_TK);
   if (o.route_norm) r.weights_TK = r.weights_TK / (r.weights_TK.sum(-1, /*keepdim=*/true) + 1e-20);

@@ -1,7 +1,8 @@
 // The trainer's side of checkpoints: what a checkpoint holds, when it is saved, and resuming.
 //
 // Contents (names as in the checkpoint index, docs/checkpoint.md):
-//   model.<param>                                     every parameter, by its global name
+//   model.<param>                                     every parameter, by its global name, and the
+//                                                     routing bias of each MoE layer (layers.N.moe.expert_bias)
 //   optimizer.<param>.exp_avg / .exp_avg_sq / .step   AdamW state, placed like its parameter
 //   rng.cpu (rng.cuda)                                the default generators' states
 //   state: train_state {step, ntokens_seen}, lr_scheduler {step}, dataloader (global stream position)
@@ -224,8 +225,12 @@ void Trainer::set_up_checkpointing() {
                    "checkpoint.create_seed_checkpoint needs checkpoint.enable = true (the seed is written to its folder)");
   TITAN_USER_CHECK(!c.last_save_in_hf || c.last_save_model_only,
                    "checkpoint.last_save_in_hf writes only the model: set checkpoint.last_save_model_only = true");
-  TITAN_USER_CHECK(!c.last_save_in_hf || moe_layers_.empty(), "checkpoint.last_save_in_hf: Hugging Face weights of "
-                   "a mixture-of-experts model cannot be written yet; keep titan checkpoints (last_save_in_hf = false)");
+  // Decided from the whole model (every rank alike; under pipeline parallelism a rank's stage may hold none).
+  const bool moe = !model_->moe_layers().empty();
+  TITAN_USER_CHECK(!c.last_save_in_hf || !moe, "checkpoint.last_save_in_hf: Hugging Face weights of a "
+                   "mixture-of-experts model cannot be written yet; keep titan checkpoints (last_save_in_hf = false)");
+  TITAN_USER_CHECK(!c.initial_load_in_hf || !moe, "checkpoint.initial_load_in_hf: Hugging Face weights of a "
+                   "mixture-of-experts model cannot be read yet; start from a titan checkpoint or a random initialization");
   for (const auto& part : c.exclude_from_loading) {
     TITAN_USER_CHECK(has(kParts, part), "checkpoint.exclude_from_loading: unknown part '", part,
                      "'; the parts are model, optimizer, lr_scheduler, dataloader, train_state, rng");

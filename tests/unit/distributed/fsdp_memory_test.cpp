@@ -157,8 +157,9 @@ TEST(FsdpMemory, KeepingGatheredParametersShowsTheWholeModel) { run("never"); }
 // use them. Measured on every rank: what stays allocated after a step and the forward's peak both
 // drop by those idle fp32 bytes (at least the largest unit's padded fp32 gradients), and the whole
 // step's peak does not grow. Two runs differ by ~60 KB in where their peaks fall (when a Gloo
-// collective's work frees its buffers relative to the next allocation): 5% of the idle bytes and 1%
-// of the step's peak absorb that.
+// collective's work frees its buffers relative to the next allocation): 5% of the idle bytes and 2%
+// of the step's peak absorb that (ranks of one run differ by up to 0.8%; two runs of one rank were
+// seen 1.02% apart on a loaded 2-core machine).
 TEST(FsdpMemory, BuffersGoBackAfterBackwardAndLowerTheForwardPeak) {
   const std::vector<Measured> returned = run("default", true, true), pooled = run("default", false, true);
   ASSERT_EQ(returned.size(), pooled.size());
@@ -172,7 +173,7 @@ TEST(FsdpMemory, BuffersGoBackAfterBackwardAndLowerTheForwardPeak) {
     EXPECT_GE(pooled[r].held - returned[r].held, idle);
     EXPECT_GE(pooled[r].forward_peak - returned[r].forward_peak, idle * 95 / 100)
         << "forward peaks " << pooled[r].forward_peak << " pooled, " << returned[r].forward_peak;
-    EXPECT_LE(returned[r].step_peak, pooled[r].step_peak * 101 / 100);
+    EXPECT_LE(returned[r].step_peak, pooled[r].step_peak * 102 / 100);
   }
 }
 

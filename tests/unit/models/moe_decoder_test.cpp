@@ -177,8 +177,30 @@ TEST(Qwen3Moe, ConfigJsonRoundTripsAndWhatTitanCannotHonourIsNamed) {
   };
   EXPECT_NE(refused("decoder_sparse_step", 2).find("decoder_sparse_step"), std::string::npos);
   EXPECT_NE(refused("mlp_only_layers", {1}).find("mlp_only_layers"), std::string::npos);
-  EXPECT_NE(refused("num_experts_per_tok", 9).find("top_k"), std::string::npos);
+  EXPECT_NE(refused("num_experts_per_tok", 9).find("num_experts_per_tok 9 exceeds the 8 experts"), std::string::npos);
   EXPECT_NE(refused("norm_topk_prob", "yes").find("norm_topk_prob"), std::string::npos);
+  EXPECT_NE(refused("output_router_logits", true).find("output_router_logits"), std::string::npos);
+  EXPECT_NE(refused("mlp_only_layers", {0, 1, 2, 3}).find("mlp_only_layers"), std::string::npos);
+  // Absent fields take Qwen3MoeConfig's defaults (4 KV heads; no head_dim: hidden_size / heads), and
+  // the expert count transformers 5 writes as num_local_experts is read.
+  nlohmann::json c = small_config();
+  c.erase("head_dim");
+  c.erase("num_key_value_heads");
+  c.erase("num_experts");
+  c["num_attention_heads"] = 8;
+  c["num_local_experts"] = 16;
+  LanguageModel m = build(c.dump());
+  const DecoderArgs& args = dynamic_cast<DecoderImpl&>(*m).args();
+  EXPECT_EQ(args.head_dim(), 8);
+  EXPECT_EQ(args.kv_heads(), 4);
+  EXPECT_EQ(args.moe->num_experts, 16);
+  c["num_experts"] = 8;  // both, disagreeing
+  try {
+    build(c.dump());
+    ADD_FAILURE() << "num_experts 8 with num_local_experts 16 was accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("num_local_experts"), std::string::npos) << e.what();
+  }
   // Weights in Hugging Face's layout are not converted yet: said, not mangled.
   try {
     adapter.to_hf({{"layers.0.attention.wq.weight", at::empty({4096, 2048}, at::TensorOptions().device(at::kMeta))}});

@@ -210,14 +210,16 @@ DecoderArgs decoder_args_from_hf_config(const std::string& text, const HFDialect
   a.dim = c.integer("hidden_size");
   a.n_layers = c.integer("num_hidden_layers");
   a.n_heads = c.integer("num_attention_heads");
-  // Absent: the config class's default (Qwen3Config's is 32); null: num_attention_heads.
-  a.n_kv_heads = c.integer("num_key_value_heads", c.given("num_key_value_heads") || dialect.default_kv_heads == 0
+  // Absent: the config class's default (Qwen3Config's is 32, Qwen3MoeConfig's 4); null: num_attention_heads.
+  const int64_t default_kv_heads = moe ? dialect.moe_default_kv_heads : dialect.default_kv_heads;
+  a.n_kv_heads = c.integer("num_key_value_heads", c.given("num_key_value_heads") || default_kv_heads == 0
                                                       ? a.n_heads
-                                                      : dialect.default_kv_heads);
+                                                      : default_kv_heads);
   a.vocab_size = c.integer("vocab_size");
   a.hidden_dim = c.integer("intermediate_size");
-  a.attention_head_dim = c.integer("head_dim", dialect.default_head_dim > 0 ? dialect.default_head_dim
-                                                                            : a.dim / a.n_heads);
+  // Absent: Qwen3Config's 128; Qwen3MoeConfig has none (hidden_size / num_attention_heads).
+  const int64_t default_head_dim = moe ? dialect.moe_default_head_dim : dialect.default_head_dim;
+  a.attention_head_dim = c.integer("head_dim", default_head_dim > 0 ? default_head_dim : a.dim / a.n_heads);
   TITAN_USER_CHECK(a.n_heads % a.n_kv_heads == 0, "num_key_value_heads ", a.n_kv_heads,
                    " does not divide num_attention_heads ", a.n_heads);
   const nlohmann::json act = c.field("hidden_act", "silu");
@@ -245,7 +247,11 @@ DecoderArgs decoder_args_from_hf_config(const std::string& text, const HFDialect
   if (moe) {
     // Qwen3MoeConfig's defaults for absent fields.
     DecoderMoE m;
-    m.num_experts = c.integer("num_experts", 128);
+    // transformers 5 writes the expert count as num_local_experts (num_experts is its alias).
+    if (c.given("num_experts") && c.given("num_local_experts") &&
+        c.field("num_experts", nullptr) != c.field("num_local_experts", nullptr))
+      c.fail("num_experts", c.field("num_experts", nullptr), "the value of num_local_experts (one expert count)");
+    m.num_experts = c.integer(c.given("num_local_experts") ? "num_local_experts" : "num_experts", 128);
     m.top_k = c.integer("num_experts_per_tok", 8);
     m.hidden_dim = c.integer("moe_intermediate_size", 768);
     const nlohmann::json norm = c.field("norm_topk_prob", false);
@@ -259,6 +265,12 @@ DecoderArgs decoder_args_from_hf_config(const std::string& text, const HFDialect
       if (dense[i] != static_cast<int64_t>(i))
         c.fail("mlp_only_layers", dense, "the first layers in order ([0, 1, ..., k-1]: dense layers come first)");
     m.n_dense_layers = static_cast<int64_t>(dense.size());
+    if (m.n_dense_layers > a.n_layers) c.fail("mlp_only_layers", dense, "layer ids below num_hidden_layers");
+    TITAN_USER_CHECK(m.top_k <= m.num_experts, "num_experts_per_tok ", m.top_k, " exceeds the ", m.num_experts,
+                     " experts");
+    const nlohmann::json aux = c.field("output_router_logits", false);
+    if (aux != false)
+      c.fail("output_router_logits", aux, "false (titan balances experts with a routing bias, not an auxiliary loss)");
     a.moe = m;
   }
   a.qk_norm = dialect.qk_norm;

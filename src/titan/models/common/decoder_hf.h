@@ -24,6 +24,8 @@ struct HFDialect {
   // The architecture's mixture-of-experts variant ("Qwen3MoeForCausalLM", "qwen3_moe"); empty: none.
   std::string moe_architecture;
   std::string moe_model_type;
+  int64_t moe_default_head_dim = 0;  // as default_head_dim, for the MoE variant's config class
+  int64_t moe_default_kv_heads = 0;  // as default_kv_heads, for the MoE variant's config class
 };
 
 HFAdapter decoder_hf_adapter(const DecoderArgs& args, const HFDialect& dialect);

@@ -60,7 +60,7 @@ const FlavorTable& flavors() {
 DecoderArgs flavor(const std::string& name) { return table_flavor("qwen3", flavors(), name); }
 
 ModelSpec spec() {
-  return decoder_model_spec({"qwen3", &flavors(), HFDialect{"Qwen3ForCausalLM", "qwen3", true, 128, 32, "Qwen3MoeForCausalLM", "qwen3_moe"}});
+  return decoder_model_spec({"qwen3", &flavors(), HFDialect{"Qwen3ForCausalLM", "qwen3", true, 128, 32, "Qwen3MoeForCausalLM", "qwen3_moe", 0, 4}});
 }
 
 }  // namespace titan::qwen3
