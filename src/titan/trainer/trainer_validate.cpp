@@ -40,7 +40,9 @@ metrics::ValidationStats Trainer::validate() {
   const auto& v = cfg_.validation;
   const auto start = std::chrono::steady_clock::now();
   at::NoGradGuard no_grad;
-  // Evaluation routes tokens without counting them for the routing biases' update.
+  // Evaluation routes tokens without counting them for the routing biases' update. (Grad mode cannot
+  // tell the layer: under full activation checkpointing the training forward of a block runs without
+  // gradients too, and is the one that counts.)
   struct CountingOff {
     std::vector<std::pair<std::string, nn::MoEImpl*>>& layers;
     explicit CountingOff(std::vector<std::pair<std::string, nn::MoEImpl*>>& l) : layers(l) {
