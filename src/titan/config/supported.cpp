@@ -20,11 +20,6 @@ struct Gate {
 
 // clang-format off
 const Gate kGates[] = {
-  {"parallelism.expert_parallel_degree", "expert parallelism", "--parallelism.expert_parallel_degree 1",
-   [](const JobConfig& c, int64_t) { return c.parallelism.expert_parallel_degree > 1; }},
-  {"parallelism.expert_tensor_parallel_degree", "expert tensor parallelism",
-   "--parallelism.expert_tensor_parallel_degree 1",
-   [](const JobConfig& c, int64_t) { return c.parallelism.expert_tensor_parallel_degree > 1; }},
   {"optimizer.early_step_in_backward", "optimizer steps inside backward", "--optimizer.early_step_in_backward false",
    [](const JobConfig& c, int64_t) { return c.optimizer.early_step_in_backward; }},
   {"model.converters", "model converters (float8, MX)", "--model.converters= (an empty list)",

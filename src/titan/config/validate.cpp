@@ -76,6 +76,11 @@ void validate_config(const JobConfig& cfg) {
   positive(p.context_parallel_degree, "parallelism.context_parallel_degree");
   positive(p.expert_parallel_degree, "parallelism.expert_parallel_degree");
   positive(p.expert_tensor_parallel_degree, "parallelism.expert_tensor_parallel_degree");
+  TITAN_USER_CHECK(p.expert_tensor_parallel_degree == 1, "parallelism.expert_tensor_parallel_degree ",
+                   p.expert_tensor_parallel_degree, " is not supported: experts are not split by tensor parallelism "
+                   "(torchtitan removed it too: the experts of fine-grained MoE models are small, and splitting them "
+                   "makes their matrix multiplications too small to run fast). Set it to 1 and spread the experts "
+                   "with parallelism.expert_parallel_degree");
   positive(p.pipeline_parallel_microbatch_size, "parallelism.pipeline_parallel_microbatch_size");
   if (p.pipeline_parallel_layers_per_stage)
     positive(*p.pipeline_parallel_layers_per_stage, "parallelism.pipeline_parallel_layers_per_stage");

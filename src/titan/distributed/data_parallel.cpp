@@ -10,13 +10,17 @@
 namespace titan::dist {
 
 DataParallel::DataParallel(Group& shard, Group& replicate, DataParallelOptions options, InitRegion init,
-                           at::Device comm_device)
+                           at::Device comm_device, Group* expert_shard)
     : shard_(shard), replicate_(replicate), comm_device_(comm_device), options_(std::move(options)),
       init_(std::move(init)) {
   if (shard.size() > 1 || options_.shard_always)
     fsdp_ = std::make_unique<FSDP>(shard, &replicate, options_.fsdp);
   else
     use_ddp_ = replicate.size() > 1;
+  if (expert_shard) {
+    TITAN_ASSERT(fsdp_, "expert parallelism borrows FSDP ranks: it needs FSDP");
+    experts_fsdp_ = std::make_unique<FSDP>(*expert_shard, &replicate, options_.fsdp);
+  }
 }
 
 DataParallel::~DataParallel() = default;
@@ -40,21 +44,31 @@ Placement DataParallel::base(const std::string& name, const at::Tensor& local) c
   return it != placements_.end() ? it->second : whole(local);
 }
 
+InitRows DataParallel::init_rows() const {
+  // FSDP initializes rows of the local tensor (a TP or EP shard, or the whole parameter): a block of
+  // the global parameter starting where the local tensor does, offset by the first row.
+  return [this](const std::string& name, at::Tensor rows, int64_t first_row) {
+    auto it = placements_.find(name);
+    std::vector<int64_t> begin =
+        it != placements_.end() ? it->second.global_begin() : std::vector<int64_t>(rows.dim(), 0);
+    begin[0] += first_row;
+    init_(name, std::move(rows), begin);
+  };
+}
+
 void DataParallel::add_unit(const std::vector<UnitPart>& parts, bool keep_after_forward) {
   TITAN_ASSERT(!finished_, "add_unit after finish");
   if (!fsdp_) return;
-  // FSDP initializes rows of the local tensor (a TP shard, or the whole parameter): a block of the
-  // global parameter starting where the local tensor does, offset by the first row.
-  fsdp_->fully_shard(
-      parts,
-      [this](const std::string& name, at::Tensor rows, int64_t first_row) {
-        auto it = placements_.find(name);
-        std::vector<int64_t> begin =
-            it != placements_.end() ? it->second.global_begin() : std::vector<int64_t>(rows.dim(), 0);
-        begin[0] += first_row;
-        init_(name, std::move(rows), begin);
-      },
-      keep_after_forward);
+  fsdp_->fully_shard(parts, init_rows(), keep_after_forward);
+}
+
+void DataParallel::add_expert_unit(const std::vector<UnitPart>& parts) {
+  TITAN_ASSERT(!finished_ && experts_fsdp_, "add_expert_unit without expert parallelism, or after finish");
+  std::vector<at::Tensor> params;
+  for (const auto& part : parts)
+    for (const auto& p : part.module->named_parameters()) params.push_back(p.value());
+  experts_fsdp_->fully_shard(parts, init_rows());
+  fsdp_->skip(params);  // the dense units leave them alone
 }
 
 void DataParallel::finish(torch::nn::Module& model) {
@@ -63,7 +77,12 @@ void DataParallel::finish(torch::nn::Module& model) {
   params_.clear();
   if (fsdp_) {
     std::set<std::string> owned;
-    for (auto& p : fsdp_->placed_parameters()) {
+    std::vector<PlacedTensor> placed = fsdp_->placed_parameters();
+    if (experts_fsdp_) {
+      experts_fsdp_->link();
+      for (auto& p : experts_fsdp_->placed_parameters()) placed.push_back(std::move(p));
+    }
+    for (auto& p : placed) {
       owned.insert(p.name);
       auto it = placements_.find(p.name);  // FSDP's placement is of the local tensor: a TP shard, or the whole
       params_.push_back({p.name, p.local, it != placements_.end() ? compose(it->second, p.placement) : p.placement});
@@ -107,17 +126,20 @@ void DataParallel::before_backward(bool sync) {
 
 void DataParallel::set_gradient_sync(bool sync) {
   if (fsdp_) fsdp_->set_requires_gradient_sync(sync);
+  if (experts_fsdp_) experts_fsdp_->set_requires_gradient_sync(sync);
   if (ddp_) ddp_->set_sync(sync);
 }
 
 void DataParallel::reduce_gradients() {
   if (fsdp_) fsdp_->reduce_now();
+  if (experts_fsdp_) experts_fsdp_->reduce_now();
   if (ddp_) ddp_->all_reduce_now();
   reduce_partial_sums();
 }
 
 void DataParallel::after_backward(bool sync) {
   if (fsdp_) fsdp_->finish_backward();
+  if (experts_fsdp_) experts_fsdp_->finish_backward();
   if (ddp_ && sync) ddp_->finish_backward();
   if (sync) reduce_partial_sums();
 }

@@ -5,6 +5,8 @@
 //                 add_unit(parts)          a group of modules gathered and reduced together (FSDP
 //                                          shards it; DDP and none ignore units), inner units
 //                                          first, the root (prefix "") last
+//                 add_expert_unit(parts)   expert parallelism: a MoE layer's routed experts, sharded
+//                                          apart over the expert shard group (before its block's unit)
 //                 add_grad_sum(name, g)    the parameter's gradient is a partial sum over group g
 //                                          (sequence parallel's replicated norms)
 //                 finish(model)            every parameter gets its values and placement
@@ -18,6 +20,11 @@
 // there are only replicas; none otherwise. Parameters built without storage (DeferAllocation) get their values from
 // `init` (a block of the global parameter at a start index per dimension): FSDP computes only each
 // rank's rows, the others each rank's whole local tensor.
+//
+// Expert parallelism: the experts (each rank's E/ep of them) are FSDP units of a second FSDP over the
+// expert shard group ("efsdp", dp_shard x cp / ep ranks holding the same experts; possibly one rank)
+// with the same replicas, as torchtitan shards experts over its efsdp mesh. Dense parameters stay on
+// the dp_shard_cp FSDP.
 #pragma once
 
 #include "titan/distributed/ddp.h"
@@ -47,7 +54,9 @@ class DataParallel {
  public:
   // shard, replicate: the dp_shard_cp and dp_replicate groups. comm_device: where collective inputs
   // must live (Mesh::device()).
-  DataParallel(Group& shard, Group& replicate, DataParallelOptions options, InitRegion init, at::Device comm_device);
+  // expert_shard: the efsdp group under expert parallelism, else null.
+  DataParallel(Group& shard, Group& replicate, DataParallelOptions options, InitRegion init, at::Device comm_device,
+               Group* expert_shard = nullptr);
   ~DataParallel();
   // "FSDP", "HSDP", "DDP" or "none".
   std::string kind() const;
@@ -55,6 +64,7 @@ class DataParallel {
   void set_placement(const std::string& name, Placement placement);
   void add_grad_sum(const std::string& name, Group& group);
   void add_unit(const std::vector<UnitPart>& parts, bool keep_after_forward = false);
+  void add_expert_unit(const std::vector<UnitPart>& parts);
   void finish(torch::nn::Module& model);
 
   void before_backward(bool sync);
@@ -68,17 +78,20 @@ class DataParallel {
   std::vector<std::pair<std::string, at::Tensor>> named_parameters() const;
 
   FSDP* fsdp() const { return fsdp_.get(); }
+  FSDP* experts_fsdp() const { return experts_fsdp_.get(); }
   DDP* ddp() const { return ddp_.get(); }
 
  private:
   Placement base(const std::string& name, const at::Tensor& local) const;
   void reduce_partial_sums();  // the partial gradients (add_grad_sum) summed over their groups
+  InitRows init_rows() const;  // FSDP's rows of the local tensors, from init_
   Group& shard_;
   Group& replicate_;
   at::Device comm_device_;
   DataParallelOptions options_;
   InitRegion init_;
   std::unique_ptr<FSDP> fsdp_;
+  std::unique_ptr<FSDP> experts_fsdp_;  // expert parallelism's
   std::unique_ptr<DDP> ddp_;
   bool use_ddp_ = false;
   std::map<std::string, Placement> placements_;      // set by other parallelisms

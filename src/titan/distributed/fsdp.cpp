@@ -3,6 +3,7 @@
 #include "titan/common/error.h"
 #include "titan/common/tensor_storage.h"
 #include "titan/common/trace.h"
+#include "titan/nn/activation_checkpoint.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/StorageImpl.h>
@@ -145,13 +146,16 @@ struct FSDP::Unit {
     state = State::Sharded;
   }
 
+  // A unit inside an activation-checkpointed body (a MoE layer's experts under expert parallelism)
+  // also runs its forward when the body is recomputed in backward: it gathers then without
+  // prefetching the next forward's unit, and stays gathered for the backward that follows.
   void pre_forward() {
     finish_unshard();
-    if (next_forward) next_forward->start_unshard();
+    if (next_forward && !nn::recomputing()) next_forward->start_unshard();
   }
 
   at::Tensor post_forward(const at::Tensor& out) {
-    if (reshard_after_forward) reshard();
+    if (reshard_after_forward && !nn::recomputing()) reshard();
     if (out.requires_grad()) {
       Unit* self = this;
       out.register_hook([self](at::Tensor grad) {
@@ -331,7 +335,7 @@ void FSDP::release(at::Tensor& buffer) {
 
 void FSDP::fully_shard(const std::vector<UnitPart>& parts, const InitRows& init, bool keep_after_forward) {
   TITAN_ASSERT(!parts.empty(), "fully_shard of no modules");
-  std::set<const void*> owned;
+  std::set<const void*> owned = skipped_;
   for (const auto& u : units_)
     for (const auto& p : u->params) owned.insert(p.full.unsafeGetTensorImpl());
   auto unit = std::make_unique<Unit>();
@@ -405,7 +409,16 @@ void FSDP::fully_shard(const std::vector<UnitPart>& parts, const InitRows& init,
   if (is_root) link_units(u);
 }
 
+void FSDP::skip(const std::vector<at::Tensor>& params) {
+  for (const auto& p : params) skipped_.insert(p.unsafeGetTensorImpl());
+}
+
+void FSDP::link() {
+  if (!units_.empty()) link_units(nullptr);
+}
+
 void FSDP::link_units(Unit* root) {
+  rooted_ = root != nullptr;
   // Execution order: the root's forward starts first, then the inner units in the order they were
   // sharded; backward runs them in reverse and the root (the embedding) last.
   const size_t inner = units_.size() - (root ? 1 : 0);
@@ -439,9 +452,10 @@ void FSDP::finish_backward() {
   // get a gradient) reduce now, in backward order (inner units last to first, then the root): every
   // rank issues every unit's reduce-scatter once per backward, in the same order. Then every
   // reduction is completed.
-  for (size_t i = units_.size() - 1; i-- > 0;)
+  const size_t inner = units_.size() - (rooted_ ? 1 : 0);
+  for (size_t i = inner; i-- > 0;)
     if (!units_[i]->reduced) units_[i]->reduce_grads();
-  if (!units_.empty() && !units_.back()->reduced) units_.back()->reduce_grads();
+  if (rooted_ && !units_.back()->reduced) units_.back()->reduce_grads();
   for (auto& u : units_) u->reduced = false;
   for (auto& u : units_) u->complete_reduce_scatter();
   for (auto& u : units_) u->complete_all_reduce();

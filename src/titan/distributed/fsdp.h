@@ -42,6 +42,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -90,6 +91,13 @@ class FSDP {
   void fully_shard(nn::HookedModule& module, const std::string& prefix, const InitRows& init = {}) {
     fully_shard({{prefix, &module}}, init);
   }
+
+  // Parameters the units of this FSDP leave alone (another FSDP shards them: expert parallelism's
+  // experts), before the units that hold them are made.
+  void skip(const std::vector<at::Tensor>& params);
+  // Links the units in execution order, for an FSDP whose units are all inner ones (no root unit:
+  // the experts' FSDP), after the last fully_shard.
+  void link();
 
   // (global name, shard) of every parameter, for the optimizer.
   std::vector<std::pair<std::string, at::Tensor>> sharded_parameters() const;
@@ -142,6 +150,8 @@ class FSDP {
   bool host_copies_pending_ = false;
   std::vector<std::pair<at::Tensor, at::Tensor>> host_adds_;
   bool sync_gradients_ = true;
+  bool rooted_ = false;  // the last unit is the root (the model), whose backward comes last
+  std::set<const void*> skipped_;
   int64_t peak_reduction_bytes_ = 0;
 };
 

@@ -268,6 +268,29 @@ Work Group::shift(at::Tensor& out, const at::Tensor& in, int offset) {
   return issue(backend_->alltoall_base(dst, src, out_splits, in_splits, opts), "all_to_all");
 }
 
+Work Group::all_to_all(at::Tensor& out, const at::Tensor& in, const std::vector<int64_t>& out_splits,
+                       const std::vector<int64_t>& in_splits) {
+  const int n = size();
+  TITAN_ASSERT(out.is_contiguous() && in.is_contiguous() && out.dtype() == in.dtype() &&
+                   static_cast<int>(in_splits.size()) == n && static_cast<int>(out_splits.size()) == n,
+               "all_to_all: contiguous tensors of one dtype and one split per member");
+  TraceRange range(mem::Phase::Communication, "c10d::all_to_all [", name_, "]");
+  if (n == 1) {
+    out.copy_(in);
+    return Work();
+  }
+  const int64_t row_bytes = in.dim() == 0 ? 0 : static_cast<int64_t>(in.numel() / std::max<int64_t>(in.size(0), 1) * in.element_size());
+  int64_t sent_rows = 0;
+  for (int m = 0; m < n; ++m)
+    if (m != rank_) sent_rows += in_splits[static_cast<size_t>(m)];
+  (*bytes_)[name_]["all_to_all"] += sent_rows * row_bytes;
+  (*calls_)[name_]["all_to_all"] += 1;
+  std::vector<int64_t> os = out_splits, is = in_splits;
+  at::Tensor dst = out, src = in;
+  c10d::AllToAllOptions opts;
+  return issue(backend_->alltoall_base(dst, src, os, is, opts), "all_to_all");
+}
+
 void Group::fail_p2p(const char* op, int peer, const std::string& backend_error) {
   throw CollectiveError(std::string(op) + (std::string(op) == "send" ? " to" : " from") + " rank " +
                         std::to_string(ranks_[peer]) + " on mesh dimension '" + name_ + "' failed on rank " +
@@ -320,7 +343,7 @@ Mesh::Mesh(const ParallelDims& dims, int rank, const c10::intrusive_ptr<c10d::St
            std::chrono::milliseconds timeout, const std::string& gloo_host)
     : dims_(dims), rank_(rank), backend_(backend), store_(store), gloo_host_(gloo_host) {
   const std::vector<std::string> names = {"pp", "dp_replicate", "dp_shard", "cp", "tp", "dp", "dp_shard_cp",
-                                          "dp_cp", "world"};
+                                          "dp_cp", "world", "ep", "efsdp"};
   // Dimensions with the same members (e.g. dp_shard, dp and world under plain FSDP) share one
   // backend; each keeps its own name for the byte counts.
   std::map<std::vector<int>, c10::intrusive_ptr<c10d::Backend>> by_members;

@@ -89,6 +89,12 @@ class Group {
   // separate sends and receives match by order). Counted as "all_to_all" bytes (the message).
   Work shift(at::Tensor& out, const at::Tensor& in, int offset);
   Work recv(at::Tensor& t, int peer, int tag);
+  // Every member sends rows [sum(in_splits[:m]), +in_splits[m]) of `in` (dim 0) to member m and
+  // receives out_splits[m] rows from it into `out` (contiguous, rows in member order). The splits
+  // are row counts that every pair agrees on. Counted as "all_to_all" bytes: the rows sent to the
+  // other members (what crosses between ranks; a member's rows to itself are copied).
+  Work all_to_all(at::Tensor& out, const at::Tensor& in, const std::vector<int64_t>& out_splits,
+                  const std::vector<int64_t>& in_splits);
   // Whether point-to-point messages match by order (NCCL, or Gloo under TITAN_P2P_ORDER_MATCHED=1).
   bool order_matched() const { return order_matched_; }
   bool nccl() const { return nccl_; }
@@ -131,7 +137,7 @@ class Mesh {
 
   const ParallelDims& dims() const { return dims_; }
   int rank() const { return rank_; }
-  // "pp", "dp_replicate", "dp_shard", "cp", "tp", "dp", "dp_shard_cp", "dp_cp", "world".
+  // "pp", "dp_replicate", "dp_shard", "cp", "tp", "dp", "dp_shard_cp", "dp_cp", "world", "ep", "efsdp".
   Group& operator[](const std::string& name);
 
   const CommBytes& bytes() const { return bytes_; }

@@ -10,8 +10,8 @@ const std::array<std::string, 5>& ParallelDims::dim_names() {
 }
 
 ParallelDims::ParallelDims(int64_t dp_replicate, int64_t dp_shard, int64_t cp, int64_t tp, int64_t pp,
-                           int64_t world_size)
-    : world_size_(world_size) {
+                           int64_t world_size, int64_t ep)
+    : world_size_(world_size), ep_(ep) {
   TITAN_USER_CHECK(world_size >= 1, "the world size must be at least 1, got ", world_size);
   TITAN_USER_CHECK(dp_replicate >= 1, "parallelism.data_parallel_replicate_degree must be >= 1, got ", dp_replicate);
   TITAN_USER_CHECK(cp >= 1, "parallelism.context_parallel_degree must be >= 1, got ", cp);
@@ -31,6 +31,11 @@ ParallelDims::ParallelDims(int64_t dp_replicate, int64_t dp_shard, int64_t cp, i
                    " (", describe(), ") but there are ", world_size,
                    " processes: make their product equal the world size, or set "
                    "parallelism.data_parallel_shard_degree = -1 to use the rest");
+  TITAN_USER_CHECK(ep >= 1, "parallelism.expert_parallel_degree must be >= 1, got ", ep);
+  TITAN_USER_CHECK((dp_shard * cp) % ep == 0, "parallelism.expert_parallel_degree ", ep,
+                   " does not divide data_parallel_shard_degree x context_parallel_degree = ", dp_shard, " x ", cp,
+                   " = ", dp_shard * cp, ": expert parallelism borrows its ranks from the FSDP ranks (dp_shard x cp); "
+                   "choose a degree that divides ", dp_shard * cp);
 }
 
 std::vector<int> ParallelDims::members(const std::string& name) const {
@@ -45,6 +50,8 @@ std::vector<int> ParallelDims::members(const std::string& name) const {
 }
 
 int64_t ParallelDims::degree(const std::string& name) const {
+  if (name == "ep") return ep_;
+  if (name == "efsdp") return degree("dp_shard_cp") / ep_;
   int64_t n = 1;
   for (int d : members(name)) n *= degrees_[d];
   return n;
@@ -52,6 +59,15 @@ int64_t ParallelDims::degree(const std::string& name) const {
 
 std::vector<int> ParallelDims::group_ranks(const std::string& name, int rank) const {
   TITAN_ASSERT(rank >= 0 && rank < world_size_, "rank ", rank, " outside the world");
+  if (name == "ep" || name == "efsdp") {
+    // dp_shard_cp's members j = f * ep + e: ep groups share f, efsdp groups share e.
+    const std::vector<int> shard_cp = group_ranks("dp_shard_cp", rank);
+    const int64_t j = rank_in("dp_shard_cp", rank);
+    std::vector<int> out;
+    for (int64_t i = 0; i < static_cast<int64_t>(shard_cp.size()); ++i)
+      if (name == "ep" ? i / ep_ == j / ep_ : i % ep_ == j % ep_) out.push_back(shard_cp[static_cast<size_t>(i)]);
+    return out;
+  }
   // Coordinates of `rank`, then enumerate the spanned dimensions (row-major among them).
   std::array<int64_t, 5> coord;
   int64_t r = rank;
@@ -86,7 +102,8 @@ int ParallelDims::rank_in(const std::string& name, int rank) const {
 
 std::string ParallelDims::describe() const {
   return "dp_replicate " + std::to_string(dp_replicate()) + ", dp_shard " + std::to_string(dp_shard()) + ", cp " +
-         std::to_string(cp()) + ", tp " + std::to_string(tp()) + ", pp " + std::to_string(pp());
+         std::to_string(cp()) + ", tp " + std::to_string(tp()) + ", pp " + std::to_string(pp()) +
+         (ep_ > 1 ? ", ep " + std::to_string(ep_) : "");
 }
 
 }  // namespace titan::dist

@@ -2,6 +2,7 @@
 
 #include "titan/common/error.h"
 #include "titan/common/grad_norm.h"
+#include "titan/common/tensor_storage.h"
 #include "titan/distributed/mesh.h"
 
 #include <ATen/ATen.h>
@@ -67,6 +68,25 @@ Shard chunk(const std::string& mesh_dim, int64_t tensor_dim, int64_t size, int r
   s.offset = std::min(size, rank * s.local_size);
   s.length = std::min(size, (rank + 1) * s.local_size) - s.offset;
   return s;
+}
+
+Placement shard_in_place(at::Tensor& param, int64_t dim, const std::string& mesh_dim, int rank, int n) {
+  Placement p;
+  p.global_shape = param.sizes().vec();
+  const Shard s = chunk(mesh_dim, dim, param.size(dim), rank, n);
+  TITAN_ASSERT(s.length == s.local_size, mesh_dim, ": dim ", dim, " of ", param.sizes(), " does not divide by ", n);
+  p.shards.push_back(s);
+  at::NoGradGuard no_grad;
+  if (has_storage(param)) {
+    param.set_data(param.narrow(dim, s.offset, s.length).clone(at::MemoryFormat::Contiguous));
+  } else {  // built without memory: the shard's shape only, filled when materialized
+    std::vector<int64_t> shape = p.global_shape;
+    shape[dim] = s.length;
+    at::Tensor holder = at::empty({0}, param.options());
+    holder.unsafeGetTensorImpl()->set_sizes_contiguous(shape);
+    param.set_data(holder);
+  }
+  return p;
 }
 
 namespace {

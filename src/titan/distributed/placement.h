@@ -63,6 +63,11 @@ Placement compose(const Placement& outer, const Placement& inner);
 // The chunk of `size` entries that rank `rank` of `n` holds (torch.chunk's rule, padded).
 Shard chunk(const std::string& mesh_dim, int64_t tensor_dim, int64_t size, int rank, int n);
 
+// Replaces `param` by its chunk `rank` of `n` along `dim` (whose size n must divide) and returns the
+// chunk's placement: a Shard over `mesh_dim` (tensor and expert parallelism). A parameter built
+// without memory gets the chunk's shape only.
+Placement shard_in_place(at::Tensor& param, int64_t dim, const std::string& mesh_dim, int rank, int n);
+
 // The L2 norm of the gradients of `params` as one global tensor set, with the local sums of squares
 // added over every mesh dimension a gradient is sharded on. Collective over those groups.
 double global_grad_norm(const std::vector<PlacedTensor>& params, Mesh& mesh);

@@ -1,7 +1,6 @@
 #include "titan/distributed/tensor_parallel.h"
 
 #include "titan/common/error.h"
-#include "titan/common/tensor_storage.h"
 
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
@@ -364,23 +363,7 @@ TensorParallel::TensorParallel(Group& group, TensorParallelOptions options) : gr
 }
 
 Placement TensorParallel::shard(at::Tensor& param, int64_t dim) const {
-  Placement p;
-  p.global_shape = param.sizes().vec();
-  const Shard s = chunk(group_.name(), dim, param.size(dim), group_.rank(), group_.size());
-  TITAN_ASSERT(s.length == s.local_size, "tensor parallel: dim ", dim, " of ", param.sizes(), " does not divide by ",
-               group_.size());
-  p.shards.push_back(s);
-  at::NoGradGuard no_grad;
-  if (has_storage(param)) {
-    param.set_data(param.narrow(dim, s.offset, s.length).clone(at::MemoryFormat::Contiguous));
-  } else {  // built without memory: the shard's shape only, filled when materialized
-    std::vector<int64_t> shape = p.global_shape;
-    shape[dim] = s.length;
-    at::Tensor holder = at::empty({0}, param.options());
-    holder.unsafeGetTensorImpl()->set_sizes_contiguous(shape);
-    param.set_data(holder);
-  }
-  return p;
+  return shard_in_place(param, dim, group_.name(), group_.rank(), group_.size());
 }
 
 std::vector<std::pair<std::string, Placement>> TensorParallel::column_wise(nn::LinearImpl& linear) {

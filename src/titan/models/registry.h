@@ -22,6 +22,7 @@ namespace dist {
 class DataParallel;
 class TensorParallel;
 class ContextParallel;
+class ExpertParallel;
 }
 
 // What the trainer hands a model's parallelize function: the parallelisms to apply.
@@ -34,6 +35,9 @@ struct ParallelizeContext {
   // Context parallelism over the cp mesh dimension (the model's input holds the rank's part of every
   // sequence; attention becomes ring attention); null when the degree is 1.
   dist::ContextParallel* context_parallel = nullptr;
+  // Expert parallelism over the ep mesh dimension (MoE layers' experts split, tokens exchanged by
+  // all-to-all); null when the degree is 1. Needs data_parallel built with the efsdp group.
+  dist::ExpertParallel* expert_parallel = nullptr;
   // Activation checkpointing of the repeated blocks: "none", "full" (every block), "selective"
   // (every ac_every-th block, counting from 1, as torchtitan's selective_ac_option k does), "op"
   // (every block, keeping attention's output and log-sum-exp and every other matmul's output:

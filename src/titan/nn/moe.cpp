@@ -136,7 +136,13 @@ at::Tensor MoEImpl::forward(const at::Tensor& x_BSD) {
     const at::Tensor perm_N = std::get<1>(r.ids_TK.reshape({-1}).sort(/*stable=*/true, 0, /*descending=*/false));
     const at::Tensor token_N = perm_N.div(K, "floor");  // (div has a meta kernel, floor_divide none)
     const at::Tensor routed_ND = x_TD.index_select(0, token_N);
-    const at::Tensor out_ND = experts(routed_ND, r.counts_E);
+    at::Tensor out_ND;
+    if (exchange) {
+      const ExpertExchange ex = exchange(routed_ND, r.counts_E);
+      out_ND = ex.back(experts(ex.x_ND, ex.counts_E));
+    } else {
+      out_ND = experts(routed_ND, r.counts_E);
+    }
     const at::Tensor weights_N = r.weights_TK.reshape({-1}).index_select(0, perm_N);
     const at::Tensor weighted_ND = (out_ND.to(at::kFloat) * weights_N.unsqueeze(1)).to(out_ND.scalar_type());
     at::Tensor y_TD = at::zeros({x_TD.size(0), D}, weighted_ND.options())

@@ -21,6 +21,7 @@
 #include <torch/nn/module.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace titan::nn {
@@ -81,6 +82,17 @@ class RouterImpl : public HookedModule {
 };
 TORCH_MODULE(Router);
 
+// Where the routed copies are computed. Without expert parallelism, here, by every expert; with it,
+// each copy travels to the rank that holds its expert and its output comes back (docs/moe.md).
+struct ExpertExchange {
+  at::Tensor x_ND;      // the rows this rank's experts compute, sorted by local expert
+  at::Tensor counts_E;  // rows per local expert
+  // The experts' outputs for x_ND back to the routed copies of this rank, in their order.
+  std::function<at::Tensor(const at::Tensor& out_ND)> back;
+};
+// routed_ND: this rank's routed copies sorted by expert, counts_E (all E experts) rows each.
+using ExchangeFn = std::function<ExpertExchange(const at::Tensor& routed_ND, const at::Tensor& counts_E)>;
+
 class MoEImpl : public HookedModule {
  public:
   MoEImpl(MoEOptions options, const at::TensorOptions& opts);
@@ -95,6 +107,7 @@ class MoEImpl : public HookedModule {
   at::Tensor expert_bias;              // (E) fp32 buffer, undefined without balancing
   at::Tensor tokens_per_expert;        // (E) fp32 buffer: routed copies since the last bias update
   bool count_tokens = true;            // off while evaluating
+  ExchangeFn exchange;                 // expert parallelism's, or none (every expert is here)
 
  private:
   MoEOptions options_;

@@ -139,6 +139,12 @@ Estimate estimate(const JobConfig& cfg, const EstimateOptions& options) {
   const dist::ParallelDims dims(p.data_parallel_replicate_degree, p.data_parallel_shard_degree,
                                 p.context_parallel_degree, p.tensor_parallel_degree, p.pipeline_parallel_degree, world);
   check_supported(cfg, world);  // what titan train refuses, the estimate refuses with the same words
+  // Where an expert-parallel rank's tokens go depends on the router's values, which a shape-only
+  // run does not have.
+  TITAN_USER_CHECK(p.expert_parallel_degree == 1, "titan estimate does not model "
+                   "parallelism.expert_parallel_degree ", p.expert_parallel_degree, ": the tokens each rank receives "
+                   "depend on the router's values, which the meta-device dry run does not compute. Estimate with "
+                   "--parallelism.expert_parallel_degree 1 (the same ranks as FSDP; experts then are not split)");
 
   // Precision and data parallelism, decided as Trainer::Trainer decides them.
   const bool cuda = options.device == "cuda";

@@ -73,7 +73,7 @@ void Trainer::set_up_distributed() {
   const auto& p = cfg_.parallelism;
   dims_ = std::make_unique<dist::ParallelDims>(p.data_parallel_replicate_degree, p.data_parallel_shard_degree,
                                                p.context_parallel_degree, p.tensor_parallel_degree,
-                                               p.pipeline_parallel_degree, env_.world_size);
+                                               p.pipeline_parallel_degree, env_.world_size, p.expert_parallel_degree);
   check_supported(cfg_, env_.world_size);
   if (torch::cuda::is_available()) {
     const int index = dist::local_device_index(env_, static_cast<int>(torch::cuda::device_count()));
@@ -169,7 +169,7 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
         [this, seed](const std::string& name, at::Tensor out, const std::vector<int64_t>& begin) {
           model_->init_region(seed, name, std::move(out), begin);
         },
-        mesh_->device());
+        mesh_->device(), dims_->ep() > 1 ? &(*mesh_)["efsdp"] : nullptr);
   };
   if (dims_->tp() > 1) {
     const dist::TensorParallelOptions tpo = dist::tensor_parallel_options(par);
@@ -182,10 +182,12 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
                                           dims_->tp() > 1 && par.enable_sequence_parallel);
     context_parallel_ = std::make_unique<dist::ContextParallel>((*mesh_)["cp"], cpo);
   }
+  if (dims_->ep() > 1) expert_parallel_ = std::make_unique<dist::ExpertParallel>((*mesh_)["ep"]);
   TITAN_ASSERT(spec.parallelize, "model ", spec.name, " has no parallelize function");
   ParallelizeContext pctx;
   pctx.tensor_parallel = tensor_parallel_.get();
   pctx.context_parallel = context_parallel_.get();
+  pctx.expert_parallel = expert_parallel_.get();
   set_activation_checkpointing(pctx, cfg_.activation_checkpoint);
   if (dims_->pp() > 1) {
     // The whole model above holds only shapes (for initialization and the figures); the stages hold
@@ -262,6 +264,10 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
                                     (context_parallel_->options().load_balance ? "headtail load balancing" : "contiguous chunks") +
                                     ", K/V by " + context_parallel_->options().rotate + ")"
                               : "") +
+           (expert_parallel_ ? " (EP: routed experts split over " + std::to_string(dims_->ep()) +
+                                   " ranks, tokens exchanged by all-to-all; experts sharded by FSDP over " +
+                                   std::to_string(dims_->degree("efsdp")) + ")"
+                             : "") +
            (tr.enable_cpu_offload ? "; parameters, gradients and optimizer state offloaded to CPU memory" : ""));
   if (cfg_.job.print_config && env_.rank == 0) {
     std::cout << to_toml(cfg_);

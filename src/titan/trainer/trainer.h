@@ -13,6 +13,7 @@
 #include "titan/config/job_config.h"
 #include "titan/distributed/context_parallel.h"
 #include "titan/distributed/data_parallel.h"
+#include "titan/distributed/expert_parallel.h"
 #include "titan/distributed/mesh.h"
 #include "titan/distributed/pipeline.h"
 #include "titan/distributed/placement.h"
@@ -155,6 +156,7 @@ class Trainer {
   std::vector<std::unique_ptr<dist::DataParallel>> data_parallel_;
   std::unique_ptr<dist::TensorParallel> tensor_parallel_;  // null when tp is 1
   std::unique_ptr<dist::ContextParallel> context_parallel_;  // null when cp is 1
+  std::unique_ptr<dist::ExpertParallel> expert_parallel_;    // null when ep is 1
   ParallelizedModel parallelized_;
   c10::Device device_{c10::kCPU};
   bool bf16_autocast_ = false;

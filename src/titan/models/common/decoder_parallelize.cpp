@@ -3,6 +3,7 @@
 #include "titan/common/error.h"
 #include "titan/distributed/context_parallel.h"
 #include "titan/distributed/data_parallel.h"
+#include "titan/distributed/expert_parallel.h"
 #include "titan/distributed/tensor_parallel.h"
 #include "titan/nn/activation_checkpoint.h"
 #include "titan/nn/loss.h"
@@ -76,6 +77,20 @@ void apply_tensor_parallel(DecoderImpl& model, dist::TensorParallel& tp, dist::D
   if (!tp.options().loss_parallel && model.holds_output()) tp.gather_logits(model);
 }
 
+// Expert parallelism: each MoE layer keeps its ep rank's experts and exchanges the routed tokens.
+void apply_expert_parallel(DecoderImpl& model, dist::ExpertParallel& ep, dist::DataParallel& dp) {
+  TITAN_USER_CHECK(model.args().moe, "parallelism.expert_parallel_degree ", ep.degree(), " needs a "
+                   "mixture-of-experts model (routed experts to spread over ranks); this model has none: set it to 1");
+  model.keep_global_shapes();
+  for (const auto& [pre, block] : model.blocks()) {
+    if (!block->moe) continue;
+    for (const auto& [name, p] : ep.shard(*block->moe->experts)) dp.set_placement(pre + "moe.experts." + name, p);
+    block->moe->exchange = [&ep](const at::Tensor& routed_ND, const at::Tensor& counts_E) {
+      return ep.exchange(routed_ND, counts_E);
+    };
+  }
+}
+
 }  // namespace
 
 ParallelizedModel parallelize_decoder(LanguageModelImpl& model, const ParallelizeContext& ctx) {
@@ -94,6 +109,11 @@ ParallelizedModel parallelize_decoder(LanguageModelImpl& model, const Paralleliz
         return dist::vocab_parallel_cross_entropy_sum(logits, labels, *group, vocab_begin);
       };
     }
+  }
+
+  if (dist::ExpertParallel* ep = ctx.expert_parallel) {
+    TITAN_ASSERT(ctx.data_parallel, "expert parallelism needs the data-parallel layer");
+    apply_expert_parallel(*transformer, *ep, *ctx.data_parallel);
   }
 
   // Context parallelism: RoPE follows the rank's positions, attention runs over every rank's keys.
@@ -131,8 +151,12 @@ ParallelizedModel parallelize_decoder(LanguageModelImpl& model, const Paralleliz
   // output] together, kept too, and apart from the embedding so that its reduce-scatter starts as
   // soon as the output layer's backward is done; the root (the embedding) last.
   const auto blocks = transformer->blocks();
-  for (size_t i = 0; i < blocks.size(); ++i)
+  // Under expert parallelism a MoE layer's experts are a unit of their own, on the expert shard group.
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    if (ctx.expert_parallel && blocks[i].second->moe)
+      dp.add_expert_unit({{blocks[i].first + "moe.experts.", blocks[i].second->moe->experts.get()}});
     dp.add_unit({{blocks[i].first, blocks[i].second}}, /*keep_after_forward=*/i + 1 == blocks.size());
+  }
   std::vector<dist::UnitPart> head;
   if (transformer->norm) head.push_back({"norm.", transformer->norm.get()});
   if (transformer->output) head.push_back({"output.", transformer->output.get()});
