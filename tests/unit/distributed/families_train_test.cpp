@@ -23,6 +23,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <tuple>
 
 namespace titan {
 namespace {
@@ -173,18 +174,21 @@ TEST(ModelFamiliesTrain, AHuggingFaceQwen3OfItsOwnSizeContinuesPretrainingUnderP
   }
 }
 
+// A small Qwen3-MoE (a dense first layer, then two layers of 8 experts, 2 per token) as config.json text.
+nlohmann::json qwen3_moe_config() {
+  return {{"model_type", "qwen3_moe"},  {"hidden_size", 64},      {"intermediate_size", 96},
+          {"num_attention_heads", 4},  {"num_key_value_heads", 2}, {"head_dim", 16},
+          {"num_hidden_layers", 3},    {"vocab_size", 2048},      {"num_experts", 8},
+          {"num_experts_per_tok", 2},  {"moe_intermediate_size", 32}, {"norm_topk_prob", true},
+          {"mlp_only_layers", {0}},    {"rms_norm_eps", 1e-6},    {"rope_theta", 1e6},
+          {"tie_word_embeddings", false}};
+}
+
 TEST(ModelFamiliesTrain, Qwen3MoeUnderEveryLayoutAndItsCheckpointHoldsTheRoutingBiases) {
-  // A small Qwen3-MoE (a dense first layer, then two layers of 8 experts, 2 per token) from its
-  // config.json text: every layout routes the same tokens to the same experts, and every step's
+  // The small Qwen3-MoE from its config.json text: every layout routes the same tokens to the same experts, and every step's
   // routing-bias update counts the tokens of every data-parallel and context-parallel rank (a rank
   // that counted only its own would steer differently from one process).
-  const nlohmann::json config = {{"model_type", "qwen3_moe"},  {"hidden_size", 64},      {"intermediate_size", 96},
-                                 {"num_attention_heads", 4},  {"num_key_value_heads", 2}, {"head_dim", 16},
-                                 {"num_hidden_layers", 3},    {"vocab_size", 2048},      {"num_experts", 8},
-                                 {"num_experts_per_tok", 2},  {"moe_intermediate_size", 32}, {"norm_topk_prob", true},
-                                 {"mlp_only_layers", {0}},    {"rms_norm_eps", 1e-6},    {"rope_theta", 1e6},
-                                 {"tie_word_embeddings", false}};
-  const std::vector<std::string> moe = {"--model.flavor", config.dump()};
+  const std::vector<std::string> moe = {"--model.flavor", qwen3_moe_config().dump()};
   test::TempDir one_dir;
   std::vector<Layout> runs = layouts();
   runs.erase(runs.begin() + 1);  // tensor parallelism of experts is refused (below)
@@ -238,6 +242,73 @@ TEST(ModelFamiliesTrain, Qwen3MoeUnderEveryLayoutAndItsCheckpointHoldsTheRouting
   const test::ProcessResult refused = test::run_process(argv, {{"OMP_NUM_THREADS", "1"}});
   EXPECT_NE(refused.exit_code, 0);
   EXPECT_NE(refused.output.find("tensor_parallel_degree = 1"), std::string::npos) << refused.output;
+}
+
+TEST(ModelFamiliesTrain, Qwen3MoeUnderExpertParallelismAndItsCheckpointReshardsAcrossEpDegrees) {
+  // The MoE model above, its 8 experts split over ep ranks taken from dp_shard x cp: each layout
+  // trains as one process does (the routing biases updated every step), and a checkpoint written
+  // with experts split over 2 ranks and sharded by FSDP over 2 resumes with them split over 4 and
+  // in one process (expert weights are saved by global expert index).
+  const std::vector<std::string> moe = {"--model.flavor", qwen3_moe_config().dump()};
+  test::TempDir ckpt_dir;
+  auto ep = [](int degree) { return std::vector<std::string>{"--parallelism.expert_parallel_degree", std::to_string(degree)}; };
+  auto with = [](std::vector<std::string> a, const std::vector<std::string>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+  const std::vector<Layout> runs = {
+      {"ep2", with({"--training.local_batch_size", "4"}, ep(2))},
+      {"ep4", with({"--training.local_batch_size", "2"}, ep(4)), 4},
+      {"ep2_efsdp2_checkpointing_at_5",
+       with({"--training.local_batch_size", "2", "--checkpoint.enable", "--checkpoint.interval", "5",
+             "--checkpoint.folder", ckpt_dir / "checkpoint"},
+            ep(2)),
+       4},
+      {"ep2_over_cp2", with({"--parallelism.context_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "1"}, ep(2))},
+      {"pp2_ep2", with({"--parallelism.pipeline_parallel_degree", "2", "--training.local_batch_size", "4"}, ep(2)), 4},
+      {"hsdp_ep2_full_ac",
+       with({"--parallelism.data_parallel_replicate_degree", "2", "--training.local_batch_size", "2",
+             "--activation_checkpoint.mode", "full"},
+            ep(2)),
+       4},
+  };
+  const safetensors::Tensors ref = expect_layouts_train_as_one_process("qwen3_debugmodel.toml", moe, runs);
+  ASSERT_FALSE(ref.empty());
+
+  ASSERT_TRUE(std::filesystem::exists(ckpt_dir / "checkpoint/step-5/index.json"));
+  const std::vector<std::string> resume = {"--checkpoint.enable", "--checkpoint.folder", ckpt_dir / "checkpoint"};
+  for (const auto& [name, nproc, args] :
+       std::vector<std::tuple<std::string, int, std::vector<std::string>>>{
+           {"ep4", 4, with({"--training.local_batch_size", "2"}, ep(4))}, {"one process", 1, {}}}) {
+    SCOPED_TRACE("resumed under " + name);
+    std::filesystem::remove_all(ckpt_dir / "checkpoint/step-10");  // each resume starts from step 5
+    test::TempDir dir;
+    const test::LaunchedRun resumed =
+        test::run_titan(nproc, train_args("qwen3_debugmodel.toml", dir.path(), with(with(moe, resume), args)), dir, kOrderMatched);
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+    EXPECT_NE(resumed.output.find("resumed from"), std::string::npos) << resumed.output;
+    ASSERT_EQ(resumed.weights.at("__losses__").numel(), 5);
+    test::expect_same_training(ref, resumed.weights, 0.01 * kLr * kSteps, /*first_step=*/6);
+  }
+
+  // Degrees that cannot work are refused at start-up, saying what to choose.
+  auto refused = [&](const std::vector<std::string>& args, const std::string& says) {
+    SCOPED_TRACE(says);
+    test::TempDir dir;
+    std::vector<std::string> argv = {std::string(TITAN_BINARY_DIR) + "/titan", "launch", "--nproc-per-node", "2",
+                                     "--master-port", "0", "--"};
+    for (const auto& a : train_args("qwen3_debugmodel.toml", dir.path(), args)) argv.push_back(a);
+    const test::ProcessResult r = test::run_process(argv, {{"OMP_NUM_THREADS", "1"}});
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.output.find(says), std::string::npos) << r.output;
+  };
+  nlohmann::json five = qwen3_moe_config();
+  five["num_experts"] = 5;
+  refused(with({"--model.flavor", five.dump(), "--training.local_batch_size", "4"}, ep(2)),
+          "does not divide the model's 5 routed experts");
+  refused(with({"--training.local_batch_size", "4"}, ep(2)), "needs a mixture-of-experts model");  // dense Qwen3
+  refused(with(with(moe, {"--training.local_batch_size", "4", "--parallelism.expert_tensor_parallel_degree", "2"}), ep(2)),
+          "expert_tensor_parallel_degree 2 is not supported");
 }
 
 TEST(ModelFamiliesTrain, Llama2DebugModelUnderEveryLayout) {
