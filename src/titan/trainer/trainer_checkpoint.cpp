@@ -170,7 +170,19 @@ void Trainer::load_checkpoint(checkpoint::Source& source, std::vector<std::strin
   // rank succeeded. Then the blocks are read again straight into the live tensors: no second copy of
   // the model and optimizer state is ever held.
   std::optional<int64_t> step, tokens, lr_step;
-  const std::vector<dist::PlacedTensor> tensors = checkpoint_tensors(parts, /*saving=*/false);
+  std::vector<dist::PlacedTensor> tensors = checkpoint_tensors(parts, /*saving=*/false);
+  // Routing biases a source does not hold (Hugging Face Qwen3-MoE weights have none, nor does a
+  // checkpoint converted from them) start at zero, as in a fresh model.
+  size_t biases_absent = 0;
+  std::erase_if(tensors, [&](const dist::PlacedTensor& t) {
+    const bool bias = t.name.size() > 16 && t.name.compare(t.name.size() - 16, 16, ".moe.expert_bias") == 0;
+    const bool absent = bias && !source.meta(t.name).has_value();
+    biases_absent += absent;
+    return absent;
+  });
+  if (biases_absent)
+    log_info(source.describe() + " holds no routing biases (" + std::to_string(biases_absent) +
+             " MoE layers): they start at zero");
   on_every_rank([&] {
     checkpoint::check(source, tensors, allow_cast);
     if (has(parts, "train_state")) {
@@ -225,12 +237,6 @@ void Trainer::set_up_checkpointing() {
                    "checkpoint.create_seed_checkpoint needs checkpoint.enable = true (the seed is written to its folder)");
   TITAN_USER_CHECK(!c.last_save_in_hf || c.last_save_model_only,
                    "checkpoint.last_save_in_hf writes only the model: set checkpoint.last_save_model_only = true");
-  // Decided from the whole model (every rank alike; under pipeline parallelism a rank's stage may hold none).
-  const bool moe = !model_->moe_layers().empty();
-  TITAN_USER_CHECK(!c.last_save_in_hf || !moe, "checkpoint.last_save_in_hf: Hugging Face weights of a "
-                   "mixture-of-experts model cannot be written yet; keep titan checkpoints (last_save_in_hf = false)");
-  TITAN_USER_CHECK(!c.initial_load_in_hf || !moe, "checkpoint.initial_load_in_hf: Hugging Face weights of a "
-                   "mixture-of-experts model cannot be read yet; start from a titan checkpoint or a random initialization");
   for (const auto& part : c.exclude_from_loading) {
     TITAN_USER_CHECK(has(kParts, part), "checkpoint.exclude_from_loading: unknown part '", part,
                      "'; the parts are model, optimizer, lr_scheduler, dataloader, train_state, rng");

@@ -134,7 +134,16 @@ std::vector<GradCase> grad_cases() {
                              {"low_freq_factor", 1.0},
                              {"high_freq_factor", 4.0},
                              {"original_max_position_embeddings", 8192}};
-  return {{"qwen3", qwen3}, {"qwen3", qwen3_untied}, {"llama2", llama2}, {"llama3", llama31}};
+  // Qwen3-MoE (model.name qwen3 reads it): a dense layer, then a layer of 8 experts, 2 per token,
+  // which transformers stores one tensor per expert and titan stacks.
+  nlohmann::json qwen3_moe = qwen3_untied;
+  qwen3_moe["model_type"] = "qwen3_moe";
+  qwen3_moe["num_experts"] = 8;
+  qwen3_moe["num_experts_per_tok"] = 2;
+  qwen3_moe["moe_intermediate_size"] = 32;
+  qwen3_moe["norm_topk_prob"] = true;
+  qwen3_moe["mlp_only_layers"] = {0};
+  return {{"qwen3", qwen3}, {"qwen3", qwen3_untied}, {"llama2", llama2}, {"llama3", llama31}, {"qwen3", qwen3_moe}};
 }
 
 TEST(ModelFamilies, LogitsLossAndEveryGradientEqualTransformers) {
@@ -168,8 +177,28 @@ TEST(ModelFamilies, LogitsLossAndEveryGradientEqualTransformers) {
     EXPECT_LT(test::relative_error(loss.detach(), ref.at("loss")), kTol);
     // transformers' gradients in titan's names and layouts.
     StateDict hf_grads;
-    for (const auto& [name, t] : ref)
-      if (name.rfind("grad.", 0) == 0) hf_grads[name.substr(5)] = t;
+    for (const auto& [name, t] : ref) {
+      if (name.rfind("grad.", 0) != 0) continue;
+      const std::string hf_name = name.substr(5);
+      // transformers 5 holds a MoE layer's experts fused in memory (mlp.experts.gate_up_proj (E, 2F,
+      // D), gate first; mlp.experts.down_proj (E, D, F)); its checkpoints hold one tensor per expert.
+      const auto fused = hf_name.find("mlp.experts.");
+      if (fused != std::string::npos && hf_name.find('.', fused + 12) == std::string::npos) {
+        const std::string prefix = hf_name.substr(0, fused + 12), what = hf_name.substr(fused + 12);
+        const int64_t f = t.size(1) / 2;
+        for (int64_t j = 0; j < t.size(0); ++j) {
+          const std::string expert = prefix + std::to_string(j) + ".";
+          if (what == "gate_up_proj") {
+            hf_grads[expert + "gate_proj.weight"] = t[j].slice(0, 0, f);
+            hf_grads[expert + "up_proj.weight"] = t[j].slice(0, f);
+          } else {
+            hf_grads[expert + what + ".weight"] = t[j];
+          }
+        }
+        continue;
+      }
+      hf_grads[hf_name] = t;
+    }
     if (c.config.at("tie_word_embeddings") == true) hf_grads.erase("lm_head.weight");  // the embedding's
     const StateDict grads = spec.hf_adapter(flavor).from_hf(hf_grads);
     ASSERT_EQ(grads.size(), model->named_parameters().size());
@@ -246,6 +275,35 @@ TEST(ModelFamilies, HuggingFaceModelsOfAnySizeImportAndExport) {
     for (const char* key : {"missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"})
       EXPECT_TRUE(report.at(key).empty()) << key << ": " << report.at(key).dump();
   }
+}
+
+TEST(ModelFamilies, MoeExpertsAreOneHuggingFaceTensorPerExpert) {
+  test::TempDir dir;
+  const GradCase c = grad_cases().back();
+  ASSERT_EQ(c.config.at("model_type"), "qwen3_moe");
+  const std::string flavor = dir / "flavor/config.json";
+  write_config(flavor, c.config);
+  const HFAdapter adapter = model_spec("qwen3").hf_adapter(flavor);
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(2);
+  const at::Tensor w1 = at::randn({8, 32, 64}, gen), w2 = at::randn({8, 64, 32}, gen), gate = at::randn({8, 64}, gen);
+  const StateDict hf = adapter.to_hf({{"layers.1.moe.experts.w1", w1}, {"layers.1.moe.experts.w2", w2},
+                                      {"layers.1.moe.router.gate.weight", gate}});
+  ASSERT_EQ(hf.size(), 17u);
+  EXPECT_TRUE(at::equal(hf.at("model.layers.1.mlp.experts.5.gate_proj.weight"), w1[5]));
+  EXPECT_TRUE(at::equal(hf.at("model.layers.1.mlp.experts.7.down_proj.weight"), w2[7]));
+  EXPECT_TRUE(at::equal(hf.at("model.layers.1.mlp.gate.weight"), gate));
+  const StateDict back = adapter.from_hf(hf);
+  ASSERT_EQ(back.size(), 3u);
+  EXPECT_TRUE(at::equal(back.at("layers.1.moe.experts.w1"), w1));
+  EXPECT_TRUE(at::equal(back.at("layers.1.moe.experts.w2"), w2));
+  // A checkpoint missing an expert, or holding one the model does not have, is refused by name.
+  StateDict missing = hf;
+  missing.erase("model.layers.1.mlp.experts.3.gate_proj.weight");
+  const std::string err = test::error_of([&] { adapter.from_hf(missing); });
+  EXPECT_NE(err.find("7 of the 8 experts"), std::string::npos) << err;
+  StateDict extra = hf;
+  extra["model.layers.1.mlp.experts.8.up_proj.weight"] = w1[0];
+  EXPECT_NE(test::error_of([&] { adapter.from_hf(extra); }).find("expert 8 of a model with 8 experts"), std::string::npos);
 }
 
 TEST(ModelFamilies, ConfigFieldsTitanCannotHonourAreNamed) {

@@ -27,12 +27,14 @@ std::map<std::string, std::vector<int64_t>> parameter_shapes(const ModelSpec& sp
   return shapes;
 }
 
-// The HF name and shape of one titan parameter.
-std::pair<std::string, std::vector<int64_t>> to_hf_name(const HFAdapter& adapter, const std::string& name,
-                                                         const std::vector<int64_t>& shape) {
-  StateDict hf = adapter.to_hf({{name, at::empty(shape, at::TensorOptions().device(at::kMeta))}});
-  if (hf.empty()) return {"", {}};  // not stored in HF (tied output projection)
-  return {hf.begin()->first, hf.begin()->second.sizes().vec()};
+// The HF names and shapes of one titan parameter: one tensor, a MoE layer's stacked experts one per
+// expert, or none (a tied output projection).
+std::vector<std::pair<std::string, std::vector<int64_t>>> to_hf_names(const HFAdapter& adapter, const std::string& name,
+                                                                      const std::vector<int64_t>& shape) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  for (const auto& [hf_name, t] : adapter.to_hf({{name, at::empty(shape, at::TensorOptions().device(at::kMeta))}}))
+    out.emplace_back(hf_name, t.sizes().vec());
+  return out;
 }
 
 // Name -> (dtype, shape) of a safetensors file, from its header only.
@@ -187,18 +189,21 @@ HFSource::HFSource(std::string hf_dir, const ModelSpec& spec, const std::string&
   // Every parameter of the flavor must be stored, with its HF shape.
   std::map<std::string, std::string> hf_to_titan;
   for (const auto& [titan_name, shape] : parameter_shapes(spec, flavor)) {
-    const auto [hf_name, hf_shape] = to_hf_name(adapter_, titan_name, shape);
-    if (hf_name.empty()) continue;
-    auto it = location.find(hf_name);
-    TITAN_USER_CHECK(it != location.end(), dir_, " lacks tensor '", hf_name, "' (titan's '", titan_name, "') of ",
-                     spec.name, " flavor '", flavor, "': the folder is incomplete or of another model");
-    const TensorMeta& stored = headers[it->second].at(hf_name);
-    TITAN_USER_CHECK(stored.shape == hf_shape, it->second, ": tensor '", hf_name, "' has shape ",
-                     shape_str(stored.shape), " but ", spec.name, " flavor '", flavor, "' needs ", shape_str(hf_shape));
-    TITAN_USER_CHECK(at::isFloatingType(stored.dtype), it->second, ": tensor '", hf_name, "' is ",
-                     c10::toString(stored.dtype), ", not a floating-point type");
-    entries_["model." + titan_name] = {hf_name, it->second, {stored.dtype, shape}};
-    hf_to_titan[hf_name] = titan_name;
+    Entry entry;
+    for (const auto& [hf_name, hf_shape] : to_hf_names(adapter_, titan_name, shape)) {
+      auto it = location.find(hf_name);
+      TITAN_USER_CHECK(it != location.end(), dir_, " lacks tensor '", hf_name, "' (titan's '", titan_name, "') of ",
+                       spec.name, " flavor '", flavor, "': the folder is incomplete or of another model");
+      const TensorMeta& stored = headers[it->second].at(hf_name);
+      TITAN_USER_CHECK(stored.shape == hf_shape, it->second, ": tensor '", hf_name, "' has shape ",
+                       shape_str(stored.shape), " but ", spec.name, " flavor '", flavor, "' needs ", shape_str(hf_shape));
+      TITAN_USER_CHECK(at::isFloatingType(stored.dtype), it->second, ": tensor '", hf_name, "' is ",
+                       c10::toString(stored.dtype), ", not a floating-point type");
+      entry.parts.emplace_back(hf_name, it->second);
+      entry.meta = {stored.dtype, shape};
+      hf_to_titan[hf_name] = titan_name;
+    }
+    if (!entry.parts.empty()) entries_["model." + titan_name] = std::move(entry);
   }
   // Anything else must be something the adapter drops (e.g. rotary buffers, a tied lm_head); the
   // adapter throws naming a tensor it does not know.
@@ -242,11 +247,14 @@ at::Tensor HFSource::read(const std::string& name, const std::vector<int64_t>& b
     TITAN_ASSERT(begin[d] >= 0 && length[d] >= 0 && begin[d] + length[d] <= shape[d], "block of '", name,
                  "' lies outside its shape ", shape_str(shape));
   if (cached_name_ != name) {
-    auto& file = files_[e.file];
-    if (!file) file = std::make_unique<SafetensorsFile>(e.file);
-    at::Tensor stored = file->read(e.hf_name);
-    StateDict converted = adapter_.from_hf({{e.hf_name, stored}});
-    TITAN_ASSERT(converted.size() == 1, "adapter dropped '", e.hf_name, "'");
+    StateDict stored;
+    for (const auto& [hf_name, path] : e.parts) {
+      auto& file = files_[path];
+      if (!file) file = std::make_unique<SafetensorsFile>(path);
+      stored[hf_name] = file->read(hf_name);
+    }
+    StateDict converted = adapter_.from_hf(stored);
+    TITAN_ASSERT(converted.size() == 1, "adapter made ", converted.size(), " tensors of '", e.parts.front().first, "'");
     cached_ = converted.begin()->second.contiguous();
     cached_name_ = name;
   }

@@ -80,8 +80,10 @@ class HFSource : public Source {
 
  private:
   struct Entry {
-    std::string hf_name, file;  // file: path of the safetensors file holding it
-    TensorMeta meta;            // titan shape, stored dtype
+    // The HF tensors it is made of (one, or a MoE layer's experts), each with the path of the
+    // safetensors file holding it.
+    std::vector<std::pair<std::string, std::string>> parts;
+    TensorMeta meta;  // titan shape, stored dtype
   };
   std::string dir_;
   HFAdapter adapter_;

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <map>
 #include <regex>
 
 namespace titan {
@@ -40,9 +41,22 @@ at::Tensor halves_to_interleaved(const at::Tensor& w, int64_t heads) {
   return w.view({heads, 2, rows / heads / 2, cols}).transpose(1, 2).reshape({rows, cols});
 }
 
+// A MoE layer's routed experts: titan stacks them (layers.N.moe.experts.w1 (E, F, D), w3, w2 (E, D, F));
+// transformers' checkpoints hold one tensor per expert (model.layers.N.mlp.experts.J.gate_proj.weight
+// (F, D), up_proj, down_proj (D, F)).
+const std::vector<std::pair<std::string, std::string>>& expert_names() {
+  static const std::vector<std::pair<std::string, std::string>> names = {
+      {"w1", "gate_proj"}, {"w3", "up_proj"}, {"w2", "down_proj"}};
+  return names;
+}
+
 StateDict convert(const StateDict& in, const DecoderArgs& args, const HFDialect& dialect, bool to_hf) {
   static const std::regex titan_layer(R"(^layers\.(\d+)\.(.+)$)");
   static const std::regex hf_layer(R"(^model\.layers\.(\d+)\.(.+)$)");
+  static const std::regex titan_experts(R"(^layers\.(\d+)\.moe\.experts\.(w[123])$)");
+  static const std::regex hf_expert(R"(^model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$)");
+  // from HF: the experts of (layer, titan weight) by index, stacked once every tensor is read
+  std::map<std::pair<int64_t, std::string>, std::map<int64_t, at::Tensor>> experts;
   const std::vector<std::pair<std::string, std::string>> globals = {
       {"tok_embeddings.weight", "model.embed_tokens.weight"},
       {"norm.weight", "model.norm.weight"},
@@ -56,6 +70,27 @@ StateDict convert(const StateDict& in, const DecoderArgs& args, const HFDialect&
     if (args.tie_embeddings && mapped == (to_hf ? "lm_head.weight" : "output.weight")) continue;
     at::Tensor value = tensor;
     std::smatch m;
+    if (args.moe && mapped.empty()) {
+      if (to_hf && std::regex_match(name, m, titan_experts)) {
+        const std::string layer = m[1], w = m[2];
+        for (const auto& [t, h] : expert_names())
+          if (t == w)
+            for (int64_t j = 0; j < tensor.size(0); ++j)
+              out.emplace("model.layers." + layer + ".mlp.experts." + std::to_string(j) + "." + h + ".weight", tensor[j]);
+        continue;
+      }
+      if (!to_hf && std::regex_match(name, m, hf_expert)) {
+        const int64_t layer = std::stoll(m[1]), j = std::stoll(m[2]);
+        TITAN_USER_CHECK(j < args.moe->num_experts, "tensor '", name, "': expert ", j, " of a model with ",
+                         args.moe->num_experts, " experts");
+        for (const auto& [t, h] : expert_names())
+          if (h == m[3]) experts[{layer, t}][j] = tensor;
+        continue;
+      }
+      const std::string router_titan = ".moe.router.gate.weight", router_hf = ".mlp.gate.weight";
+      if (std::regex_match(name, m, to_hf ? titan_layer : hf_layer) && "." + m[2].str() == (to_hf ? router_titan : router_hf))
+        mapped = to_hf ? "model.layers." + m[1].str() + router_hf : "layers." + m[1].str() + router_titan;
+    }
     if (mapped.empty() && std::regex_match(name, m, to_hf ? titan_layer : hf_layer)) {
       const std::string layer = m[1], suffix = m[2];
       for (const auto& [t, h] : layer_names()) {
@@ -76,13 +111,20 @@ StateDict convert(const StateDict& in, const DecoderArgs& args, const HFDialect&
     if (!mapped.empty() && !args.qk_norm && mapped.find("_norm.weight") != std::string::npos &&
         (mapped.find("q_norm") != std::string::npos || mapped.find("k_norm") != std::string::npos))
       mapped.clear();
-    TITAN_USER_CHECK(!args.moe, "Hugging Face weights of a mixture-of-experts model (", dialect.moe_architecture,
-                     ") cannot be converted yet (tensor '", name, "'): keep titan checkpoints (checkpoint."
-                     "last_save_in_hf = false) and start from titan checkpoints or a random initialization");
     TITAN_USER_CHECK(!mapped.empty(), "tensor '", name, "' has no ", to_hf ? "Hugging Face" : "titan",
                      " counterpart for a ", dialect.model_type, " model (", dialect.architecture,
                      "); is this checkpoint of another architecture?");
     out.emplace(mapped, value);
+  }
+  for (auto& [key, by_index] : experts) {
+    const auto& [layer, w] = key;
+    const int64_t E = args.moe->num_experts;
+    TITAN_USER_CHECK(static_cast<int64_t>(by_index.size()) == E, "layer ", layer, "'s experts (", w, "): ",
+                     by_index.size(), " of the ", E, " experts' tensors were given; a Hugging Face MoE checkpoint "
+                     "holds every expert (model.layers.", layer, ".mlp.experts.0 to ", E - 1, ")");
+    std::vector<at::Tensor> stacked;
+    for (auto& [j, t] : by_index) stacked.push_back(t);
+    out.emplace("layers." + std::to_string(layer) + ".moe.experts." + w, at::stack(stacked));
   }
   return out;
 }
