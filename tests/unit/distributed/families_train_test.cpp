@@ -311,6 +311,55 @@ TEST(ModelFamiliesTrain, Qwen3MoeUnderExpertParallelismAndItsCheckpointReshardsA
           "expert_tensor_parallel_degree 2 is not supported");
 }
 
+TEST(ModelFamiliesTrain, AHuggingFaceQwen3MoeContinuesPretrainingUnderExpertParallelismAndExportsBack) {
+  // transformers' Qwen3MoeForCausalLM (random, saved one tensor per expert) trained from its weights
+  // with its experts split over 2 ranks, as one process trains it; the last save, in Hugging Face's
+  // format, holds the trained weights one tensor per expert.
+  test::TempDir dir;
+  nlohmann::json config = qwen3_moe_config();
+  std::ofstream(dir / "create.json") << config.dump();
+  safetensors::save(dir / "tokens.safetensors", {{"tokens", at::zeros({1, 4}, at::kLong)}});
+  auto r = test::run_process({test::python(), kSource + "/tests/reference/hf_reference.py", "create",
+                              dir / "create.json", dir / "hf", dir / "tokens.safetensors", dir / "out.safetensors"},
+                             {{"OMP_NUM_THREADS", "2"}});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<std::string> hf = {"--model.flavor", dir / "hf/config.json", "--checkpoint.initial_load_path",
+                                       dir / "hf", "--checkpoint.initial_load_in_hf"};
+  const safetensors::Tensors ref = expect_layouts_train_as_one_process(
+      "qwen3_debugmodel.toml", hf,
+      {{"ep2", {"--training.local_batch_size", "4", "--parallelism.expert_parallel_degree", "2"}}});
+  ASSERT_FALSE(ref.empty());
+  // The weights were loaded: the same model from a random initialization starts elsewhere.
+  test::TempDir own;
+  const test::LaunchedRun fresh =
+      test::run_titan(1, train_args("qwen3_debugmodel.toml", own.path(), {"--model.flavor", dir / "hf/config.json"}), own);
+  ASSERT_EQ(fresh.exit_code, 0) << fresh.output;
+  EXPECT_GT(std::abs(fresh.weights.at("__losses__")[0].item<double>() - ref.at("__losses__")[0].item<double>()), 1e-3);
+
+  test::TempDir export_dir;
+  std::vector<std::string> export_hf = hf;
+  export_hf.insert(export_hf.end(), {"--checkpoint.enable", "--checkpoint.last_save_model_only",
+                                     "--checkpoint.last_save_in_hf", "--training.local_batch_size", "4",
+                                     "--parallelism.expert_parallel_degree", "2"});
+  const test::LaunchedRun exported =
+      test::run_titan(2, train_args("qwen3_debugmodel.toml", export_dir.path(), export_hf), export_dir, kOrderMatched);
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  EXPECT_NE(exported.output.find("holds no routing biases (2 MoE layers): they start at zero"), std::string::npos)
+      << exported.output;
+  const std::string step_dir = export_dir / "checkpoint/step-10";
+  StateDict trained;
+  for (const auto& [name, t] : exported.weights)
+    if (name != "__losses__") trained[name] = t;
+  const StateDict expected = model_spec("qwen3").hf_adapter(dir / "hf/config.json").to_hf(trained);
+  const auto stored = safetensors::load(step_dir + "/model.safetensors").tensors;
+  ASSERT_EQ(stored.size(), expected.size());
+  EXPECT_TRUE(stored.count("model.layers.2.mlp.experts.7.down_proj.weight"));
+  for (const auto& [name, t] : expected) {
+    ASSERT_TRUE(stored.count(name)) << name;
+    EXPECT_TRUE(at::equal(stored.at(name), t)) << name;
+  }
+}
+
 TEST(ModelFamiliesTrain, Llama2DebugModelUnderEveryLayout) {
   std::vector<Layout> runs = layouts();
   runs[0].args.push_back("--training.enable_cpu_offload");
