@@ -20,6 +20,7 @@
 #include <torch/cuda.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <optional>
 #include <cstdio>
@@ -206,6 +207,7 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   } else {
     moe_layers_ = model_->moe_layers();
   }
+  moe_model_ = !model_->moe_layers().empty();  // the whole model's (a pipeline stage may hold none)
   std::vector<std::pair<std::string, at::Tensor>> named;
   for (const auto& dp : data_parallel_) {
     params_.insert(params_.end(), dp->parameters().begin(), dp->parameters().end());
@@ -415,22 +417,48 @@ Trainer::StepOnDevice Trainer::run_step() {
   }
   fault::point("optimizer", step);
   optimizer_->step(nonfinite.to(at::kFloat));
-  update_expert_biases(nonfinite);
+  const at::Tensor moe_load = update_expert_biases(nonfinite);
   optimizer_range.reset();
   ++step_;
   ++lr_step_;
-  r.values = at::stack({loss_sum.to(at::kDouble), local_avg.to(loss_sum.device(), at::kDouble),
-                        grad_norm.to(loss_sum.device(), at::kDouble), nonfinite.to(at::kDouble)});
+  std::vector<at::Tensor> values = {loss_sum.to(at::kDouble), local_avg.to(loss_sum.device(), at::kDouble),
+                                    grad_norm.to(loss_sum.device(), at::kDouble), nonfinite.to(at::kDouble)};
+  if (moe_load.defined())
+    for (const at::Tensor& v : moe_load.to(loss_sum.device(), at::kDouble).unbind()) values.push_back(v);
+  r.values = at::stack(values);
   return r;
 }
 
-void Trainer::update_expert_biases(const at::Tensor& skipped) {
-  if (moe_layers_.empty()) return;
+void Trainer::set_moe_load(metrics::StepStats& s, const StepResult& r) {
+  // (sum of the layers' imbalances, layers, largest) of this rank's layers; under pipeline
+  // parallelism every stage holds its own, gathered on log steps (every rank logs at the same steps).
+  std::array<double, 3> load = r.moe_load;
+  if (dims_->pp() > 1) {
+    dist::Group& pp = (*mesh_)["pp"];
+    at::Tensor mine = at::tensor(std::vector<double>(load.begin(), load.end()), at::kDouble).to(mesh_->device());
+    at::Tensor all = at::empty({pp.size() * 3}, mine.options());
+    pp.all_gather(all, mine).wait();
+    const at::Tensor host = all.view({pp.size(), 3}).to(at::kCPU);
+    load = {host.select(1, 0).sum().item<double>(), host.select(1, 1).sum().item<double>(),
+            host.select(1, 2).max().item<double>()};
+  }
+  if (load[1] > 0) {
+    s.moe_imbalance = load[0] / load[1];
+    s.moe_imbalance_max = load[2];
+  }
+}
+
+at::Tensor Trainer::update_expert_biases(const at::Tensor& skipped) {
+  if (moe_layers_.empty()) return moe_model_ ? at::zeros({3}, at::TensorOptions().device(device_)) : at::Tensor();
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> counts;
   for (const auto& [prefix, layer] : moe_layers_) counts.push_back(layer->tokens_per_expert);
   at::Tensor all_LE = at::stack(counts);  // one collective for every layer
   (*mesh_)["dp_cp"].all_reduce(all_LE).wait();
+  // Each layer's load imbalance: its busiest expert's routed copies over the mean (1 when balanced).
+  const at::Tensor imbalance_L = std::get<0>(all_LE.max(1)) / all_LE.mean(1).clamp_min(1e-9);
+  const at::Tensor load = at::stack({imbalance_L.sum(), at::full({}, static_cast<double>(moe_layers_.size()), imbalance_L.options()),
+                                     imbalance_L.max()});
   for (size_t i = 0; i < moe_layers_.size(); ++i) {
     nn::MoEImpl& layer = *moe_layers_[i].second;
     if (layer.expert_bias.defined()) {
@@ -440,6 +468,7 @@ void Trainer::update_expert_biases(const at::Tensor& skipped) {
     }
     layer.tokens_per_expert.zero_();
   }
+  return load;
 }
 
 std::vector<StepResult> Trainer::read_steps(const std::vector<StepOnDevice>& steps) {
@@ -447,7 +476,7 @@ std::vector<StepResult> Trainer::read_steps(const std::vector<StepOnDevice>& ste
   if (steps.empty()) return out;
   std::vector<at::Tensor> all;
   for (const auto& s : steps) all.push_back(s.values);
-  const at::Tensor host = at::stack(all).to(at::kCPU);  // (steps, 4): the one host read
+  const at::Tensor host = at::stack(all).to(at::kCPU);  // (steps, 4 or 7): the one host read
   const auto v = host.accessor<double, 2>();
   for (size_t i = 0; i < steps.size(); ++i) {
     StepResult r;
@@ -456,6 +485,7 @@ std::vector<StepResult> Trainer::read_steps(const std::vector<StepOnDevice>& ste
     r.max_loss = v[i][1];
     r.grad_norm = v[i][2];
     r.skipped = v[i][3] != 0;
+    if (host.size(1) == 7) r.moe_load = {v[i][4], v[i][5], v[i][6]};
     out.push_back(r);
   }
   return out;
@@ -527,6 +557,7 @@ std::vector<double> Trainer::train() {
       s.flops_per_token = model_->flops_per_token(tr.seq_len);
       s.ntokens_seen = tokens_seen();
       s.data_loading_seconds = data_seconds_;
+      if (moe_model_) set_moe_load(s, r);
       metrics_->log(s);
       interval_start = Clock::now();
       tokens_at_last_log = ntokens_seen_;

@@ -24,6 +24,7 @@
 #include <c10/core/Device.h>
 #include <nlohmann/json.hpp>
 
+#include <array>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -37,6 +38,8 @@ struct StepResult {
   double grad_norm = 0;
   double lr = 0;
   bool skipped = false;  // the loss or gradient norm was not finite: the model was not updated
+  // MoE models: this rank's layers' load imbalances (busiest expert / mean): sum, layers, largest.
+  std::array<double, 3> moe_load = {0, 0, 0};
 };
 
 class Trainer {
@@ -127,7 +130,9 @@ class Trainer {
   // One step's results while they are still on the device: no host synchronization inside a step.
   struct StepOnDevice {
     double lr = 0;
-    at::Tensor values;  // fp64 (4): loss, max_loss, grad_norm, and 1 where the update was skipped
+    // fp64 (4): loss, max_loss, grad_norm, and 1 where the update was skipped; (7) for MoE models,
+    // then StepResult::moe_load
+    at::Tensor values;
   };
   StepOnDevice run_step();
   // Reads the results of `steps` with one device-to-host copy.
@@ -182,10 +187,14 @@ class Trainer {
   nlohmann::json model_record_;  // what checkpoints record of the model (checkpoint::model_record), made once
   // The mixture-of-experts layers this rank holds (the model's, or its pipeline stages'), found once.
   std::vector<std::pair<std::string, nn::MoEImpl*>> moe_layers_;
+  bool moe_model_ = false;  // the whole model has MoE layers (this rank's stage may have none)
   // Once per step, after the optimizer's update: every MoE layer's routing bias moves towards
   // balance by the step's token counts, summed over the ranks that saw other tokens (dp and cp);
-  // not on a skipped step. Counts restart at zero.
-  void update_expert_biases(const at::Tensor& skipped);
+  // not on a skipped step. Counts restart at zero. Returns this rank's layers' load imbalance
+  // (StepResult::moe_load, on the device) for a MoE model, else an undefined tensor.
+  at::Tensor update_expert_biases(const at::Tensor& skipped);
+  // The step's load imbalance over every MoE layer of the model, into the logged figures.
+  void set_moe_load(metrics::StepStats& s, const StepResult& r);
   void sum_shared_gradients();
   // Whether `name` is a parameter this rank holds as a non-primary copy (see SharedGradient).
   bool is_shared_copy(const std::string& name) const;

@@ -60,7 +60,21 @@ const std::vector<Layout>& layouts() {
   return all;
 }
 
-// Returns the single process's final weights and losses.
+// The "moe_imbalance" and "moe_imbalance_max" figures of metrics.jsonl's training records, in order.
+std::vector<double> moe_load_figures(const std::string& dump_folder) {
+  std::vector<double> out;
+  std::ifstream in(dump_folder + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.value("kind", "") != "train" || !j.contains("moe_imbalance")) continue;
+    out.push_back(j.at("moe_imbalance").get<double>());
+    out.push_back(j.at("moe_imbalance_max").get<double>());
+  }
+  return out;
+}
+
+// Returns the single process's final weights and losses. For MoE models the logged load
+// imbalance of every layout equals the single process's too (the same tokens routed alike).
 safetensors::Tensors expect_layouts_train_as_one_process(const std::string& config,
                                                          const std::vector<std::string>& model_args,
                                                          std::vector<Layout> runs) {
@@ -76,6 +90,10 @@ safetensors::Tensors expect_layouts_train_as_one_process(const std::string& conf
     extra.insert(extra.end(), layout.args.begin(), layout.args.end());
     const test::LaunchedRun r = test::run_titan(layout.nproc, train_args(config, dir.path(), extra), dir, kOrderMatched);
     if (r.exit_code == 0) test::expect_same_training(ref.weights, r.weights, 0.01 * kLr * kSteps);
+    const std::vector<double> load = moe_load_figures(dir.path()), ref_load = moe_load_figures(ref_dir.path());
+    EXPECT_EQ(load.size(), ref_load.size());
+    for (size_t i = 0; i < std::min(load.size(), ref_load.size()); ++i)
+      EXPECT_NEAR(load[i], ref_load[i], 1e-9) << "logged figure " << i;
   }
   return ref.weights;
 }
@@ -205,6 +223,21 @@ TEST(ModelFamiliesTrain, Qwen3MoeUnderEveryLayoutAndItsCheckpointHoldsTheRouting
   const safetensors::Tensors ref = expect_layouts_train_as_one_process("qwen3_debugmodel.toml", moe, runs);
   ASSERT_FALSE(ref.empty());
   EXPECT_TRUE(ref.count("layers.2.moe.experts.w1"));
+  // Each logged step says how unbalanced the two MoE layers' experts were: 1 is balanced, and at
+  // most E / K = 4 (an expert receives at most one copy of each token, the mean is K / E of them).
+  {
+    test::TempDir dir;
+    const test::LaunchedRun r = test::run_titan(1, train_args("qwen3_debugmodel.toml", dir.path(), moe), dir);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const std::vector<double> load = moe_load_figures(dir.path());
+    ASSERT_EQ(load.size(), 6u);  // steps 1, 5 and 10
+    for (size_t i = 0; i < load.size(); i += 2) {
+      EXPECT_GE(load[i], 1.0);
+      EXPECT_GE(load[i + 1], load[i]);
+      EXPECT_LE(load[i + 1], 4.0);
+    }
+    EXPECT_NE(r.output.find("moe_imbalance: "), std::string::npos) << r.output;
+  }
 
   // The checkpoint holds each MoE layer's routing bias: moved by +-1e-3 per step towards balance,
   // then centred (the moves sum to zero; one move is at most 2e-3), so at most 1e-2 from zero after

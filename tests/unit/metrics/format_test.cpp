@@ -113,6 +113,21 @@ TEST(MetricsFormat, NonFiniteValues) {
   EXPECT_EQ(format_fixed(-std::numeric_limits<double>::infinity(), 5, 8), "    -inf");
 }
 
+TEST(MetricsFormat, MoeModelsAddTheLoadImbalanceAfterTorchtitansFields) {
+  LogLineFields f;
+  f.step = 3;
+  f.loss = 7.5;
+  f.tps = 100;
+  const std::string plain = format_log_line(f, false);
+  f.moe_imbalance = 1.234;
+  f.moe_imbalance_max = 1.875;
+  const std::string moe = format_log_line(f, false);
+  EXPECT_EQ(moe, plain + "  moe_imbalance: 1.23 (max 1.88)");
+  std::smatch m;
+  EXPECT_TRUE(std::regex_search(moe, m, log_line_regex())) << moe;  // users' parsers still read it
+  EXPECT_EQ(strip_ansi(format_log_line(f, true)), moe);
+}
+
 TEST(MetricsFormat, LineParsesWithUsersRegex) {
   LogLineFields f;
   f.step = 10;

@@ -62,6 +62,9 @@ std::string format_log_line(const LogLineFields& f, bool color) {
   line += c(ansi::kBlue) + "tps: " + tps + "  ";
   line += c(ansi::kCyan) + "tflops: " + format_fixed(f.tflops, 2, 0, /*thousands=*/true) + "  ";
   line += c(ansi::kMagenta) + "mfu: " + (f.mfu_pct ? format_fixed(*f.mfu_pct, 2) + "%" : std::string("N/A"));
+  if (f.moe_imbalance && f.moe_imbalance_max)
+    line += "  " + c(ansi::kOrange) + "moe_imbalance: " + format_fixed(*f.moe_imbalance, 2) + " (max " +
+            format_fixed(*f.moe_imbalance_max, 2) + ")";
   line += c(ansi::kReset);
   return line;
 }

@@ -144,6 +144,8 @@ const LoggedMetrics& MetricsLogger::log(const StepStats& s, const Scalars& extra
   if (m.memory.num_ooms) t.emplace_back("memory/num_ooms", static_cast<double>(*m.memory.num_ooms));
   if (s.ntokens_seen) t.emplace_back("n_tokens_seen", static_cast<double>(*s.ntokens_seen));
   t.emplace_back("lr", s.lr);
+  if (s.moe_imbalance) t.emplace_back("moe/load_imbalance_mean", *s.moe_imbalance);
+  if (s.moe_imbalance_max) t.emplace_back("moe/load_imbalance_max", *s.moe_imbalance_max);
   t.insert(t.end(), extra.begin(), extra.end());
   if (tensorboard_) tensorboard_->add_scalars(s.step, t);
 
@@ -156,6 +158,8 @@ const LoggedMetrics& MetricsLogger::log(const StepStats& s, const Scalars& extra
   fields.tps = m.tps;
   fields.tflops = m.tflops;
   fields.mfu_pct = m.mfu_pct;
+  fields.moe_imbalance = s.moe_imbalance;
+  fields.moe_imbalance_max = s.moe_imbalance_max;
   m.line = format_log_line(fields, options_.color);
 
   if (is_metrics_rank()) {
@@ -179,6 +183,8 @@ const LoggedMetrics& MetricsLogger::log(const StepStats& s, const Scalars& extra
                      {"memory_pct", number(m.memory.max_reserved_pct)},
                      {"memory_active_gib", number(m.memory.max_active_gib)}};
     if (s.ntokens_seen) j["tokens_seen"] = *s.ntokens_seen;
+    if (s.moe_imbalance) j["moe_imbalance"] = number(*s.moe_imbalance);
+    if (s.moe_imbalance_max) j["moe_imbalance_max"] = number(*s.moe_imbalance_max);
     append_record(j.dump());
   }
   memory_.reset_peak_stats();

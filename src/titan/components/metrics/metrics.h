@@ -74,6 +74,9 @@ struct StepStats {
   double flops_per_token = 0;         // training FLOPs per token of the model, > 0
   std::optional<int64_t> ntokens_seen;            // tokens seen by all ranks since the start (TensorBoard)
   std::optional<double> data_loading_seconds;     // time spent waiting for batches in the interval
+  // Mixture-of-experts models: the step's load imbalance (an MoE layer's busiest expert's routed
+  // token copies over the mean per expert; 1 is balanced), the mean over the MoE layers and the largest.
+  std::optional<double> moe_imbalance, moe_imbalance_max;
 };
 
 // The figures of one evaluation on the validation set (torchtitan's validate step).
