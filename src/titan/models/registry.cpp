@@ -3,6 +3,7 @@
 #include "titan/common/error.h"
 #include "titan/models/llama2/llama2.h"
 #include "titan/models/llama3/llama3.h"
+#include "titan/models/deepseek_v3/deepseek_v3.h"
 #include "titan/models/qwen3/qwen3.h"
 
 #include <mutex>
@@ -25,7 +26,7 @@ void register_builtin_models_locked() {
   static bool done = false;
   if (done) return;
   done = true;
-  for (ModelSpec spec : {llama3::spec(), llama2::spec(), qwen3::spec()}) table().emplace(spec.name, std::move(spec));
+  for (ModelSpec spec : {llama3::spec(), llama2::spec(), qwen3::spec(), deepseek_v3::spec()}) table().emplace(spec.name, std::move(spec));
 }
 
 }  // namespace

@@ -138,6 +138,12 @@ void Trainer::save_checkpoint_at_step() {
   for_each_full_parameter([&](const std::string& name, const at::Tensor& full) {
     if (writer) writer->add(name, full.to(at::kCPU));
   });
+  // Routing biases (equal on every rank of a stage: rank 0 writes those it holds; DeepSeek-V3's
+  // checkpoints store them, Qwen3-MoE's have none). Under pipeline parallelism set_up_checkpointing
+  // refuses exports of architectures that store them.
+  if (writer)
+    for (const auto& [prefix, layer] : moe_layers_)
+      if (layer->expert_bias.defined()) writer->add(prefix + "expert_bias", layer->expert_bias.to(at::kCPU));
   if (!writer) return;
   writer->finish();
   checkpoint::replace_directory(partial, dir);
@@ -237,6 +243,16 @@ void Trainer::set_up_checkpointing() {
                    "checkpoint.create_seed_checkpoint needs checkpoint.enable = true (the seed is written to its folder)");
   TITAN_USER_CHECK(!c.last_save_in_hf || c.last_save_model_only,
                    "checkpoint.last_save_in_hf writes only the model: set checkpoint.last_save_model_only = true");
+  if (c.last_save_in_hf && dims_->pp() > 1 && !model_->moe_layers().empty()) {
+    // Rank 0 writes the export; under pipeline parallelism it holds only its stage's routing biases.
+    bool stores_bias = false;
+    const HFAdapter adapter = model_spec(cfg_.model.name).hf_adapter(cfg_.model.flavor);
+    for (const auto& [prefix, layer] : model_->moe_layers())
+      stores_bias = stores_bias || !adapter.to_hf({{prefix + "expert_bias", layer->expert_bias}}).empty();
+    TITAN_USER_CHECK(!stores_bias, "checkpoint.last_save_in_hf under pipeline parallelism: this model's Hugging Face "
+                     "checkpoints hold the routing biases of every MoE layer, which the pipeline stages hold apart; "
+                     "save a titan checkpoint (last_save_in_hf = false) and export it with `titan convert to-hf`");
+  }
   for (const auto& part : c.exclude_from_loading) {
     TITAN_USER_CHECK(has(kParts, part), "checkpoint.exclude_from_loading: unknown part '", part,
                      "'; the parts are model, optimizer, lr_scheduler, dataloader, train_state, rng");

@@ -19,11 +19,16 @@ std::string join(const std::string& dir, const std::string& name) { return (fs::
 
 std::string shape_str(const std::vector<int64_t>& shape) { return nlohmann::json(shape).dump(); }
 
-// Every parameter of the flavor with its shape, from a model built on the meta device (no memory).
-std::map<std::string, std::vector<int64_t>> parameter_shapes(const ModelSpec& spec, const std::string& flavor) {
+// Every parameter of the flavor with its shape, from a model built on the meta device (no memory),
+// and with `biases` the MoE layers' routing biases (buffers that checkpoints hold too).
+std::map<std::string, std::vector<int64_t>> parameter_shapes(const ModelSpec& spec, const std::string& flavor,
+                                                             bool biases = false) {
   LanguageModel model = spec.build(flavor, at::TensorOptions().device(at::kMeta).dtype(at::kFloat), 1);
   std::map<std::string, std::vector<int64_t>> shapes;
   for (const auto& p : model->named_parameters()) shapes[p.key()] = p.value().sizes().vec();
+  if (biases)
+    for (const auto& [prefix, layer] : model->moe_layers())
+      if (layer->expert_bias.defined()) shapes[prefix + "expert_bias"] = layer->expert_bias.sizes().vec();
   return shapes;
 }
 
@@ -81,6 +86,8 @@ HFWriter::HFWriter(std::string out_dir, const ModelSpec& spec, const std::string
                      "): export into a new or empty folder, or remove its config.json and model*.safetensors");
   }
   expected_ = parameter_shapes(spec, flavor);
+  for (const auto& [name, shape] : parameter_shapes(spec, flavor, /*biases=*/true))
+    if (!expected_.count(name)) optional_[name] = shape;
 }
 
 HFWriter::~HFWriter() {
@@ -92,13 +99,14 @@ HFWriter::~HFWriter() {
 void HFWriter::add(const std::string& titan_name, const at::Tensor& full) {
   TITAN_ASSERT(!finished_, "add() after finish()");
   TITAN_USER_CHECK(!added_.count(titan_name), "parameter '", titan_name, "' was given twice");
-  auto it = expected_.find(titan_name);
-  TITAN_USER_CHECK(it != expected_.end(), "'", titan_name, "' is not a parameter of model flavor '", flavor_,
-                   "': is the checkpoint of another model or flavor?");
+  const bool optional = optional_.count(titan_name) > 0;  // a routing bias: written where the architecture has one
+  auto it = optional ? optional_.find(titan_name) : expected_.find(titan_name);
+  TITAN_USER_CHECK(optional || it != expected_.end(), "'", titan_name, "' is not a parameter of model flavor '",
+                   flavor_, "': is the checkpoint of another model or flavor?");
   TITAN_USER_CHECK(full.sizes().vec() == it->second, "parameter '", titan_name, "' has shape ",
                    shape_str(full.sizes().vec()), " but flavor '", flavor_, "' has ", shape_str(it->second),
                    ": is the checkpoint of another flavor?");
-  expected_.erase(it);
+  if (!optional) expected_.erase(it);
   added_.insert(titan_name);
   for (auto& [hf_name, t] : adapter_.to_hf({{titan_name, full.detach()}})) {
     at::Tensor value = t.to(at::kCPU, dtype_).contiguous();
@@ -188,7 +196,7 @@ HFSource::HFSource(std::string hf_dir, const ModelSpec& spec, const std::string&
 
   // Every parameter of the flavor must be stored, with its HF shape.
   std::map<std::string, std::string> hf_to_titan;
-  for (const auto& [titan_name, shape] : parameter_shapes(spec, flavor)) {
+  for (const auto& [titan_name, shape] : parameter_shapes(spec, flavor, /*biases=*/true)) {
     Entry entry;
     for (const auto& [hf_name, hf_shape] : to_hf_names(adapter_, titan_name, shape)) {
       auto it = location.find(hf_name);

@@ -41,8 +41,10 @@ class HFWriter {
   HFWriter(const HFWriter&) = delete;
   HFWriter& operator=(const HFWriter&) = delete;
 
-  // One full parameter by titan's name (e.g. "layers.0.attention.wq.weight"). Throws UserError for
-  // a name that is not a parameter of the flavor, a wrong shape, or a parameter given twice.
+  // One full parameter by titan's name (e.g. "layers.0.attention.wq.weight"), or a MoE layer's
+  // routing bias ("layers.3.moe.expert_bias": written where the architecture stores one, optional).
+  // Throws UserError for a name that is not a parameter of the flavor, a wrong shape, or a parameter
+  // given twice.
   void add(const std::string& titan_name, const at::Tensor& full);
   // Writes the last shard, renames the shards to their final names, then writes the index (when
   // sharded) and config.json. Throws UserError naming the first parameter never added.
@@ -55,6 +57,7 @@ class HFWriter {
   at::ScalarType dtype_;
   int64_t max_shard_bytes_;
   std::map<std::string, std::vector<int64_t>> expected_;  // titan name -> shape, for parameters not yet added
+  std::map<std::string, std::vector<int64_t>> optional_;  // routing biases: written when given and mapped
   std::set<std::string> added_;
   std::vector<SafetensorsEntry> pending_;                 // the shard being filled (HF names, `dtype_`)
   int64_t pending_bytes_ = 0, total_bytes_ = 0;

@@ -11,11 +11,23 @@
 
 namespace titan {
 
+nn::YarnScaling yarn_scaling(const YarnRope& y) {
+  return nn::YarnScaling{y.factor, y.original_seq_len, y.beta_fast, y.beta_slow, y.mscale};
+}
+
 DecoderBlockImpl::DecoderBlockImpl(int64_t layer_id, const DecoderArgs& args, const at::TensorOptions& opts) {
   std::optional<double> qk_norm_eps;
   if (args.qk_norm) qk_norm_eps = args.norm_eps;
-  attention = register_module(
-      "attention", nn::Attention(args.dim, args.n_heads, args.kv_heads(), args.head_dim(), qk_norm_eps, opts));
+  if (args.mla) {
+    const DecoderMLA& m = *args.mla;
+    const nn::MLAOptions o{m.q_lora_rank, m.kv_lora_rank, m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim};
+    latent_attention = register_module(
+        "attention", nn::MultiLatentAttention(args.dim, args.n_heads, o, args.norm_eps,
+                                              args.yarn ? yarn_scaling(*args.yarn).softmax_scale() : 1.0, opts));
+  } else {
+    attention = register_module(
+        "attention", nn::Attention(args.dim, args.n_heads, args.kv_heads(), args.head_dim(), qk_norm_eps, opts));
+  }
   if (args.is_moe_layer(layer_id))
     moe = register_module("moe", nn::MoE(moe_options(args), opts));
   else
@@ -28,7 +40,8 @@ at::Tensor DecoderBlockImpl::forward(const at::Tensor& x_BSD, const at::Tensor& 
   // The body depends on its inputs only (activation checkpointing may run it again in backward).
   return with_hooks({x_BSD, cis_SE2}, [this](const std::vector<at::Tensor>& in) {
     const at::Tensor &x = in[0], &cis = in[1];
-    at::Tensor h_BSD = x + attention->forward(attention_norm(x), cis);
+    const at::Tensor normed = attention_norm(x);
+    at::Tensor h_BSD = x + (attention ? attention->forward(normed, cis) : latent_attention->forward(normed, cis));
     return h_BSD + (moe ? moe->forward(ffn_norm(h_BSD)) : feed_forward(ffn_norm(h_BSD)));
   });
 }
@@ -65,7 +78,8 @@ DecoderImpl::DecoderImpl(DecoderArgs args, const at::TensorOptions& opts, const 
     const RopeScaling& s = *args_.rope_scaling;
     scaling = nn::RopeScaling{s.factor, s.low_freq_factor, s.high_freq_factor, s.original_max_position_embeddings};
   }
-  freqs_ = nn::rope_frequencies(args_.head_dim(), args_.rope_theta, scaling);
+  freqs_ = args_.yarn ? nn::yarn_frequencies(args_.rope_dim(), args_.rope_theta, yarn_scaling(*args_.yarn))
+                      : nn::rope_frequencies(args_.rope_dim(), args_.rope_theta, scaling);
 }
 
 std::vector<LanguageModelImpl::SharedParameter> DecoderImpl::shared_parameters() const {
@@ -157,7 +171,11 @@ void DecoderImpl::init_elements(uint64_t seed, const std::string& name, at::Tens
                                    ends_with("feed_forward.w3.weight") || ends_with("moe.router.gate.weight") ||
                                    ends_with("moe.experts.w2") || ends_with("moe.experts.w3") ||
                                    ends_with("moe.shared_experts.w2.weight") || ends_with("moe.shared_experts.w3.weight");
+    // Multi-head latent attention's projections (wq or wq_a and wq_b, wkv_a, wkv_b) take 0.02, its
+    // wo the depth-scaled std, as torchtitan's DeepSeek-V3 does.
     const bool input_projection = ends_with("attention.wq.weight") || ends_with("attention.wk.weight") ||
+                                  ends_with("attention.wq_a.weight") || ends_with("attention.wq_b.weight") ||
+                                  ends_with("attention.wkv_a.weight") || ends_with("attention.wkv_b.weight") ||
                                   ends_with("attention.wv.weight") || ends_with("feed_forward.w1.weight") ||
                                   ends_with("moe.experts.w1") || ends_with("moe.shared_experts.w1.weight");
     TITAN_ASSERT(input_projection || output_projection, "init_rows: no initialization for parameter '", name, "'");
@@ -189,7 +207,10 @@ double DecoderImpl::flops_per_token(int64_t seq_len) const {
     }
   }
   const double emb = static_cast<double>(args_.vocab_size * args_.dim);  // the global table (TP shards it)
-  return 6.0 * (n - emb) + 12.0 * static_cast<double>(args_.n_layers * args_.n_heads * args_.head_dim() * seq_len);
+  // Scores and values: 6 * L * H * (qk head dim + v head dim) * S (MLA's differ; 2 * head_dim otherwise).
+  const int64_t head_dims = args_.mla ? args_.mla->qk_nope_head_dim + args_.mla->qk_rope_head_dim + args_.mla->v_head_dim
+                                      : 2 * args_.head_dim();
+  return 6.0 * (n - emb) + 6.0 * static_cast<double>(args_.n_layers * args_.n_heads * head_dims * seq_len);
 }
 
 }  // namespace titan

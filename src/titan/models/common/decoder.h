@@ -4,6 +4,8 @@
 //   layers.N.attention_norm.weight (D)      layers.N.ffn_norm.weight (D)
 //   layers.N.attention.wq.weight (H*E, D)   wk, wv: (K*E, D)   wo: (D, H*E)
 //   layers.N.attention.q_norm.weight (E)    k_norm: (E)        (QK-norm only, e.g. Qwen3)
+//   multi-head latent attention instead (DeepSeek-V3, nn/mla.h): layers.N.attention.wq.weight or
+//   wq_a, q_norm, wq_b; wkv_a, kv_norm, wkv_b, wo
 //   layers.N.feed_forward.w1.weight (F, D)  w3: (F, D)         w2: (D, F)
 //   MoE layers instead of feed_forward (nn/moe.h), Fe an expert's hidden size, Xe experts:
 //   layers.N.moe.router.gate.weight (Xe, D)  layers.N.moe.experts.w1 (Xe, Fe, D)  w3: (Xe, Fe, D)  w2: (Xe, D, Fe)
@@ -15,6 +17,7 @@
 #include "titan/models/common/decoder_args.h"
 #include "titan/models/model.h"
 #include "titan/nn/layers.h"
+#include "titan/nn/mla.h"
 #include "titan/nn/moe.h"
 
 #include <torch/nn/modules/container/moduledict.h>
@@ -25,12 +28,16 @@
 
 namespace titan {
 
+// nn's YaRN scaling of the arguments' (the softmax scale and frequencies of MLA models).
+nn::YarnScaling yarn_scaling(const YarnRope& y);
+
 class DecoderBlockImpl : public nn::HookedModule {
  public:
   DecoderBlockImpl(int64_t layer_id, const DecoderArgs& args, const at::TensorOptions& opts);
   at::Tensor forward(const at::Tensor& x_BSD, const at::Tensor& cis_SE2);
 
-  nn::Attention attention{nullptr};
+  nn::Attention attention{nullptr};                      // grouped-query attention, or
+  nn::MultiLatentAttention latent_attention{nullptr};   // MLA (args.mla), also named "attention"
   nn::FeedForward feed_forward{nullptr};  // null in a MoE layer
   nn::MoE moe{nullptr};                   // null in a dense layer
   nn::RMSNorm attention_norm{nullptr}, ffn_norm{nullptr};

@@ -18,11 +18,26 @@ void DecoderArgs::validate() const {
                        attention_head_dim >= 0 && n_kv_heads >= 0,
                    "model: dim, n_layers, n_heads, vocab_size and multiple_of must be positive (head_dim, "
                    "hidden_dim and n_kv_heads positive or unset)");
-  TITAN_USER_CHECK(attention_head_dim > 0 || dim % n_heads == 0, "model: dim ", dim, " is not divisible by n_heads ",
-                   n_heads, " (or set head_dim)");
-  TITAN_USER_CHECK(n_heads % kv_heads() == 0, "model: n_heads ", n_heads, " is not a multiple of n_kv_heads ",
-                   kv_heads());
-  TITAN_USER_CHECK(head_dim() % 2 == 0, "model: head_dim ", head_dim(), " must be even for RoPE");
+  if (mla) {
+    const DecoderMLA& m = *mla;
+    TITAN_USER_CHECK(m.kv_lora_rank > 0 && m.qk_nope_head_dim >= 0 && m.qk_rope_head_dim > 0 &&
+                         m.qk_rope_head_dim % 2 == 0 && m.v_head_dim > 0 && m.q_lora_rank >= 0 &&
+                         m.v_head_dim <= m.qk_nope_head_dim + m.qk_rope_head_dim,
+                     "model: multi-head latent attention needs kv_lora_rank > 0, an even qk_rope_head_dim > 0, "
+                     "qk_nope_head_dim >= 0, q_lora_rank >= 0 and 0 < v_head_dim <= qk_nope_head_dim + qk_rope_head_dim");
+    TITAN_USER_CHECK(!rope_scaling, "model: multi-head latent attention scales RoPE with YaRN, not Llama 3.1's scaling");
+  } else {
+    TITAN_USER_CHECK(attention_head_dim > 0 || dim % n_heads == 0, "model: dim ", dim, " is not divisible by n_heads ",
+                     n_heads, " (or set head_dim)");
+    TITAN_USER_CHECK(n_heads % kv_heads() == 0, "model: n_heads ", n_heads, " is not a multiple of n_kv_heads ",
+                     kv_heads());
+    TITAN_USER_CHECK(head_dim() % 2 == 0, "model: head_dim ", head_dim(), " must be even for RoPE");
+    TITAN_USER_CHECK(!yarn, "model: YaRN RoPE scaling is implemented for multi-head latent attention only");
+  }
+  if (yarn)
+    TITAN_USER_CHECK(yarn->factor > 0 && yarn->original_seq_len > 0 && yarn->beta_fast > yarn->beta_slow &&
+                         yarn->beta_slow > 0,
+                     "model: YaRN needs factor > 0, original_seq_len > 0 and beta_fast > beta_slow > 0");
   TITAN_USER_CHECK(norm_eps > 0 && rope_theta > 0, "model: norm_eps and rope_theta must be positive");
   if (rope_scaling) {
     const RopeScaling& s = *rope_scaling;

@@ -41,6 +41,23 @@ struct DecoderMoE {
   int64_t n_dense_layers = 0;
 };
 
+// Multi-head latent attention (DeepSeek-V2/V3, nn/mla.h) in place of grouped-query attention.
+struct DecoderMLA {
+  int64_t q_lora_rank = 0;  // 0: no query latent (wq projects directly)
+  int64_t kv_lora_rank = 512;
+  int64_t qk_nope_head_dim = 128;
+  int64_t qk_rope_head_dim = 64;
+  int64_t v_head_dim = 128;
+};
+
+// YaRN RoPE scaling (DeepSeek-V3; transformers' rope_type "yarn"), over MLA's rotary dims.
+struct YarnRope {
+  double factor = 40;
+  int64_t original_seq_len = 4096;
+  double beta_fast = 32, beta_slow = 1;
+  double mscale = 1.0;
+};
+
 struct DecoderArgs {
   int64_t dim = 4096;
   int64_t n_layers = 32;
@@ -61,9 +78,13 @@ struct DecoderArgs {
   bool qk_norm = false;          // per-head RMSNorm of q and k before RoPE (Qwen3)
   bool depth_init = true;        // output projections' init std shrinks with layer depth
   std::optional<DecoderMoE> moe;  // mixture-of-experts feed-forward (in layers from moe->n_dense_layers)
+  std::optional<DecoderMLA> mla;  // multi-head latent attention (n_kv_heads and head_dim then unused)
+  std::optional<YarnRope> yarn;   // with mla: YaRN scaling of its rotary dims (rope_scaling must be unset)
 
   int64_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
   int64_t head_dim() const { return attention_head_dim > 0 ? attention_head_dim : dim / n_heads; }
+  // The dims RoPE rotates per head: head_dim, or MLA's qk_rope_head_dim.
+  int64_t rope_dim() const { return mla ? mla->qk_rope_head_dim : head_dim(); }
   // hidden_dim, or torchtitan's rule: multiple_of * ceil(int(ffn_mult * int(2 * 4 * dim / 3)) / multiple_of).
   int64_t ffn_hidden_dim() const;
   // Whether layer `id`'s feed-forward is the mixture of experts.

@@ -30,6 +30,39 @@ const std::vector<std::pair<std::string, std::string>>& layer_names() {
   return names;
 }
 
+// DeepSeek's multi-head latent attention: titan name -> HF name, per layer.
+const std::vector<std::pair<std::string, std::string>>& mla_names() {
+  static const std::vector<std::pair<std::string, std::string>> names = {
+      {"attention.wq.weight", "self_attn.q_proj.weight"},
+      {"attention.wq_a.weight", "self_attn.q_a_proj.weight"},
+      {"attention.q_norm.weight", "self_attn.q_a_layernorm.weight"},
+      {"attention.wq_b.weight", "self_attn.q_b_proj.weight"},
+      {"attention.wkv_a.weight", "self_attn.kv_a_proj_with_mqa.weight"},
+      {"attention.kv_norm.weight", "self_attn.kv_a_layernorm.weight"},
+      {"attention.wkv_b.weight", "self_attn.kv_b_proj.weight"},
+      {"attention.wo.weight", "self_attn.o_proj.weight"},
+      {"feed_forward.w1.weight", "mlp.gate_proj.weight"},
+      {"feed_forward.w2.weight", "mlp.down_proj.weight"},
+      {"feed_forward.w3.weight", "mlp.up_proj.weight"},
+      {"attention_norm.weight", "input_layernorm.weight"},
+      {"ffn_norm.weight", "post_attention_layernorm.weight"},
+  };
+  return names;
+}
+
+// A MoE layer's router, shared experts and routing bias: titan suffix -> HF suffix (the bias only
+// where the architecture stores one: DeepSeek's e_score_correction_bias).
+const std::vector<std::pair<std::string, std::string>>& moe_names() {
+  static const std::vector<std::pair<std::string, std::string>> names = {
+      {"moe.router.gate.weight", "mlp.gate.weight"},
+      {"moe.shared_experts.w1.weight", "mlp.shared_experts.gate_proj.weight"},
+      {"moe.shared_experts.w3.weight", "mlp.shared_experts.up_proj.weight"},
+      {"moe.shared_experts.w2.weight", "mlp.shared_experts.down_proj.weight"},
+      {"moe.expert_bias", "mlp.gate.e_score_correction_bias"},
+  };
+  return names;
+}
+
 // Rows of a q/k projection (heads*E, D): within each head, Meta orders rotation pairs
 // interleaved (r0 i0 r1 i1 ...), HF as halves (r0 r1 ... i0 i1 ...).
 at::Tensor interleaved_to_halves(const at::Tensor& w, int64_t heads) {
@@ -87,15 +120,22 @@ StateDict convert(const StateDict& in, const DecoderArgs& args, const HFDialect&
           if (h == m[3]) experts[{layer, t}][j] = tensor;
         continue;
       }
-      const std::string router_titan = ".moe.router.gate.weight", router_hf = ".mlp.gate.weight";
-      if (std::regex_match(name, m, to_hf ? titan_layer : hf_layer) && "." + m[2].str() == (to_hf ? router_titan : router_hf))
-        mapped = to_hf ? "model.layers." + m[1].str() + router_hf : "layers." + m[1].str() + router_titan;
+      if (std::regex_match(name, m, to_hf ? titan_layer : hf_layer)) {
+        for (const auto& [t, h] : moe_names()) {
+          if (m[2].str() != (to_hf ? t : h)) continue;
+          // Only DeepSeek's checkpoints hold the routing bias; titan's own stays out of the others'.
+          if (t == "moe.expert_bias" && !dialect.deepseek) break;
+          mapped = to_hf ? "model.layers." + m[1].str() + "." + h : "layers." + m[1].str() + "." + t;
+        }
+        if (mapped.empty() && to_hf && m[2].str() == "moe.expert_bias") continue;
+      }
     }
     if (mapped.empty() && std::regex_match(name, m, to_hf ? titan_layer : hf_layer)) {
       const std::string layer = m[1], suffix = m[2];
-      for (const auto& [t, h] : layer_names()) {
+      for (const auto& [t, h] : args.mla ? mla_names() : layer_names()) {
         if (suffix != (to_hf ? t : h)) continue;
         mapped = to_hf ? "model.layers." + layer + "." + h : "layers." + layer + "." + t;
+        if (args.mla) break;  // stored as titan holds it (RoPE pairs interleaved in both)
         const int64_t heads = t == "attention.wq.weight" ? args.n_heads
                               : t == "attention.wk.weight" ? args.kv_heads() : 0;
         if (heads) value = to_hf ? interleaved_to_halves(tensor, heads) : halves_to_interleaved(tensor, heads);
@@ -108,7 +148,7 @@ StateDict convert(const StateDict& in, const DecoderArgs& args, const HFDialect&
     }
     if (mapped.empty() && !to_hf && name.find("rotary_emb") != std::string::npos) continue;  // buffers
     // Only the parameters the model has (a QK-norm weight in a model without QK-norm has no counterpart).
-    if (!mapped.empty() && !args.qk_norm && mapped.find("_norm.weight") != std::string::npos &&
+    if (!mapped.empty() && !args.qk_norm && !args.mla && mapped.find("_norm.weight") != std::string::npos &&
         (mapped.find("q_norm") != std::string::npos || mapped.find("k_norm") != std::string::npos))
       mapped.clear();
     TITAN_USER_CHECK(!mapped.empty(), "tensor '", name, "' has no ", to_hf ? "Hugging Face" : "titan",
@@ -139,7 +179,70 @@ std::string torch_dtype_name(at::ScalarType dtype) {
   }
 }
 
+// DeepSeek-V3's config.json fields of `a` (the form DeepseekV3Config reads), whether or not
+// DeepseekV3ForCausalLM can run them (its router is always sigmoid: "scoring_func" records ours).
+nlohmann::json deepseek_fields(const DecoderArgs& a) {
+  TITAN_ASSERT(a.mla && a.moe, "a DeepSeek-V3 model has multi-head latent attention and MoE layers");
+  const DecoderMLA& l = *a.mla;
+  const DecoderMoE& m = *a.moe;
+  nlohmann::json rope = nullptr;
+  if (a.yarn) {
+    const YarnRope& y = *a.yarn;
+    // mscale and mscale_all_dim equal: the softmax scale grows by the mscale factor squared and the
+    // rotations are not scaled (transformers' attention factor is their ratio).
+    rope = {{"type", "yarn"},
+            {"rope_type", "yarn"},
+            {"factor", y.factor},
+            {"original_max_position_embeddings", y.original_seq_len},
+            {"beta_fast", y.beta_fast},
+            {"beta_slow", y.beta_slow},
+            {"mscale", y.mscale},
+            {"mscale_all_dim", y.mscale}};
+  }
+  return {{"architectures", {"DeepseekV3ForCausalLM"}},
+          {"model_type", "deepseek_v3"},
+          {"hidden_size", a.dim},
+          {"intermediate_size", a.ffn_hidden_dim()},
+          {"moe_intermediate_size", m.hidden_dim},
+          {"num_hidden_layers", a.n_layers},
+          {"num_attention_heads", a.n_heads},
+          {"num_key_value_heads", a.n_heads},
+          {"n_routed_experts", m.num_experts},
+          {"n_shared_experts", m.num_shared_experts},
+          {"num_experts_per_tok", m.top_k},
+          {"n_group", std::max<int64_t>(1, m.n_groups)},
+          {"topk_group", std::max<int64_t>(1, m.topk_groups)},
+          {"routed_scaling_factor", m.route_scale},
+          {"norm_topk_prob", m.route_norm},
+          {"scoring_func", m.score_func},
+          {"first_k_dense_replace", m.n_dense_layers},
+          {"q_lora_rank", l.q_lora_rank > 0 ? nlohmann::json(l.q_lora_rank) : nlohmann::json(nullptr)},
+          {"kv_lora_rank", l.kv_lora_rank},
+          {"qk_nope_head_dim", l.qk_nope_head_dim},
+          {"qk_rope_head_dim", l.qk_rope_head_dim},
+          {"v_head_dim", l.v_head_dim},
+          {"hidden_act", "silu"},
+          {"rms_norm_eps", a.norm_eps},
+          {"rope_theta", a.rope_theta},
+          {"rope_scaling", rope},
+          {"rope_interleave", true},
+          {"max_position_embeddings", a.max_seq_len},
+          {"vocab_size", a.vocab_size},
+          {"tie_word_embeddings", a.tie_embeddings},
+          {"attention_bias", false}};
+}
+
 std::string config_json(const DecoderArgs& args, const HFDialect& dialect, at::ScalarType dtype) {
+  if (dialect.deepseek) {
+    nlohmann::json cfg = deepseek_fields(args);
+    TITAN_USER_CHECK(cfg["scoring_func"] == "sigmoid", "DeepseekV3ForCausalLM routes with sigmoid scores: this "
+                     "flavor's ", cfg["scoring_func"].get<std::string>(), " routing has no DeepseekV3 config.json form "
+                     "(keep titan checkpoints for it)");
+    cfg.erase("scoring_func");
+    cfg["torch_dtype"] = torch_dtype_name(dtype);
+    cfg["initializer_range"] = 0.02;
+    return cfg.dump(2) + "\n";
+  }
   nlohmann::json rope_scaling = nullptr;
   if (args.rope_scaling) {
     const RopeScaling& s = *args.rope_scaling;
@@ -241,8 +344,103 @@ class HFConfig {
 
 }  // namespace
 
+namespace {
+
+// DeepseekV3Config's fields with its defaults for absent ones.
+DecoderArgs deepseek_args_from_hf_config(const HFConfig& c) {
+  const nlohmann::json model_type = c.field("model_type", "deepseek_v3");
+  if (model_type != "deepseek_v3") c.fail("model_type", model_type, "\"deepseek_v3\"");
+  DecoderArgs a;
+  a.dim = c.integer("hidden_size");
+  a.n_layers = c.integer("num_hidden_layers");
+  a.n_heads = c.integer("num_attention_heads");
+  a.vocab_size = c.integer("vocab_size");
+  a.hidden_dim = c.integer("intermediate_size");
+  a.max_seq_len = c.integer("max_position_embeddings", 4096);
+  a.norm_eps = c.number("rms_norm_eps", c.field("rms_norm_eps", 1e-6));
+  const nlohmann::json act = c.field("hidden_act", "silu");
+  if (act != "silu") c.fail("hidden_act", act, "\"silu\" (SwiGLU feed-forward)");
+  const nlohmann::json bias = c.field("attention_bias", false);
+  if (bias != false) c.fail("attention_bias", bias, "false (titan's attention has no biases)");
+  const nlohmann::json dropout = c.field("attention_dropout", 0.0);
+  if (!dropout.is_number() || dropout.get<double>() != 0.0)
+    c.fail("attention_dropout", dropout, "0 (titan trains without dropout)");
+  const nlohmann::json interleave = c.field("rope_interleave", true);
+  if (interleave != true) c.fail("rope_interleave", interleave, "true (RoPE pairs stored interleaved)");
+  const nlohmann::json tied = c.field("tie_word_embeddings", false);
+  if (tied != false) c.fail("tie_word_embeddings", tied, "false");
+  DecoderMLA l;
+  const nlohmann::json q_lora = c.field("q_lora_rank", c.given("q_lora_rank") ? nlohmann::json(0) : nlohmann::json(1536));
+  if (!q_lora.is_number_integer() || q_lora.get<int64_t>() < 0) c.fail("q_lora_rank", q_lora, "null or a rank");
+  l.q_lora_rank = q_lora.get<int64_t>();
+  l.kv_lora_rank = c.integer("kv_lora_rank", 512);
+  l.qk_nope_head_dim = c.integer("qk_nope_head_dim", 128);
+  l.qk_rope_head_dim = c.integer("qk_rope_head_dim", 64);
+  l.v_head_dim = c.integer("v_head_dim", 128);
+  a.mla = l;
+  DecoderMoE m;
+  if (c.given("n_routed_experts") && c.given("num_local_experts") &&
+      c.field("n_routed_experts", nullptr) != c.field("num_local_experts", nullptr))
+    c.fail("n_routed_experts", c.field("n_routed_experts", nullptr), "the value of num_local_experts (one expert count)");
+  m.num_experts = c.integer(c.given("num_local_experts") ? "num_local_experts" : "n_routed_experts", 256);
+  const nlohmann::json shared = c.field("n_shared_experts", 1);
+  if (!shared.is_number_integer() || shared.get<int64_t>() < 0) c.fail("n_shared_experts", shared, "a count");
+  m.num_shared_experts = shared.get<int64_t>();
+  m.top_k = c.integer("num_experts_per_tok", 8);
+  m.hidden_dim = c.integer("moe_intermediate_size", 2048);
+  m.n_groups = c.integer("n_group", 8);
+  m.topk_groups = c.integer("topk_group", 4);
+  if (m.n_groups == 1) m.n_groups = m.topk_groups = 0;  // one group: no group limit
+  m.route_scale = c.number("routed_scaling_factor", c.field("routed_scaling_factor", 2.5));
+  const nlohmann::json norm = c.field("norm_topk_prob", true);
+  if (!norm.is_boolean()) c.fail("norm_topk_prob", norm, "true or false");
+  m.route_norm = norm.get<bool>();
+  m.score_func = "sigmoid";
+  const nlohmann::json scoring = c.field("scoring_func", "sigmoid");
+  if (scoring != "sigmoid" && scoring != "softmax") c.fail("scoring_func", scoring, "\"sigmoid\" or \"softmax\"");
+  m.score_func = scoring.get<std::string>();
+  const nlohmann::json dense = c.field("first_k_dense_replace", 3);
+  if (!dense.is_number_integer() || dense.get<int64_t>() < 0 || dense.get<int64_t>() > a.n_layers)
+    c.fail("first_k_dense_replace", dense, "a layer count up to num_hidden_layers");
+  m.n_dense_layers = dense.get<int64_t>();
+  TITAN_USER_CHECK(m.top_k <= m.num_experts, "num_experts_per_tok ", m.top_k, " exceeds the ", m.num_experts, " experts");
+  a.moe = m;
+  const nlohmann::json& rope = c.rope();
+  auto in_rope = [&](const std::string& name) { return rope.contains(name) && !rope[name].is_null(); };
+  a.rope_theta = c.number("rope_theta", in_rope("rope_theta") ? rope["rope_theta"] : c.field("rope_theta", 10000.0));
+  a.rope_scaling.reset();
+  const nlohmann::json type = in_rope("rope_type") ? rope["rope_type"] : in_rope("type") ? rope["type"] : nlohmann::json("default");
+  if (type == "yarn") {
+    YarnRope y;
+    auto get = [&](const std::string& name, const nlohmann::json& fallback) {
+      return c.number("rope_scaling." + name, in_rope(name) ? rope[name] : fallback);
+    };
+    y.factor = get("factor", nullptr);
+    y.original_seq_len = static_cast<int64_t>(
+        get("original_max_position_embeddings", c.field("original_max_position_embeddings", a.max_seq_len)));
+    y.beta_fast = get("beta_fast", 32.0);
+    y.beta_slow = get("beta_slow", 1.0);
+    // transformers scales the softmax by mscale_all_dim's factor squared and the rotations by
+    // mscale's factor over mscale_all_dim's: titan implements equal ones (DeepSeek's checkpoints).
+    if (!in_rope("mscale") || !in_rope("mscale_all_dim") || rope["mscale"] != rope["mscale_all_dim"])
+      c.fail("rope_scaling.mscale", rope.value("mscale", nlohmann::json(nullptr)),
+             "a value equal to rope_scaling.mscale_all_dim (both given)");
+    y.mscale = get("mscale", nullptr);
+    if (in_rope("attention_factor") && rope["attention_factor"] != 1.0)
+      c.fail("rope_scaling.attention_factor", rope["attention_factor"], "1 (no scaling of the rotations)");
+    a.yarn = y;
+  } else if (type != "default") {
+    c.fail("rope_scaling.rope_type", type, "\"yarn\" or \"default\" (the RoPE variants titan implements for DeepSeek-V3)");
+  }
+  a.validate();
+  return a;
+}
+
+}  // namespace
+
 DecoderArgs decoder_args_from_hf_config(const std::string& text, const HFDialect& dialect) {
   HFConfig c(text, dialect);
+  if (dialect.deepseek) return deepseek_args_from_hf_config(c);
   const nlohmann::json model_type = c.field("model_type", dialect.model_type);
   const bool moe = !dialect.moe_model_type.empty() && model_type == dialect.moe_model_type;
   if (model_type != dialect.model_type && !moe)
@@ -356,6 +554,24 @@ std::string config_mismatch(const DecoderArgs& args, const HFDialect& dialect, c
   auto differs = [](const std::string& field, const auto& value, const auto& expected) {
     return field + " is " + nlohmann::json(value).dump() + ", the flavor has " + nlohmann::json(expected).dump();
   };
+  if (dialect.deepseek) {  // field by field in the config's own form
+    const nlohmann::json g = deepseek_fields(got), want = deepseek_fields(args);
+    for (const auto& [key, value] : want.items()) {
+      const nlohmann::json& other = g.at(key);
+      if (key == "rope_scaling" && value.is_object() && other.is_object()) {
+        for (const auto& [k, v] : value.items())
+          if (v != other.at(k) && !(v.is_number() && other.at(k).is_number() &&
+                                    std::abs(v.get<double>() - other.at(k).get<double>()) <= 1e-9 * std::abs(v.get<double>())))
+            return differs("rope_scaling." + k, other.at(k), v);
+      } else if (value.is_number_float() || other.is_number_float()) {
+        if (!other.is_number() || std::abs(other.get<double>() - value.get<double>()) > 1e-9 * std::abs(value.get<double>()))
+          return differs(key, other, value);
+      } else if (value != other) {
+        return differs(key, other, value);
+      }
+    }
+    return "";
+  }
   auto close = [](double v, double expected) { return std::abs(v - expected) <= 1e-9 * std::abs(expected); };
   const std::vector<std::tuple<std::string, int64_t, int64_t>> ints = {
       {"hidden_size", got.dim, args.dim},

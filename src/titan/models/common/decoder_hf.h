@@ -26,6 +26,11 @@ struct HFDialect {
   std::string moe_model_type;
   int64_t moe_default_head_dim = 0;  // as default_head_dim, for the MoE variant's config class
   int64_t moe_default_kv_heads = 0;  // as default_kv_heads, for the MoE variant's config class
+  // DeepSeek-V3's config.json and names: multi-head latent attention (self_attn.q_proj or q_a_proj,
+  // q_a_layernorm, q_b_proj; kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj; o_proj), every layer
+  // from first_k_dense_replace a mixture of experts with shared experts (mlp.shared_experts.*) and
+  // its routing bias as mlp.gate.e_score_correction_bias; RoPE pairs stored interleaved, as titan's.
+  bool deepseek = false;
 };
 
 HFAdapter decoder_hf_adapter(const DecoderArgs& args, const HFDialect& dialect);

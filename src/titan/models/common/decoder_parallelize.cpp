@@ -28,6 +28,9 @@ void check_tensor_parallel_degree(const DecoderArgs& a, int64_t tp) {
 // Tensor parallelism: shards the parameters, puts the communication around the modules and tells
 // the data-parallel layer each parameter's placement.
 void apply_tensor_parallel(DecoderImpl& model, dist::TensorParallel& tp, dist::DataParallel& dp) {
+  TITAN_USER_CHECK(!model.args().mla, "tensor parallelism of multi-head latent attention is not supported yet: train "
+                   "this model with parallelism.tensor_parallel_degree = 1 (FSDP, HSDP, DDP, pipeline, context and "
+                   "expert parallelism all apply)");
   TITAN_USER_CHECK(!model.args().moe, "tensor parallelism of mixture-of-experts layers is not supported yet: train "
                    "this model with parallelism.tensor_parallel_degree = 1 (FSDP, HSDP, DDP, pipeline and context "
                    "parallelism all apply)");
@@ -120,10 +123,14 @@ ParallelizedModel parallelize_decoder(LanguageModelImpl& model, const Paralleliz
   if (dist::ContextParallel* cp = ctx.context_parallel) {
     transformer->set_sequence_positions(cp->degree(), [cp](int64_t seq_len) { return cp->positions(seq_len); });
     for (const auto& [prefix, block] : transformer->blocks()) {
-      block->attention->attend = [cp](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-        return cp->attention(q, k, v);
-      };
-      block->attention->kernels = cp->attention_kernels();
+      auto ring = [cp](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) { return cp->attention(q, k, v); };
+      if (block->attention) {
+        block->attention->attend = ring;
+        block->attention->kernels = cp->attention_kernels();
+      } else {
+        block->latent_attention->attend = ring;
+        block->latent_attention->kernels = cp->attention_kernels();
+      }
     }
   }
 
