@@ -143,7 +143,21 @@ std::vector<GradCase> grad_cases() {
   qwen3_moe["moe_intermediate_size"] = 32;
   qwen3_moe["norm_topk_prob"] = true;
   qwen3_moe["mlp_only_layers"] = {0};
-  return {{"qwen3", qwen3}, {"qwen3", qwen3_untied}, {"llama2", llama2}, {"llama3", llama31}, {"qwen3", qwen3_moe}};
+  // DeepSeek-V3: multi-head latent attention with a query latent and YaRN, a dense layer, then a
+  // MoE layer with a shared expert and sigmoid group-limited routing.
+  const nlohmann::json deepseek_v3 = {
+      {"model_type", "deepseek_v3"}, {"hidden_size", 64},      {"intermediate_size", 96},
+      {"moe_intermediate_size", 32}, {"num_hidden_layers", 2}, {"first_k_dense_replace", 1},
+      {"num_attention_heads", 4},    {"num_key_value_heads", 4}, {"n_routed_experts", 8}, {"n_shared_experts", 1},
+      {"num_experts_per_tok", 2},    {"n_group", 2},           {"topk_group", 1},
+      {"norm_topk_prob", true},      {"routed_scaling_factor", 2.5}, {"q_lora_rank", 16},
+      {"kv_lora_rank", 32},          {"qk_nope_head_dim", 16}, {"qk_rope_head_dim", 8},
+      {"v_head_dim", 16},            {"vocab_size", 300},      {"rms_norm_eps", 1e-6},
+      {"rope_theta", 10000.0},       {"max_position_embeddings", 163840}, {"tie_word_embeddings", false},
+      {"rope_scaling", {{"rope_type", "yarn"}, {"factor", 40.0}, {"original_max_position_embeddings", 4096},
+                        {"beta_fast", 32.0}, {"beta_slow", 1.0}, {"mscale", 1.0}, {"mscale_all_dim", 1.0}}}};
+  return {{"qwen3", qwen3},         {"qwen3", qwen3_untied}, {"llama2", llama2},
+          {"llama3", llama31},      {"qwen3", qwen3_moe},    {"deepseek_v3", deepseek_v3}};
 }
 
 TEST(ModelFamilies, LogitsLossAndEveryGradientEqualTransformers) {
@@ -279,7 +293,7 @@ TEST(ModelFamilies, HuggingFaceModelsOfAnySizeImportAndExport) {
 
 TEST(ModelFamilies, MoeExpertsAreOneHuggingFaceTensorPerExpert) {
   test::TempDir dir;
-  const GradCase c = grad_cases().back();
+  const GradCase c = grad_cases()[4];
   ASSERT_EQ(c.config.at("model_type"), "qwen3_moe");
   const std::string flavor = dir / "flavor/config.json";
   write_config(flavor, c.config);
