@@ -59,6 +59,7 @@ std::vector<std::pair<std::string, Placement>> ExpertParallel::shard(nn::Grouped
 nn::ExpertExchange ExpertParallel::exchange(const at::Tensor& routed_ND, const at::Tensor& counts_E) {
   const int64_t n = group_.size(), E = counts_E.numel(), e = E / n;
   TITAN_ASSERT(E % n == 0, "expert exchange: ", E, " experts over ", n, " ranks");
+  if (routed_ND.is_meta()) return balanced_exchange(routed_ND, counts_E);
   at::Tensor sent_E, recv_E;
   {
     at::NoGradGuard no_grad;
@@ -104,6 +105,25 @@ nn::ExpertExchange ExpertParallel::exchange(const at::Tensor& routed_ND, const a
     }
     const at::Tensor by_rank = out_MD.index_select(0, put_M.to(out_MD.device()));
     return all_to_all_rows(by_rank, *g, in_splits, out_splits);
+  };
+  return ex;
+}
+
+nn::ExpertExchange ExpertParallel::balanced_exchange(const at::Tensor& routed_ND, const at::Tensor& counts_E) {
+  // The same collectives and tensors as the exchange above, with the rows spread evenly: every rank
+  // sends 1/ep of its copies to each rank and receives as many.
+  const int64_t n = group_.size(), e = counts_E.numel() / n, N = routed_ND.size(0);
+  at::Tensor recv_E = at::empty_like(counts_E);
+  group_.all_to_all(recv_E, counts_E, std::vector<int64_t>(n, e), std::vector<int64_t>(n, e)).wait();
+  std::vector<int64_t> splits(n);
+  for (int64_t r = 0; r < n; ++r) splits[r] = N / n + (r < N % n ? 1 : 0);
+  const at::Tensor order = at::arange(N, routed_ND.options().dtype(at::kLong));
+  nn::ExpertExchange ex;
+  ex.x_ND = all_to_all_rows(routed_ND, group_, splits, splits).index_select(0, order);
+  ex.counts_E = at::empty({e}, counts_E.options());
+  Group* g = &group_;
+  ex.back = [g, order, splits](const at::Tensor& out_MD) {
+    return all_to_all_rows(out_MD.index_select(0, order), *g, splits, splits);
   };
   return ex;
 }

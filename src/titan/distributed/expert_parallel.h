@@ -41,9 +41,12 @@ class ExpertParallel {
   // "ep"). Throws UserError when the degree does not divide the number of experts.
   std::vector<std::pair<std::string, Placement>> shard(nn::GroupedExpertsImpl& experts) const;
   // The exchange above, for a MoE layer whose experts were sharded here (nn::MoEImpl::exchange).
+  // On the meta device (titan estimate's dry run, where the router has no values) the routing is
+  // taken as balanced: every rank sends 1/ep of its copies to each rank and receives as many.
   nn::ExpertExchange exchange(const at::Tensor& routed_ND, const at::Tensor& counts_E);
 
  private:
+  nn::ExpertExchange balanced_exchange(const at::Tensor& routed_ND, const at::Tensor& counts_E);
   Group& group_;
 };
 

@@ -7,6 +7,7 @@
 #include "titan/distributed/context_parallel.h"
 #include "titan/distributed/ddp.h"
 #include "titan/distributed/data_parallel.h"
+#include "titan/distributed/expert_parallel.h"
 #include "titan/distributed/pipeline.h"
 #include "titan/distributed/placement.h"
 #include "titan/nn/loss.h"
@@ -288,6 +289,8 @@ class DryMesh {
     add("tp", p.tp);
     add("cp", p.cp, static_cast<int>(p.cp) - 1);
     add("pp", p.pp, p.pp_rank);
+    add("ep", p.ep);
+    add("efsdp", p.dp_shard * p.cp / p.ep);
   }
   dist::Group& operator[](const std::string& name) {
     auto it = groups_.find(name);
@@ -362,16 +365,19 @@ DryRunResult run(const DryRunPlan& plan) {
   auto make_data_parallel = [&] {
     return std::make_unique<dist::DataParallel>(mesh["dp_shard_cp"], mesh["dp_replicate"], dpo,
                                                 [](const std::string&, at::Tensor, const std::vector<int64_t>&) {},  // meta: no values
-                                                at::Device(at::kMeta));
+                                                at::Device(at::kMeta), plan.ep > 1 ? &mesh["efsdp"] : nullptr);
   };
   std::unique_ptr<dist::TensorParallel> tp;
   if (plan.tp > 1) tp = std::make_unique<dist::TensorParallel>(mesh["tp"], plan.tp_options);
   std::unique_ptr<dist::ContextParallel> cp;
   if (plan.cp > 1) cp = std::make_unique<dist::ContextParallel>(mesh["cp"], plan.cp_options);
+  std::unique_ptr<dist::ExpertParallel> ep;
+  if (plan.ep > 1) ep = std::make_unique<dist::ExpertParallel>(mesh["ep"]);
   TITAN_ASSERT(spec.parallelize, "model ", spec.name, " has no parallelize function");
   ParallelizeContext pctx;
   pctx.tensor_parallel = tp.get();
   pctx.context_parallel = cp.get();
+  pctx.expert_parallel = ep.get();
   pctx.ac_mode = plan.ac_mode;
   pctx.ac_every = plan.ac_every;
   const int64_t B = plan.local_batch_size, S = plan.seq_len, S_local = S / plan.cp;  // the rank's part of each sequence

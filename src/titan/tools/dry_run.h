@@ -51,6 +51,7 @@ struct DryRunPlan {
   dist::ContextParallelOptions cp_options;  // cp > 1: how sequences are split and K/V move
   bool fsdp = false;  // FSDP (HSDP with dp_replicate > 1); else DDP when dp_replicate > 1
   int64_t tp = 1;     // tensor-parallel degree (this rank holds TP shard 0)
+  int64_t ep = 1;     // expert-parallel degree (out of dp_shard x cp; routing taken as balanced)
   dist::TensorParallelOptions tp_options;
   std::string reshard_after_forward = "default";
   std::string ac_mode = "none";  // none | full | selective (every ac_every-th block) | op

@@ -137,14 +137,9 @@ Estimate estimate(const JobConfig& cfg, const EstimateOptions& options) {
             p.context_parallel_degree * p.tensor_parallel_degree * p.pipeline_parallel_degree;
   }
   const dist::ParallelDims dims(p.data_parallel_replicate_degree, p.data_parallel_shard_degree,
-                                p.context_parallel_degree, p.tensor_parallel_degree, p.pipeline_parallel_degree, world);
+                                p.context_parallel_degree, p.tensor_parallel_degree, p.pipeline_parallel_degree, world,
+                                p.expert_parallel_degree);
   check_supported(cfg, world);  // what titan train refuses, the estimate refuses with the same words
-  // Where an expert-parallel rank's tokens go depends on the router's values, which a shape-only
-  // run does not have.
-  TITAN_USER_CHECK(p.expert_parallel_degree == 1, "titan estimate does not model "
-                   "parallelism.expert_parallel_degree ", p.expert_parallel_degree, ": the tokens each rank receives "
-                   "depend on the router's values, which the meta-device dry run does not compute. Estimate with "
-                   "--parallelism.expert_parallel_degree 1 (the same ranks as FSDP; experts then are not split)");
 
   // Precision and data parallelism, decided as Trainer::Trainer decides them.
   const bool cuda = options.device == "cuda";
@@ -174,6 +169,7 @@ Estimate estimate(const JobConfig& cfg, const EstimateOptions& options) {
   plan.cp = dims.cp();
   plan.fsdp = use_fsdp;
   plan.tp = dims.tp();
+  plan.ep = dims.ep();
   dist::check_sequence_length(tr.seq_len, dims.tp(), p.enable_sequence_parallel);
   plan.tp_options = dist::tensor_parallel_options(p);
   if (dims.cp() > 1) {
@@ -216,6 +212,9 @@ Estimate estimate(const JobConfig& cfg, const EstimateOptions& options) {
   if (dims.tp() > 1) add_layout("TP " + std::to_string(dims.tp()) + (p.enable_sequence_parallel ? " (sequence parallel)" : ""));
   if (dims.cp() > 1) add_layout("CP " + std::to_string(dims.cp()));
   if (dims.pp() > 1) add_layout("PP " + std::to_string(dims.pp()) + " (" + plan.pipeline.schedule + ")");
+  if (dims.ep() > 1)
+    add_layout("EP " + std::to_string(dims.ep()) + " (experts FSDP over " + std::to_string(dims.degree("efsdp")) +
+               "; routing taken as balanced)");
   e.device = options.device;
   e.compute_dtype = dtype_name(bf16_compute ? at::kBFloat16 : param_dtype);
   e.param_dtype = dtype_name(param_dtype);

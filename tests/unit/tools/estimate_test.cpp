@@ -592,7 +592,7 @@ TEST(Estimate, LayoutsTitanCannotTrainAreUserErrorsNamingTheOption) {
       EXPECT_NE(std::string(e.what()).find(option), std::string::npos) << e.what();
     }
   };
-  expect_refused({"--parallelism.expert_parallel_degree", "2"}, 2, "expert_parallel_degree");
+  expect_refused({"--parallelism.expert_parallel_degree", "2"}, 2, "expert_parallel_degree");  // a dense model
   // Pipeline and context parallelism are estimated, and refused where titan train refuses them.
   expect_refused({"--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_microbatch_size", "3"},
                  2, "pipeline_parallel_microbatch_size");
@@ -710,6 +710,31 @@ TEST(Estimate, ContextParallelMovesKeysAndValuesAndHoldsTheRanksPart) {
   EXPECT_EQ(cp2.comm_bytes.at("cp").at("all_reduce"), 4);  // the loss
   EXPECT_NEAR(static_cast<double>(cp2.activations) / static_cast<double>(fsdp4_half_batch.activations), 1.0, 0.05);
   EXPECT_NEAR(static_cast<double>(cp2.activations) / static_cast<double>(fsdp4.activations), 0.5, 0.05);
+}
+
+TEST(Estimate, ExpertParallelSplitsTheExpertsAndCountsTheAllToAlls) {
+  // Qwen3's debug MoE model (8 MoE layers of 64 experts, 8 per token, dim 256) on 4 ranks: FSDP
+  // alone, then the experts split over the 4 ranks (routing taken as balanced).
+  auto run = [](int64_t ep) {
+    return estimate_of({"--model.name", "qwen3", "--model.flavor", "debugmodel_moe", "--training.seq_len", "256",
+                        "--training.local_batch_size", "1", "--activation_checkpoint.mode", "none",
+                        "--parallelism.expert_parallel_degree", std::to_string(ep)},
+                       4, "cpu");
+  };
+  const Estimate fsdp = run(1), ep4 = run(4);
+  EXPECT_NE(ep4.layout.find("EP 4 (experts FSDP over 1; routing taken as balanced)"), std::string::npos) << ep4.layout;
+  EXPECT_EQ(ep4.params, fsdp.params);  // the experts are split 4 ways either way
+  // Per MoE layer and step: the counts (16 experts' int64 to each of 3 ranks), then the routed
+  // copies that cross ranks (3/4 of 256 x 8) x dim 256 x 4 bytes, four times (dispatch and combine,
+  // forward and backward).
+  const int64_t layers = 8, crossing = 256 * 8 * 3 / 4;
+  EXPECT_EQ(ep4.comm_bytes.at("ep").at("all_to_all"), layers * (16 * 8 * 3 + 4 * crossing * 256 * 4));
+  EXPECT_EQ(ep4.comm_calls.at("ep").at("all_to_all"), layers * 5);
+  EXPECT_FALSE(fsdp.comm_bytes.count("ep"));
+  // The experts' gathers move a quarter of the expert weights FSDP alone gathers: each rank gathers
+  // only its own experts (over efsdp, one rank here: nothing moves).
+  EXPECT_FALSE(ep4.comm_bytes.count("efsdp"));
+  EXPECT_LT(ep4.comm_bytes.at("dp_shard_cp").at("all_gather"), fsdp.comm_bytes.at("dp_shard_cp").at("all_gather") / 10);
 }
 
 TEST(EstimateCli, PrintsThePerRankReportAndTheVerdict) {
