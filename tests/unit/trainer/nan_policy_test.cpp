@@ -185,3 +185,37 @@ TEST(NanPolicy, DefaultIsStopAndValuesAreChecked) {
 
 }  // namespace
 }  // namespace titan
+
+namespace titan {
+namespace {
+
+TEST(NanPolicy, SkippedStepLeavesTheRoutingBiasesAlone) {
+  // A small Qwen3-MoE: the bias update that follows each optimizer step is skipped with it; the next
+  // finite step moves the biases again.
+  const std::string moe = R"({"model_type": "qwen3_moe", "hidden_size": 64, "intermediate_size": 96,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "num_hidden_layers": 2, "vocab_size": 2048,
+    "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "norm_topk_prob": true})";
+  test::TempDir dir;
+  Faults faults("action=nan,step=2");
+  Trainer t(parse_config(args(dir.path(), 1,
+                              {"--job.config_file", kSource + "/configs/qwen3_debugmodel.toml", "--model.flavor", moe,
+                               "--training.nan_policy", "skip", "--checkpoint.enable", "--checkpoint.interval", "1"})));
+  t.train();  // step 1 (saved)
+  EXPECT_TRUE(t.train_step().skipped);  // step 2: NaN
+  t.save_checkpoint(/*model_only=*/true);
+  EXPECT_FALSE(t.train_step().skipped);  // step 3
+  t.save_checkpoint(/*model_only=*/true);
+  t.wait_for_checkpoint();
+  checkpoint::Reader one(dir / "checkpoint/step-1"), two(dir / "checkpoint/step-2"), three(dir / "checkpoint/step-3");
+  for (const std::string layer : {"0", "1"}) {
+    const std::string name = "model.layers." + layer + ".moe.expert_bias";
+    ASSERT_TRUE(one.meta(name).has_value()) << name;
+    const at::Tensor b1 = one.read(name, {0}, {8}), b2 = two.read(name, {0}, {8}), b3 = three.read(name, {0}, {8});
+    EXPECT_GT(b1.abs().max().item<double>(), 0.0) << name;  // step 1 moved them
+    EXPECT_TRUE(at::equal(b1, b2)) << name << b1 << b2;     // the skipped step did not
+    EXPECT_FALSE(at::equal(b2, b3)) << name;                // step 3 did
+  }
+}
+
+}  // namespace
+}  // namespace titan
