@@ -455,6 +455,8 @@ at::Tensor Trainer::update_expert_biases(const at::Tensor& skipped) {
   for (const auto& [prefix, layer] : moe_layers_) counts.push_back(layer->tokens_per_expert);
   at::Tensor all_LE = at::stack(counts);  // one collective for every layer
   (*mesh_)["dp_cp"].all_reduce(all_LE).wait();
+  // Under sequence parallelism each tensor-parallel rank routed its part of the sequence.
+  if (tensor_parallel_ && tensor_parallel_->options().sequence_parallel) (*mesh_)["tp"].all_reduce(all_LE).wait();
   // Each layer's load imbalance: its busiest expert's routed copies over the mean (1 when balanced).
   const at::Tensor imbalance_L = std::get<0>(all_LE.max(1)) / all_LE.mean(1).clamp_min(1e-9);
   const at::Tensor load = at::stack({imbalance_L.sum(), at::full({}, static_cast<double>(moe_layers_.size()), imbalance_L.options()),

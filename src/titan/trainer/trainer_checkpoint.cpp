@@ -56,7 +56,9 @@ std::vector<dist::PlacedTensor> Trainer::checkpoint_tensors(const std::vector<st
     // torchtitan's state dict.
     for (const auto& [prefix, layer] : moe_layers_)
       if (layer->expert_bias.defined())
-        out.push_back({"model." + prefix + "expert_bias", layer->expert_bias, dist::whole(layer->expert_bias, {"dp_cp"})});
+        out.push_back({"model." + prefix + "expert_bias", layer->expert_bias,
+                       dist::whole(layer->expert_bias, dims_->tp() > 1 ? std::vector<std::string>{"dp_cp", "tp"}
+                                                                       : std::vector<std::string>{"dp_cp"})});
   }
   if (has(parts, "optimizer")) {
     const auto state = optimizer_->state_dict();  // aliases of the live state

@@ -203,13 +203,17 @@ nlohmann::json qwen3_moe_config() {
 }
 
 TEST(ModelFamiliesTrain, Qwen3MoeUnderEveryLayoutAndItsCheckpointHoldsTheRoutingBiases) {
-  // The small Qwen3-MoE from its config.json text: every layout routes the same tokens to the same experts, and every step's
-  // routing-bias update counts the tokens of every data-parallel and context-parallel rank (a rank
-  // that counted only its own would steer differently from one process).
+  // The small Qwen3-MoE from its config.json text: every layout routes the same tokens to the same
+  // experts, and every step's routing-bias update counts the tokens of every data-parallel,
+  // context-parallel and (under sequence parallelism) tensor-parallel rank (a rank that counted only
+  // its own would steer differently from one process).
   const std::vector<std::string> moe = {"--model.flavor", qwen3_moe_config().dump()};
   test::TempDir one_dir;
   std::vector<Layout> runs = layouts();
-  runs.erase(runs.begin() + 1);  // tensor parallelism of experts is refused (below)
+  // Tensor parallelism: MoE layers replicated, each rank routing its part of the sequence (or, without
+  // sequence parallelism, all of it).
+  runs.push_back({"tp2_without_sequence_parallel",
+                  {"--parallelism.tensor_parallel_degree", "2", "--parallelism.enable_sequence_parallel", "false"}});
   runs.push_back({"ddp2", {"--parallelism.data_parallel_replicate_degree", "2", "--parallelism.data_parallel_shard_degree",
                            "1", "--training.local_batch_size", "4"}});
   runs.push_back({"pp2", {"--parallelism.pipeline_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "1"}});
@@ -264,17 +268,6 @@ TEST(ModelFamiliesTrain, Qwen3MoeUnderEveryLayoutAndItsCheckpointHoldsTheRouting
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_NE(resumed.output.find("resumed from"), std::string::npos) << resumed.output;
   test::expect_same_training(ref, resumed.weights, 0.01 * kLr * kSteps, /*first_step=*/6);
-
-  // Tensor parallelism of experts is not built: refused at start-up, saying what to do.
-  test::TempDir tp_dir;
-  std::vector<std::string> tp = moe;
-  tp.insert(tp.end(), {"--parallelism.tensor_parallel_degree", "2"});
-  std::vector<std::string> argv = {std::string(TITAN_BINARY_DIR) + "/titan", "launch", "--nproc-per-node", "2",
-                                   "--master-port", "0", "--"};
-  for (const auto& a : train_args("qwen3_debugmodel.toml", tp_dir.path(), tp)) argv.push_back(a);
-  const test::ProcessResult refused = test::run_process(argv, {{"OMP_NUM_THREADS", "1"}});
-  EXPECT_NE(refused.exit_code, 0);
-  EXPECT_NE(refused.output.find("tensor_parallel_degree = 1"), std::string::npos) << refused.output;
 }
 
 TEST(ModelFamiliesTrain, Qwen3MoeUnderExpertParallelismAndItsCheckpointReshardsAcrossEpDegrees) {
@@ -299,6 +292,13 @@ TEST(ModelFamiliesTrain, Qwen3MoeUnderExpertParallelismAndItsCheckpointReshardsA
        4},
       {"ep2_over_cp2", with({"--parallelism.context_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "1"}, ep(2))},
       {"pp2_ep2", with({"--parallelism.pipeline_parallel_degree", "2", "--training.local_batch_size", "4"}, ep(2)), 4},
+      // Attention split by TP 2 (sequence parallel), the experts over ep 2 within each tp index,
+      // checkpointed (routing biases replicated over dp x cp and tp: one writer).
+      {"tp2_ep2_checkpointing",
+       with({"--parallelism.tensor_parallel_degree", "2", "--training.local_batch_size", "4", "--checkpoint.enable",
+             "--checkpoint.interval", "5"},
+            ep(2)),
+       4},
       {"hsdp_ep2_full_ac",
        with({"--parallelism.data_parallel_replicate_degree", "2", "--training.local_batch_size", "2",
              "--activation_checkpoint.mode", "full"},

@@ -31,9 +31,6 @@ void apply_tensor_parallel(DecoderImpl& model, dist::TensorParallel& tp, dist::D
   TITAN_USER_CHECK(!model.args().mla, "tensor parallelism of multi-head latent attention is not supported yet: train "
                    "this model with parallelism.tensor_parallel_degree = 1 (FSDP, HSDP, DDP, pipeline, context and "
                    "expert parallelism all apply)");
-  TITAN_USER_CHECK(!model.args().moe, "tensor parallelism of mixture-of-experts layers is not supported yet: train "
-                   "this model with parallelism.tensor_parallel_degree = 1 (FSDP, HSDP, DDP, pipeline and context "
-                   "parallelism all apply)");
   check_tensor_parallel_degree(model.args(), tp.degree());
   model.keep_global_shapes();
   auto place = [&](const std::string& prefix, const std::vector<std::pair<std::string, dist::Placement>>& placed) {
@@ -47,7 +44,6 @@ void apply_tensor_parallel(DecoderImpl& model, dist::TensorParallel& tp, dist::D
   for (const auto& [pre, block_ptr] : model.blocks()) {
     auto& block = *block_ptr;
     auto& attn = *block.attention;
-    auto& ffn = *block.feed_forward;
     place(pre + "attention_norm.", tp.replicated(*block.attention_norm));
     place(pre + "attention.wq.", tp.column_wise(*attn.wq));
     place(pre + "attention.wk.", tp.column_wise(*attn.wk));
@@ -67,6 +63,14 @@ void apply_tensor_parallel(DecoderImpl& model, dist::TensorParallel& tp, dist::D
     }
     tp.region(attn, {attn.wq.get(), attn.wk.get(), attn.wv.get()}, *attn.wo);
     place(pre + "ffn_norm.", tp.replicated(*block.ffn_norm));
+    if (block.moe) {
+      // A MoE layer is not split: each rank routes the tokens it holds (under sequence parallelism
+      // its part of the sequence, so the router, experts and shared experts see 1/tp of the tokens
+      // and their gradients are partial sums over tp; without it every rank computes all of them).
+      place(pre + "moe.", tp.replicated(*block.moe));
+      continue;
+    }
+    auto& ffn = *block.feed_forward;
     place(pre + "feed_forward.w1.", tp.column_wise(*ffn.w1));
     place(pre + "feed_forward.w3.", tp.column_wise(*ffn.w3));
     place(pre + "feed_forward.w2.", tp.row_wise(*ffn.w2));
@@ -81,13 +85,20 @@ void apply_tensor_parallel(DecoderImpl& model, dist::TensorParallel& tp, dist::D
 }
 
 // Expert parallelism: each MoE layer keeps its ep rank's experts and exchanges the routed tokens.
-void apply_expert_parallel(DecoderImpl& model, dist::ExpertParallel& ep, dist::DataParallel& dp) {
+void apply_expert_parallel(DecoderImpl& model, dist::ExpertParallel& ep, dist::DataParallel& dp,
+                           dist::TensorParallel* tp) {
   TITAN_USER_CHECK(model.args().moe, "parallelism.expert_parallel_degree ", ep.degree(), " needs a "
                    "mixture-of-experts model (routed experts to spread over ranks); this model has none: set it to 1");
   model.keep_global_shapes();
   for (const auto& [pre, block] : model.blocks()) {
     if (!block->moe) continue;
-    for (const auto& [name, p] : ep.shard(*block->moe->experts)) dp.set_placement(pre + "moe.experts." + name, p);
+    for (auto [name, p] : ep.shard(*block->moe->experts)) {
+      if (tp) {  // the same experts on every tensor-parallel rank (see apply_tensor_parallel)
+        p.replicated.push_back(tp->group().name());
+        p.primary = tp->group().rank() == 0;
+      }
+      dp.set_placement(pre + "moe.experts." + name, p);
+    }
     block->moe->exchange = [&ep](const at::Tensor& routed_ND, const at::Tensor& counts_E) {
       return ep.exchange(routed_ND, counts_E);
     };
@@ -116,7 +127,7 @@ ParallelizedModel parallelize_decoder(LanguageModelImpl& model, const Paralleliz
 
   if (dist::ExpertParallel* ep = ctx.expert_parallel) {
     TITAN_ASSERT(ctx.data_parallel, "expert parallelism needs the data-parallel layer");
-    apply_expert_parallel(*transformer, *ep, *ctx.data_parallel);
+    apply_expert_parallel(*transformer, *ep, *ctx.data_parallel, ctx.tensor_parallel);
   }
 
   // Context parallelism: RoPE follows the rank's positions, attention runs over every rank's keys.
