@@ -28,9 +28,6 @@ void check_tensor_parallel_degree(const DecoderArgs& a, int64_t tp) {
 // Tensor parallelism: shards the parameters, puts the communication around the modules and tells
 // the data-parallel layer each parameter's placement.
 void apply_tensor_parallel(DecoderImpl& model, dist::TensorParallel& tp, dist::DataParallel& dp) {
-  TITAN_USER_CHECK(!model.args().mla, "tensor parallelism of multi-head latent attention is not supported yet: train "
-                   "this model with parallelism.tensor_parallel_degree = 1 (FSDP, HSDP, DDP, pipeline, context and "
-                   "expert parallelism all apply)");
   check_tensor_parallel_degree(model.args(), tp.degree());
   model.keep_global_shapes();
   auto place = [&](const std::string& prefix, const std::vector<std::pair<std::string, dist::Placement>>& placed) {
@@ -41,27 +38,46 @@ void apply_tensor_parallel(DecoderImpl& model, dist::TensorParallel& tp, dist::D
     }
   };
   if (model.tok_embeddings) place("tok_embeddings.", tp.vocabulary(*model.tok_embeddings));
+  // Replicated weights that only this rank's heads use the output of: their gradients are partial
+  // sums over tp, with or without sequence parallelism.
+  auto summed_over_tp = [&](const std::string& prefix, torch::nn::Module& module) {
+    for (const auto& [name, p] : tp.replicated(module)) {
+      dp.set_placement(prefix + name, p);
+      dp.add_grad_sum(prefix + name, tp.group());
+    }
+  };
   for (const auto& [pre, block_ptr] : model.blocks()) {
     auto& block = *block_ptr;
-    auto& attn = *block.attention;
     place(pre + "attention_norm.", tp.replicated(*block.attention_norm));
-    place(pre + "attention.wq.", tp.column_wise(*attn.wq));
-    place(pre + "attention.wk.", tp.column_wise(*attn.wk));
-    place(pre + "attention.wv.", tp.column_wise(*attn.wv));
-    place(pre + "attention.wo.", tp.row_wise(*attn.wo));
-    if (attn.q_norm) {
-      // Each rank normalizes its own heads: the weights' gradients are partial sums over tp whether
-      // or not the sequence is sharded.
-      const std::pair<std::string, nn::RMSNormImpl*> norms[] = {{"attention.q_norm.", attn.q_norm.get()},
-                                                               {"attention.k_norm.", attn.k_norm.get()}};
-      for (const auto& [prefix, module] : norms) {
-        for (const auto& [name, p] : tp.replicated(*module)) {
-          dp.set_placement(pre + prefix + name, p);
-          dp.add_grad_sum(pre + prefix + name, tp.group());
-        }
+    if (block.latent_attention) {
+      // Multi-head latent attention: the latents (wq_a, wkv_a and their norms) replicated, the
+      // per-head projections (wq or wq_b, wkv_b) column-wise, wo row-wise.
+      auto& mla = *block.latent_attention;
+      if (mla.wq) {
+        place(pre + "attention.wq.", tp.column_wise(*mla.wq));
+      } else {
+        summed_over_tp(pre + "attention.wq_a.", *mla.wq_a);
+        summed_over_tp(pre + "attention.q_norm.", *mla.q_norm);
+        place(pre + "attention.wq_b.", tp.column_wise(*mla.wq_b));
       }
+      summed_over_tp(pre + "attention.wkv_a.", *mla.wkv_a);
+      summed_over_tp(pre + "attention.kv_norm.", *mla.kv_norm);
+      place(pre + "attention.wkv_b.", tp.column_wise(*mla.wkv_b));
+      place(pre + "attention.wo.", tp.row_wise(*mla.wo));
+      tp.region(mla, {mla.wq ? mla.wq.get() : mla.wq_a.get(), mla.wkv_a.get()}, *mla.wo);
     }
-    tp.region(attn, {attn.wq.get(), attn.wk.get(), attn.wv.get()}, *attn.wo);
+    if (block.attention) {
+      auto& attn = *block.attention;
+      place(pre + "attention.wq.", tp.column_wise(*attn.wq));
+      place(pre + "attention.wk.", tp.column_wise(*attn.wk));
+      place(pre + "attention.wv.", tp.column_wise(*attn.wv));
+      place(pre + "attention.wo.", tp.row_wise(*attn.wo));
+      if (attn.q_norm) {  // each rank normalizes its own heads
+        summed_over_tp(pre + "attention.q_norm.", *attn.q_norm);
+        summed_over_tp(pre + "attention.k_norm.", *attn.k_norm);
+      }
+      tp.region(attn, {attn.wq.get(), attn.wk.get(), attn.wv.get()}, *attn.wo);
+    }
     place(pre + "ffn_norm.", tp.replicated(*block.ffn_norm));
     if (block.moe) {
       // A MoE layer is not split: each rank routes the tokens it holds (under sequence parallelism
