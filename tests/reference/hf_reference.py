@@ -6,8 +6,9 @@
       "tokens" (B, S). Weights stored in bf16/fp16 are upcast exactly.
   hf_reference.py create CONFIG.json MODEL_DIR IN.safetensors OUT.safetensors [--seed N]
       Creates a randomly initialized model from the config arguments in CONFIG.json (its model_type,
-      default "llama"; RMSNorm weights randomized too, so that a norm mapped to the wrong place
-      shows), saves it to MODEL_DIR with save_pretrained, then loads it back as `load` does.
+      default "llama"; RMSNorm weights and DeepSeek-V3's routing biases randomized too, so that one
+      mapped to the wrong place shows), saves it to MODEL_DIR with save_pretrained, then loads it
+      back as `load` does.
   hf_reference.py grads MODEL_DIR IN.safetensors OUT.safetensors
       As `load`, and also the mean cross-entropy "loss" of the logits for IN's "labels" (B, S) and
       "grad.<name>" for every parameter (transformers' names) of that loss.
@@ -78,6 +79,11 @@ def create(config_path, model_dir, seed):
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.copy_(1 + 0.2 * torch.randn_like(p))
+        # DeepSeek-V3's routing bias (a buffer, zero when created): random, so that one mapped to
+        # the wrong place, or dropped, changes the experts chosen.
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.05 * torch.randn_like(b))
     model.save_pretrained(model_dir)
 
 

@@ -161,15 +161,28 @@ void DataParallel::reduce_partial_sums() {
       entry.second.push_back(grad);
     }
   }
+  // In buckets of about ddp_bucket_bytes (a MoE model under sequence parallelism has most of its
+  // gradients here: one buffer of them all would be another copy of the rank's gradients).
   for (auto& [name, entry] : by_group) {
-    std::vector<at::Tensor> flat;
-    for (const auto& g : entry.second) flat.push_back(g.reshape({-1}));
-    at::Tensor buf = at::cat(flat).to(comm_device_);
-    entry.first->all_reduce(buf).wait();
-    int64_t offset = 0;
-    for (auto& g : entry.second) {
-      g.copy_(buf.slice(0, offset, offset + g.numel()).view(g.sizes()));
-      offset += g.numel();
+    std::vector<at::Tensor>& grads = entry.second;
+    for (size_t begin = 0; begin < grads.size();) {
+      size_t end = begin;
+      int64_t bytes = 0;
+      while (end < grads.size() && (end == begin || bytes + grads[end].numel() * grads[end].element_size() <=
+                                                         options_.ddp_bucket_bytes)) {
+        bytes += grads[end].numel() * grads[end].element_size();
+        ++end;
+      }
+      std::vector<at::Tensor> flat;
+      for (size_t i = begin; i < end; ++i) flat.push_back(grads[i].reshape({-1}));
+      at::Tensor buf = at::cat(flat).to(comm_device_);
+      entry.first->all_reduce(buf).wait();
+      int64_t offset = 0;
+      for (size_t i = begin; i < end; ++i) {
+        grads[i].copy_(buf.slice(0, offset, offset + grads[i].numel()).view(grads[i].sizes()));
+        offset += grads[i].numel();
+      }
+      begin = end;
     }
   }
 }

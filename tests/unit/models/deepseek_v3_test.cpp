@@ -10,6 +10,7 @@
 #include "test_util.h"
 
 #include "titan/common/error.h"
+#include "titan/components/checkpoint/hf.h"
 #include "titan/components/checkpoint/safetensors.h"
 #include "titan/models/common/decoder.h"
 #include "titan/models/registry.h"
@@ -203,6 +204,40 @@ TEST(DeepseekV3, ConfigJsonRoundTripsAndWhatTitanCannotHonourIsNamed) {
   refused("hidden_act", "gelu", "hidden_act");
   refused("attention_bias", true, "attention_bias");
   refused("rope_scaling.rope_type", "dynamic", "rope_scaling.rope_type");
+  refused("rope_scaling.truncate", false, "rope_scaling.truncate");
+  refused("scoring_func", "softmax", "scoring_func");  // transformers' router is sigmoid whatever it says
+  // max_position_embeddings changes neither weights nor computation: a config differing only there
+  // still describes the flavor.
+  nlohmann::json longer = nlohmann::json::parse(text);
+  longer["max_position_embeddings"] = 163840;
+  EXPECT_EQ(spec.hf_adapter("671B").config_mismatch(longer.dump()), "");
+}
+
+TEST(DeepseekV3, HuggingFaceWeightsSkipTheMtpLayerAndKeepTheRouterInFp32) {
+  test::TempDir dir;
+  std::ofstream(dir / "config.json") << small_config().dump();
+  const ModelSpec& spec = model_spec("deepseek_v3");
+  const HFAdapter adapter = spec.hf_adapter(dir / "config.json");
+  // The released checkpoints' multi-token-prediction layer (after the model's 3) is skipped.
+  const at::Tensor w = at::ones({4, 64});
+  EXPECT_TRUE(adapter.from_hf({{"model.layers.3.eh_proj.weight", w}, {"model.layers.3.mlp.experts.0.up_proj.weight", w}})
+                  .empty());
+  // Experts of a layer that has none are refused by name.
+  const std::string err = test::error_of([&] { adapter.from_hf({{"model.layers.0.mlp.experts.0.up_proj.weight", w}}); });
+  EXPECT_NE(err.find("has no experts"), std::string::npos) << err;
+  // A bf16 export keeps the router's gate and routing bias in fp32, as transformers does.
+  LanguageModel model = build(dir / "config.json", at::TensorOptions().dtype(at::kFloat));
+  model->init_weights(1);
+  {
+    checkpoint::HFWriter writer(dir / "hf", spec, dir / "config.json", at::kBFloat16);
+    for (const auto& p : model->named_parameters()) writer.add(p.key(), p.value().detach());
+    for (const auto& [prefix, layer] : model->moe_layers()) writer.add(prefix + "expert_bias", layer->expert_bias);
+    writer.finish();
+  }
+  const auto stored = safetensors::load(dir / "hf/model.safetensors").tensors;
+  EXPECT_EQ(stored.at("model.layers.1.mlp.gate.weight").scalar_type(), at::kFloat);
+  EXPECT_EQ(stored.at("model.layers.1.mlp.gate.e_score_correction_bias").scalar_type(), at::kFloat);
+  EXPECT_EQ(stored.at("model.layers.1.mlp.experts.0.up_proj.weight").scalar_type(), at::kBFloat16);
 }
 
 }  // namespace

@@ -103,6 +103,9 @@ StateDict convert(const StateDict& in, const DecoderArgs& args, const HFDialect&
     if (args.tie_embeddings && mapped == (to_hf ? "lm_head.weight" : "output.weight")) continue;
     at::Tensor value = tensor;
     std::smatch m;
+    // DeepSeek-V3's released checkpoints hold multi-token-prediction layers after the model's own
+    // (model.layers.61.* of 61 layers), which transformers skips too.
+    if (!to_hf && dialect.deepseek && std::regex_match(name, m, hf_layer) && std::stoll(m[1]) >= args.n_layers) continue;
     if (args.moe && mapped.empty()) {
       if (to_hf && std::regex_match(name, m, titan_experts)) {
         const std::string layer = m[1], w = m[2];
@@ -114,6 +117,9 @@ StateDict convert(const StateDict& in, const DecoderArgs& args, const HFDialect&
       }
       if (!to_hf && std::regex_match(name, m, hf_expert)) {
         const int64_t layer = std::stoll(m[1]), j = std::stoll(m[2]);
+        TITAN_USER_CHECK(layer < args.n_layers && args.is_moe_layer(layer), "tensor '", name, "': layer ", layer,
+                         " of this model (", args.n_layers, " layers, mixtures of experts from layer ",
+                         args.moe->n_dense_layers, ") has no experts; is this checkpoint of another model?");
         TITAN_USER_CHECK(j < args.moe->num_experts, "tensor '", name, "': expert ", j, " of a model with ",
                          args.moe->num_experts, " experts");
         for (const auto& [t, h] : expert_names())
@@ -395,10 +401,10 @@ DecoderArgs deepseek_args_from_hf_config(const HFConfig& c) {
   const nlohmann::json norm = c.field("norm_topk_prob", true);
   if (!norm.is_boolean()) c.fail("norm_topk_prob", norm, "true or false");
   m.route_norm = norm.get<bool>();
+  // DeepseekV3ForCausalLM's router is always sigmoid (its config class has no scoring_func).
   m.score_func = "sigmoid";
   const nlohmann::json scoring = c.field("scoring_func", "sigmoid");
-  if (scoring != "sigmoid" && scoring != "softmax") c.fail("scoring_func", scoring, "\"sigmoid\" or \"softmax\"");
-  m.score_func = scoring.get<std::string>();
+  if (scoring != "sigmoid") c.fail("scoring_func", scoring, "\"sigmoid\" (DeepseekV3ForCausalLM's router)");
   const nlohmann::json dense = c.field("first_k_dense_replace", 3);
   if (!dense.is_number_integer() || dense.get<int64_t>() < 0 || dense.get<int64_t>() > a.n_layers)
     c.fail("first_k_dense_replace", dense, "a layer count up to num_hidden_layers");
@@ -415,9 +421,12 @@ DecoderArgs deepseek_args_from_hf_config(const HFConfig& c) {
     auto get = [&](const std::string& name, const nlohmann::json& fallback) {
       return c.number("rope_scaling." + name, in_rope(name) ? rope[name] : fallback);
     };
-    y.factor = get("factor", nullptr);
     y.original_seq_len = static_cast<int64_t>(
         get("original_max_position_embeddings", c.field("original_max_position_embeddings", a.max_seq_len)));
+    // Absent, transformers derives the factor from the two context lengths.
+    y.factor = get("factor", static_cast<double>(a.max_seq_len) / static_cast<double>(y.original_seq_len));
+    if (in_rope("truncate") && rope["truncate"] != true)
+      c.fail("rope_scaling.truncate", rope["truncate"], "true (the correction range rounded outwards, as DeepSeek's)");
     y.beta_fast = get("beta_fast", 32.0);
     y.beta_slow = get("beta_slow", 1.0);
     // transformers scales the softmax by mscale_all_dim's factor squared and the rotations by
@@ -557,6 +566,7 @@ std::string config_mismatch(const DecoderArgs& args, const HFDialect& dialect, c
   if (dialect.deepseek) {  // field by field in the config's own form
     const nlohmann::json g = deepseek_fields(got), want = deepseek_fields(args);
     for (const auto& [key, value] : want.items()) {
+      if (key == "max_position_embeddings") continue;  // changes neither the weights nor the computation
       const nlohmann::json& other = g.at(key);
       if (key == "rope_scaling" && value.is_object() && other.is_object()) {
         for (const auto& [k, v] : value.items())
