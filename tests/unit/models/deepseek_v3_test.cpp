@@ -215,7 +215,9 @@ TEST(DeepseekV3, ConfigJsonRoundTripsAndWhatTitanCannotHonourIsNamed) {
 
 TEST(DeepseekV3, HuggingFaceWeightsSkipTheMtpLayerAndKeepTheRouterInFp32) {
   test::TempDir dir;
-  std::ofstream(dir / "config.json") << small_config().dump();
+  nlohmann::json config = small_config();
+  config["n_routed_experts"] = 12;  // "experts.10" sorts before "experts.2": files are not read in name order
+  std::ofstream(dir / "config.json") << config.dump();
   const ModelSpec& spec = model_spec("deepseek_v3");
   const HFAdapter adapter = spec.hf_adapter(dir / "config.json");
   // The released checkpoints' multi-token-prediction layer (after the model's 3) is skipped.
@@ -238,6 +240,16 @@ TEST(DeepseekV3, HuggingFaceWeightsSkipTheMtpLayerAndKeepTheRouterInFp32) {
   EXPECT_EQ(stored.at("model.layers.1.mlp.gate.weight").scalar_type(), at::kFloat);
   EXPECT_EQ(stored.at("model.layers.1.mlp.gate.e_score_correction_bias").scalar_type(), at::kFloat);
   EXPECT_EQ(stored.at("model.layers.1.mlp.experts.0.up_proj.weight").scalar_type(), at::kBFloat16);
+  // Read back by blocks: a block of experts reads those experts' tensors only, and equals the
+  // stacked weights (rounded to bf16 as written); the routing bias comes back too.
+  checkpoint::HFSource source(dir / "hf", spec, dir / "config.json");
+  const at::Tensor w2 = model->named_parameters()["layers.2.moe.experts.w2"].detach();  // (12, 64, 32)
+  const at::Tensor block = source.read("model.layers.2.moe.experts.w2", {1, 16, 4}, {10, 8, 20});
+  EXPECT_TRUE(at::equal(block.to(at::kFloat), w2.slice(0, 1, 11).slice(1, 16, 24).slice(2, 4, 24).to(at::kBFloat16).to(at::kFloat)));
+  EXPECT_TRUE(at::equal(source.read("model.layers.2.moe.experts.w2", {0, 0, 0}, {12, 64, 32}).to(at::kFloat),
+                        w2.to(at::kBFloat16).to(at::kFloat)));
+  EXPECT_EQ(source.read("model.layers.2.moe.experts.w2", {12, 0, 0}, {0, 64, 32}).numel(), 0);
+  ASSERT_TRUE(source.meta("model.layers.1.moe.expert_bias").has_value());
 }
 
 }  // namespace

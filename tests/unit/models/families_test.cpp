@@ -58,7 +58,8 @@ TEST(ModelFamilies, FlavorParameterCountsAreTheReleasedModels) {
             (std::vector<std::string>{"debugmodel", "0.6B", "1.7B", "4B", "8B", "14B", "32B", "debugmodel_moe",
                                       "30B-A3B", "235B-A22B"}));
   EXPECT_EQ(model_spec("llama2").flavors, (std::vector<std::string>{"debugmodel", "7B", "13B", "70B"}));
-  EXPECT_EQ(registered_models(), (std::vector<std::string>{"llama2", "llama3", "qwen3"}));
+  EXPECT_EQ(model_spec("deepseek_v3").flavors, (std::vector<std::string>{"debugmodel", "16B", "236B", "671B"}));
+  EXPECT_EQ(registered_models(), (std::vector<std::string>{"deepseek_v3", "llama2", "llama3", "qwen3"}));
 }
 
 TEST(ModelFamilies, FlopsPerTokenFollowTorchtitansFormula) {

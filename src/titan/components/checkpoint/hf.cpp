@@ -217,6 +217,22 @@ HFSource::HFSource(std::string hf_dir, const ModelSpec& spec, const std::string&
       entry.meta = {stored.dtype, shape};
       hf_to_titan[hf_name] = titan_name;
     }
+    if (entry.parts.size() > 1 && static_cast<int64_t>(entry.parts.size()) == shape[0]) {
+      // One HF tensor per row of dim 0 (experts): which part is which row, found by converting a
+      // tensor whose rows hold their own index.
+      std::vector<int64_t> probe_shape(shape.size(), 1);
+      probe_shape[0] = shape[0];
+      const at::Tensor probe = at::arange(shape[0], at::kDouble).view(probe_shape);
+      std::map<std::string, size_t> part_of;
+      for (size_t i = 0; i < entry.parts.size(); ++i) part_of[entry.parts[i].first] = i;
+      entry.rows.assign(static_cast<size_t>(shape[0]), entry.parts.size());
+      for (const auto& [hf_name, t] : adapter_.to_hf({{titan_name, probe}})) {
+        const auto row = static_cast<size_t>(t.item<double>());
+        TITAN_ASSERT(t.numel() == 1 && row < entry.rows.size() && part_of.count(hf_name), "rows of '", titan_name, "'");
+        entry.rows[row] = part_of.at(hf_name);
+      }
+      for (size_t r : entry.rows) TITAN_ASSERT(r < entry.parts.size(), "a row of '", titan_name, "' has no part");
+    }
     if (!entry.parts.empty()) entries_["model." + titan_name] = std::move(entry);
   }
   // Anything else must be something the adapter drops (e.g. rotary buffers, a tied lm_head); the
@@ -260,6 +276,23 @@ at::Tensor HFSource::read(const std::string& name, const std::vector<int64_t>& b
   for (size_t d = 0; d < shape.size(); ++d)
     TITAN_ASSERT(begin[d] >= 0 && length[d] >= 0 && begin[d] + length[d] <= shape[d], "block of '", name,
                  "' lies outside its shape ", shape_str(shape));
+  if (!e.rows.empty()) {  // only the rows (experts) asked for
+    std::vector<at::Tensor> rows;
+    for (int64_t j = begin[0]; j < begin[0] + length[0]; ++j) {
+      const auto& [hf_name, path] = e.parts[e.rows[static_cast<size_t>(j)]];
+      auto& file = files_[path];
+      if (!file) file = std::make_unique<SafetensorsFile>(path);
+      rows.push_back(file->read(hf_name));
+    }
+    if (rows.empty()) {
+      std::vector<int64_t> empty = length;
+      return at::empty(empty, at::TensorOptions().dtype(e.meta.dtype));
+    }
+    std::vector<int64_t> rest_begin(begin.begin() + 1, begin.end()), rest_length(length.begin() + 1, length.end());
+    std::vector<at::Tensor> blocks;
+    for (const at::Tensor& r : rows) blocks.push_back(block_of(r, rest_begin, rest_length));
+    return at::stack(blocks).contiguous();
+  }
   if (cached_name_ != name) {
     StateDict stored;
     for (const auto& [hf_name, path] : e.parts) {

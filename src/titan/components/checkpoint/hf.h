@@ -87,6 +87,9 @@ class HFSource : public Source {
     // safetensors file holding it.
     std::vector<std::pair<std::string, std::string>> parts;
     TensorMeta meta;  // titan shape, stored dtype
+    // A MoE layer's stacked experts: parts[rows[j]] is row j of dim 0 as stored, so a block of rows
+    // reads only its experts' tensors (a rank of an expert-parallel or FSDP layout reads its own).
+    std::vector<size_t> rows;
   };
   std::string dir_;
   HFAdapter adapter_;

@@ -12,27 +12,19 @@
 namespace titan {
 namespace {
 
-// Per-layer suffixes: titan name -> HF name.
-const std::vector<std::pair<std::string, std::string>>& layer_names() {
-  static const std::vector<std::pair<std::string, std::string>> names = {
-      {"attention.wq.weight", "self_attn.q_proj.weight"},
-      {"attention.wk.weight", "self_attn.k_proj.weight"},
-      {"attention.wv.weight", "self_attn.v_proj.weight"},
-      {"attention.wo.weight", "self_attn.o_proj.weight"},
-      {"feed_forward.w1.weight", "mlp.gate_proj.weight"},
-      {"feed_forward.w2.weight", "mlp.down_proj.weight"},
-      {"feed_forward.w3.weight", "mlp.up_proj.weight"},
-      {"attention_norm.weight", "input_layernorm.weight"},
-      {"ffn_norm.weight", "post_attention_layernorm.weight"},
-      {"attention.q_norm.weight", "self_attn.q_norm.weight"},
-      {"attention.k_norm.weight", "self_attn.k_norm.weight"},
+// Per-layer suffixes: titan name -> HF name. Attention (grouped-query, or DeepSeek's multi-head
+// latent attention), then what every block has.
+using Names = std::vector<std::pair<std::string, std::string>>;
+const Names& attention_names() {
+  static const Names names = {
+      {"attention.wq.weight", "self_attn.q_proj.weight"},     {"attention.wk.weight", "self_attn.k_proj.weight"},
+      {"attention.wv.weight", "self_attn.v_proj.weight"},     {"attention.wo.weight", "self_attn.o_proj.weight"},
+      {"attention.q_norm.weight", "self_attn.q_norm.weight"}, {"attention.k_norm.weight", "self_attn.k_norm.weight"},
   };
   return names;
 }
-
-// DeepSeek's multi-head latent attention: titan name -> HF name, per layer.
-const std::vector<std::pair<std::string, std::string>>& mla_names() {
-  static const std::vector<std::pair<std::string, std::string>> names = {
+const Names& mla_names() {
+  static const Names names = {
       {"attention.wq.weight", "self_attn.q_proj.weight"},
       {"attention.wq_a.weight", "self_attn.q_a_proj.weight"},
       {"attention.q_norm.weight", "self_attn.q_a_layernorm.weight"},
@@ -41,10 +33,13 @@ const std::vector<std::pair<std::string, std::string>>& mla_names() {
       {"attention.kv_norm.weight", "self_attn.kv_a_layernorm.weight"},
       {"attention.wkv_b.weight", "self_attn.kv_b_proj.weight"},
       {"attention.wo.weight", "self_attn.o_proj.weight"},
-      {"feed_forward.w1.weight", "mlp.gate_proj.weight"},
-      {"feed_forward.w2.weight", "mlp.down_proj.weight"},
-      {"feed_forward.w3.weight", "mlp.up_proj.weight"},
-      {"attention_norm.weight", "input_layernorm.weight"},
+  };
+  return names;
+}
+const Names& block_names() {
+  static const Names names = {
+      {"feed_forward.w1.weight", "mlp.gate_proj.weight"},   {"feed_forward.w2.weight", "mlp.down_proj.weight"},
+      {"feed_forward.w3.weight", "mlp.up_proj.weight"},     {"attention_norm.weight", "input_layernorm.weight"},
       {"ffn_norm.weight", "post_attention_layernorm.weight"},
   };
   return names;
@@ -52,8 +47,8 @@ const std::vector<std::pair<std::string, std::string>>& mla_names() {
 
 // A MoE layer's router, shared experts and routing bias: titan suffix -> HF suffix (the bias only
 // where the architecture stores one: DeepSeek's e_score_correction_bias).
-const std::vector<std::pair<std::string, std::string>>& moe_names() {
-  static const std::vector<std::pair<std::string, std::string>> names = {
+const Names& moe_names() {
+  static const Names names = {
       {"moe.router.gate.weight", "mlp.gate.weight"},
       {"moe.shared_experts.w1.weight", "mlp.shared_experts.gate_proj.weight"},
       {"moe.shared_experts.w3.weight", "mlp.shared_experts.up_proj.weight"},
@@ -138,7 +133,9 @@ StateDict convert(const StateDict& in, const DecoderArgs& args, const HFDialect&
     }
     if (mapped.empty() && std::regex_match(name, m, to_hf ? titan_layer : hf_layer)) {
       const std::string layer = m[1], suffix = m[2];
-      for (const auto& [t, h] : args.mla ? mla_names() : layer_names()) {
+      Names names = args.mla ? mla_names() : attention_names();
+      names.insert(names.end(), block_names().begin(), block_names().end());
+      for (const auto& [t, h] : names) {
         if (suffix != (to_hf ? t : h)) continue;
         mapped = to_hf ? "model.layers." + layer + "." + h : "layers." + layer + "." + t;
         if (args.mla) break;  // stored as titan holds it (RoPE pairs interleaved in both)
