@@ -17,6 +17,8 @@ import transformers
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from moe_transformers import forward_backward, fused_expert_grads
+
 # transformers 5 holds the experts fused (mlp.experts.gate_up_proj (E, 2F, D), down_proj (E, D, F))
 # and its router returns (logits, weights, indices); 4.x had one module per expert.
 if int(transformers.__version__.split(".")[0]) < 5:
@@ -85,32 +87,10 @@ def main():
             params[f"model.layers.{i}.mlp.experts.gate_up_proj"].copy_(torch.cat([titan[t + "w1"], titan[t + "w3"]], 1))
     assert len(mapping) + 2 * len(moe_layers) == len(titan), sorted(set(titan) - set(mapping))
 
-    # Routed copies per expert, from each layer's router (its top-k indices).
-    counts = {}
-
-    def count(i):
-        def hook(module, args, output):
-            indices = output[2]
-            counts[f"counts.{i}"] = torch.bincount(indices.reshape(-1), minlength=config.num_experts).float()
-        return hook
-
-    for i in moe_layers:
-        model.model.layers[i].mlp.gate.register_forward_hook(count(i))
-
-    batch = load_file(batch_path)
-    model.train()
-    logits = model(input_ids=batch["tokens"]).logits.float()
-    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten())
-    loss.backward()
-    out = {"logits": logits.detach().contiguous(), "loss": loss.detach().reshape(())}
+    out = forward_backward(model, moe_layers, config.num_experts, batch_path)
     for name, (hf, (_, back)) in mapping.items():
         out["grad." + name] = back(params[hf].grad).contiguous()
-    for i in moe_layers:
-        g = params[f"model.layers.{i}.mlp.experts.gate_up_proj"].grad
-        f = g.shape[1] // 2
-        out[f"grad.layers.{i}.moe.experts.w1"] = g[:, :f].contiguous()
-        out[f"grad.layers.{i}.moe.experts.w3"] = g[:, f:].contiguous()
-    out.update(counts)
+    out.update(fused_expert_grads(params, moe_layers))
     save_file(out, out_path)
 
 

@@ -7,6 +7,7 @@
 //   - the released sizes' parameter counts (transformers' own counts) and active parameters;
 //   - the deepseek_v3 config.json both ways and what titan cannot honour.
 // Tolerances as the other families' (fp32 on the CPU): 1e-5 relative to each tensor's largest entry.
+#include "moe_reference_check.h"
 #include "test_util.h"
 
 #include "titan/common/error.h"
@@ -98,35 +99,7 @@ TEST(DeepseekV3, LogitsLossGradientsAndRoutingEqualTransformers) {
     EXPECT_TRUE(weights.count("layers.0.feed_forward.w1.weight"));
     EXPECT_TRUE(weights.count("layers.1.moe.shared_experts.w2.weight"));
     safetensors::save(dir / "weights.safetensors", weights);
-    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(5);
-    const at::Tensor seq = at::randint(300, {2, 33}, gen, at::kLong);
-    const at::Tensor tokens = seq.slice(1, 0, 32).contiguous(), labels = seq.slice(1, 1, 33).contiguous();
-    safetensors::save(dir / "batch.safetensors", {{"tokens", tokens}, {"labels", labels}});
-    auto r = test::run_process({test::python(), kScript, dir / "hf", dir / "weights.safetensors",
-                                dir / "batch.safetensors", dir / "out.safetensors"},
-                               {{"OMP_NUM_THREADS", "2"}});
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-    const auto ref = safetensors::load(dir / "out.safetensors").tensors;
-
-    const at::Tensor logits = model->forward(tokens);
-    const at::Tensor loss = at::cross_entropy_loss(logits.flatten(0, 1), labels.flatten());
-    loss.backward();
-    EXPECT_LT(test::relative_error(logits.detach(), ref.at("logits")), kTol);
-    EXPECT_LT(test::relative_error(loss.detach(), ref.at("loss")), kTol);
-    double worst = 0;
-    for (const auto& p : model->named_parameters()) {
-      ASSERT_TRUE(ref.count("grad." + p.key())) << p.key();
-      const double err = test::relative_error(p.value().grad(), ref.at("grad." + p.key()));
-      EXPECT_LT(err, kTol) << p.key();
-      worst = std::max(worst, err);
-    }
-    for (size_t i = 0; i < moe.size(); ++i) {
-      const at::Tensor counts = moe[i].second->tokens_per_expert;
-      EXPECT_EQ(counts.sum().item<double>(), 128.0);
-      EXPECT_TRUE(at::equal(counts, ref.at("counts." + std::to_string(i + 1)))) << moe[i].first << counts;
-    }
-    std::printf("[deepseek_v3 vs transformers] loss %.6f, %zu gradients, worst relative error %.2e\n",
-                loss.item<double>(), model->named_parameters().size(), worst);
+    test::expect_moe_model_equals_reference(*model, kScript, dir.path(), "deepseek_v3", kTol);
   }
 }
 

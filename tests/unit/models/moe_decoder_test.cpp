@@ -8,6 +8,7 @@
 // Tolerances (fp32 on the CPU): logits, loss and gradients 1e-5 relative to each tensor's largest
 // entry, as the dense families' comparison (tests/unit/models/families_test.cpp): both sides run
 // fp32 ATen kernels and differ in operation order only; routing is discrete, so the counts are equal.
+#include "moe_reference_check.h"
 #include "test_util.h"
 
 #include "titan/common/error.h"
@@ -106,36 +107,7 @@ TEST(Qwen3Moe, LogitsLossGradientsAndRoutingEqualTransformers) {
   EXPECT_TRUE(weights.count("layers.0.feed_forward.w1.weight"));
   EXPECT_EQ(weights.at("layers.2.moe.experts.w1").sizes(), at::IntArrayRef({8, 32, 64}));
   safetensors::save(dir / "weights.safetensors", weights);
-  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(5);
-  const at::Tensor seq = at::randint(300, {2, 33}, gen, at::kLong);
-  const at::Tensor tokens = seq.slice(1, 0, 32).contiguous(), labels = seq.slice(1, 1, 33).contiguous();
-  safetensors::save(dir / "batch.safetensors", {{"tokens", tokens}, {"labels", labels}});
-  auto r = test::run_process({test::python(), kScript, dir / "hf", dir / "weights.safetensors", dir / "batch.safetensors",
-                              dir / "out.safetensors"},
-                             {{"OMP_NUM_THREADS", "2"}});
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  const auto ref = safetensors::load(dir / "out.safetensors").tensors;
-
-  const at::Tensor logits = model->forward(tokens);
-  const at::Tensor loss = at::cross_entropy_loss(logits.flatten(0, 1), labels.flatten());
-  loss.backward();
-  EXPECT_LT(test::relative_error(logits.detach(), ref.at("logits")), kTol);
-  EXPECT_LT(test::relative_error(loss.detach(), ref.at("loss")), kTol);
-  double worst = 0;
-  for (const auto& p : model->named_parameters()) {
-    ASSERT_TRUE(ref.count("grad." + p.key())) << p.key();
-    const double err = test::relative_error(p.value().grad(), ref.at("grad." + p.key()));
-    EXPECT_LT(err, kTol) << p.key();
-    worst = std::max(worst, err);
-  }
-  // The same tokens went to the same experts: 64 tokens x 2 copies per layer.
-  for (size_t i = 0; i < moe.size(); ++i) {
-    const at::Tensor counts = moe[i].second->tokens_per_expert;
-    EXPECT_EQ(counts.sum().item<double>(), 128.0);
-    EXPECT_TRUE(at::equal(counts, ref.at("counts." + std::to_string(i + 1)))) << moe[i].first << counts;
-  }
-  std::printf("[qwen3_moe vs transformers] loss %.6f, %zu gradients, worst relative error %.2e\n", loss.item<double>(),
-              model->named_parameters().size(), worst);
+  test::expect_moe_model_equals_reference(*model, kScript, dir.path(), "qwen3_moe", kTol);
 }
 
 TEST(Qwen3Moe, ConfigJsonRoundTripsAndWhatTitanCannotHonourIsNamed) {
