@@ -68,6 +68,9 @@ struct HFAdapter {
   // Why a config.json's text does not describe this flavor ("hidden_size is 128, the flavor has
   // 256"), naming the first field that differs; "" when it matches. Throws UserError for malformed JSON.
   std::function<std::string(const std::string& config_json)> config_mismatch;
+  // HF tensors written in fp32 whatever the export dtype (a MoE router's gate and routing bias, which
+  // transformers keeps in fp32: rounding them can flip near-tied routing choices); null: none.
+  std::function<bool(const std::string& hf_name)> keep_fp32;
 };
 
 struct ModelSpec {

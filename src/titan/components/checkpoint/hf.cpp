@@ -109,12 +109,7 @@ void HFWriter::add(const std::string& titan_name, const at::Tensor& full) {
   if (!optional) expected_.erase(it);
   added_.insert(titan_name);
   for (auto& [hf_name, t] : adapter_.to_hf({{titan_name, full.detach()}})) {
-    // A MoE router's gate and routing bias stay fp32, as transformers keeps them (DeepSeek-V3's
-    // _keep_in_fp32_modules_strict): rounding them can flip near-tied routing choices.
-    auto ends_with = [&](const std::string& suffix) {
-      return hf_name.size() >= suffix.size() && hf_name.compare(hf_name.size() - suffix.size(), suffix.size(), suffix) == 0;
-    };
-    const bool fp32 = ends_with(".mlp.gate.weight") || ends_with(".mlp.gate.e_score_correction_bias");
+    const bool fp32 = adapter_.keep_fp32 && adapter_.keep_fp32(hf_name);
     at::Tensor value = t.to(at::kCPU, fp32 ? at::kFloat : dtype_).contiguous();
     const int64_t bytes = value.numel() * value.element_size();
     if (!pending_.empty() && pending_bytes_ + bytes > max_shard_bytes_) flush();

@@ -631,10 +631,21 @@ std::string config_mismatch(const DecoderArgs& args, const HFDialect& dialect, c
 }  // namespace
 
 HFAdapter decoder_hf_adapter(const DecoderArgs& args, const HFDialect& dialect) {
-  return HFAdapter{[args, dialect](const StateDict& sd) { return convert(sd, args, dialect, true); },
-                   [args, dialect](const StateDict& sd) { return convert(sd, args, dialect, false); },
-                   [args, dialect](at::ScalarType dtype) { return config_json(args, dialect, dtype); },
-                   [args, dialect](const std::string& text) { return config_mismatch(args, dialect, text); }};
+  HFAdapter adapter{[args, dialect](const StateDict& sd) { return convert(sd, args, dialect, true); },
+                    [args, dialect](const StateDict& sd) { return convert(sd, args, dialect, false); },
+                    [args, dialect](at::ScalarType dtype) { return config_json(args, dialect, dtype); },
+                    [args, dialect](const std::string& text) { return config_mismatch(args, dialect, text); }};
+  if (args.moe) {
+    // The router's gate and routing bias, as transformers keeps them (DeepSeek-V3's
+    // _keep_in_fp32_modules_strict).
+    adapter.keep_fp32 = [](const std::string& hf_name) {
+      for (const std::string suffix : {".mlp.gate.weight", ".mlp.gate.e_score_correction_bias"})
+        if (hf_name.size() >= suffix.size() && hf_name.compare(hf_name.size() - suffix.size(), suffix.size(), suffix) == 0)
+          return true;
+      return false;
+    };
+  }
+  return adapter;
 }
 
 }  // namespace titan
