@@ -3,9 +3,12 @@
 Written from the routing formulas (docs/moe.md, torchtitan's order), token by token: no sorting and
 no grouped matmul. Reads IN.safetensors (x (T, D), gate (E, D), w1/w3 (E, F, D), w2 (E, D, F),
 optional shared_w1/shared_w3 (Fs, D), shared_w2 (D, Fs), optional expert_bias (E), grad_out (T, D);
-metadata "options": JSON with top_k, score_func, route_norm, route_scale, n_groups, topk_groups) and
-writes y (T, D), ids (T, K), weights (T, K), counts (E), and grad.<name> for x and every weight, for
-the loss sum(y * grad_out).
+metadata "options": JSON with top_k, score_func, route_norm, route_scale, n_groups, topk_groups and
+aux_weight) and writes y (T, D), ids (T, K), weights (T, K), counts (E), the auxiliary load-balancing
+loss "aux" = E * sum_e f_e P_e (f_e: the share of the T tokens routed to expert e, counted once per
+copy; P_e: the mean over the tokens of e's probability, the softmax score, or the sigmoid score over
+the token's sum of scores), and grad.<name> for x and every weight, for the loss
+sum(y * grad_out) + aux_weight * aux.
 
 usage: moe_reference.py IN.safetensors OUT.safetensors
 """
@@ -64,10 +67,16 @@ def main():
             y = y + swiglu(x[i], leaves["shared_w1"], leaves["shared_w2"], leaves["shared_w3"])
         ys.append(y)
     y = torch.stack(ys)
-    (y * t["grad_out"]).sum().backward()
     ids = torch.stack(ids)
+    counts = torch.zeros(E)
+    for i in range(T):
+        for k in range(K):
+            counts[ids[i][k]] += 1
+    probs = scores if o["score_func"] == "softmax" else scores / scores.sum(-1, keepdim=True)
+    aux = E * sum(counts[e] / T * probs[:, e].mean() for e in range(E))
+    ((y * t["grad_out"]).sum() + o.get("aux_weight", 0.0) * aux).backward()
     result = {"y": y.detach(), "ids": ids, "weights": torch.stack(weights).detach(),
-              "counts": torch.bincount(ids.flatten(), minlength=E)}
+              "counts": torch.bincount(ids.flatten(), minlength=E), "aux": aux.detach().reshape(())}
     for k, v in leaves.items():
         result["grad." + k] = v.grad
     save_file({k: v.contiguous() for k, v in result.items()}, out)

@@ -9,7 +9,12 @@ from safetensors.torch import load_file
 def forward_backward(model, moe_layers, num_experts, batch_path):
     """Runs BATCH's "tokens" (B, S) through `model` and back-propagates the mean cross-entropy against
     its "labels". Returns "logits", "loss" and "counts.<layer>" (E,): the routed token copies each
-    expert of that layer received (from its router's top-k indices, the third output of mlp.gate)."""
+    expert of that layer received (from its router's top-k indices, the third output of mlp.gate).
+
+    With output_router_logits in the model's config, the loss back-propagated adds
+    router_aux_loss_coef x the mean over the MoE layers of transformers' load_balancing_loss_func
+    of each layer's router logits alone (titan's per-layer form; transformers pools the layers), and
+    the mean is returned as "aux_loss" (the cross-entropy stays "loss")."""
     counts = {}
 
     def count(i):
@@ -21,10 +26,22 @@ def forward_backward(model, moe_layers, num_experts, batch_path):
         model.model.layers[i].mlp.gate.register_forward_hook(count(i))
     batch = load_file(batch_path)
     model.train()
-    logits = model(input_ids=batch["tokens"]).logits.float()
+    aux = bool(getattr(model.config, "output_router_logits", False))
+    result = model(input_ids=batch["tokens"], output_router_logits=aux)
+    logits = result.logits.float()
     loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten())
-    loss.backward()
     out = {"logits": logits.detach().contiguous(), "loss": loss.detach().reshape(())}
+    if aux:
+        from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
+
+        per_layer = [load_balancing_loss_func((g,), num_experts, model.config.num_experts_per_tok)
+                     for g in result.router_logits]
+        assert len(per_layer) == len(moe_layers), (len(per_layer), moe_layers)
+        aux_loss = torch.stack(per_layer).mean()
+        (loss + model.config.router_aux_loss_coef * aux_loss).backward()
+        out["aux_loss"] = aux_loss.detach().reshape(())
+    else:
+        loss.backward()
     out.update(counts)
     return out
 

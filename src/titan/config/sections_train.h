@@ -21,6 +21,7 @@ struct Model {
   std::string hf_assets_path = "./assets/tokenizer";
   std::vector<std::string> converters;
   bool print_after_conversion = false;
+  std::optional<double> moe_aux_loss_coeff;  // unset: the flavor's (0 for torchtitan's flavors)
 
   template <class V>
   void visit(V& v) {
@@ -30,6 +31,10 @@ struct Model {
       "folder with Hugging Face assets: tokenizer files, config.json, *.safetensors weights");
     v(converters, "converters", "model transforms applied after building, e.g. quantize.linear.float8");
     v(print_after_conversion, "print_after_conversion", "print the module tree after the converters ran");
+    v(moe_aux_loss_coeff, "moe_aux_loss_coeff",
+      "mixture-of-experts models: coefficient of the auxiliary load-balancing loss (Qwen's global-batch form, "
+      "docs/moe.md); unset: the flavor's (0, none, for the built-in flavors; router_aux_loss_coef for a "
+      "Hugging Face config.json with output_router_logits)");
   }
   bool operator==(const Model&) const = default;
 };

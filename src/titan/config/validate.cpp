@@ -43,6 +43,11 @@ void validate_config(const JobConfig& cfg) {
                    "training.local_batch_size (", t.local_batch_size, ")");
   TITAN_USER_CHECK(t.max_norm > 0, "training.max_norm must be positive, got ", t.max_norm);
 
+  if (cfg.model.moe_aux_loss_coeff)
+    TITAN_USER_CHECK(*cfg.model.moe_aux_loss_coeff >= 0 && std::isfinite(*cfg.model.moe_aux_loss_coeff),
+                     "model.moe_aux_loss_coeff must be a finite number >= 0 (0: no auxiliary loss), got ",
+                     *cfg.model.moe_aux_loss_coeff);
+
   const auto& o = cfg.optimizer;
   TITAN_USER_CHECK(o.lr >= 0, "optimizer.lr must not be negative, got ", o.lr);
   TITAN_USER_CHECK(o.beta1 >= 0 && o.beta1 < 1, "optimizer.beta1 must be in [0, 1), got ", o.beta1);

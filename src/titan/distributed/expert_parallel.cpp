@@ -128,4 +128,17 @@ nn::ExpertExchange ExpertParallel::balanced_exchange(const at::Tensor& routed_ND
   return ex;
 }
 
+void sum_routing_figures(at::Tensor& figures, Group& dp_cp, Group* sequence_parallel_tp) {
+  dp_cp.all_reduce(figures).wait();
+  if (sequence_parallel_tp) sequence_parallel_tp->all_reduce(figures).wait();
+}
+
+std::function<at::Tensor(const at::Tensor&)> routing_counts_sum(Group& dp_cp, Group* sequence_parallel_tp) {
+  return [&dp_cp, sequence_parallel_tp](const at::Tensor& counts_E) {
+    at::Tensor sum = counts_E.clone();
+    sum_routing_figures(sum, dp_cp, sequence_parallel_tp);
+    return sum;
+  };
+}
+
 }  // namespace titan::dist

@@ -25,6 +25,7 @@
 #include "titan/distributed/placement.h"
 #include "titan/nn/moe.h"
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -49,5 +50,15 @@ class ExpertParallel {
   nn::ExpertExchange balanced_exchange(const at::Tensor& routed_ND, const at::Tensor& counts_E);
   Group& group_;
 };
+
+// Sums, in place, per-expert routing figures of MoE layers (counts, auxiliary-loss terms) over the
+// ranks that routed other tokens of the same batch: data and context parallel (the expert-parallel
+// ranks are among them), and tensor parallel under sequence parallelism, where each tensor-parallel
+// rank routes its part of the sequence (`sequence_parallel_tp`; null otherwise, when every
+// tensor-parallel rank routes the same tokens).
+void sum_routing_figures(at::Tensor& figures, Group& dp_cp, Group* sequence_parallel_tp);
+
+// A MoE layer's global_counts (nn::MoEImpl): its counts summed as above, into a new tensor.
+std::function<at::Tensor(const at::Tensor&)> routing_counts_sum(Group& dp_cp, Group* sequence_parallel_tp);
 
 }  // namespace titan::dist

@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
+#include <torch/autograd.h>
 
 #include <limits>
 
@@ -18,6 +19,7 @@ void MoEOptions::validate() const {
   TITAN_USER_CHECK(score_func == "softmax" || score_func == "sigmoid", "moe: score_func '", score_func,
                    "' is neither softmax nor sigmoid");
   TITAN_USER_CHECK(num_shared_experts >= 0, "moe: num_shared_experts must not be negative");
+  TITAN_USER_CHECK(aux_loss_coeff >= 0, "moe: aux_loss_coeff ", aux_loss_coeff, " must not be negative");
   if (n_groups > 1) {
     TITAN_USER_CHECK(num_experts % n_groups == 0 && num_experts / n_groups >= 2, "moe: ", num_experts,
                      " experts do not split into ", n_groups, " groups of at least 2");
@@ -58,6 +60,29 @@ Routing route(const at::Tensor& logits_TE, const at::Tensor& expert_bias_E, cons
   if (o.route_scale != 1.0) r.weights_TK = r.weights_TK * o.route_scale;
   return r;
 }
+
+at::Tensor aux_loss_term(const Routing& r, const at::Tensor& global_counts_E, const MoEOptions& o) {
+  const at::Tensor counts = global_counts_E.to(at::kFloat);
+  const at::Tensor tokens = counts.sum() / static_cast<double>(o.top_k);  // T of the global micro-batch
+  const at::Tensor p_TE = o.score_func == "softmax" ? r.scores_TE : r.scores_TE / r.scores_TE.sum(-1, /*keepdim=*/true);
+  return static_cast<double>(o.num_experts) * (counts * p_TE.sum(0)).sum() / (tokens * tokens);
+}
+
+namespace {
+
+// y unchanged forward; backward passes y's gradient through and gives `aux` the gradient 1, so that
+// the auxiliary loss is differentiated wherever the layer's output is.
+struct AddAuxLossGradient : public torch::autograd::Function<AddAuxLossGradient> {
+  static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& y, const at::Tensor& aux) {
+    return y;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
+                                                 torch::autograd::variable_list grads) {
+    return {grads[0], at::ones({}, grads[0].options().dtype(at::kFloat))};
+  }
+};
+
+}  // namespace
 
 at::Tensor grouped_linear(const at::Tensor& x_NI, const at::Tensor& w_EOI, const at::Tensor& counts_E, bool grouped) {
   const int64_t E = w_EOI.size(0);
@@ -148,6 +173,20 @@ at::Tensor MoEImpl::forward(const at::Tensor& x_BSD) {
     at::Tensor y_TD = at::zeros({x_TD.size(0), D}, weighted_ND.options())
                           .scatter_add(0, token_N.unsqueeze(1).expand({-1, D}), weighted_ND);
     if (shared_experts) y_TD = y_TD + shared_experts(x_TD).to(y_TD.scalar_type());
+    if (aux_loss_weight > 0 && count_tokens) {
+      at::Tensor counts;
+      {
+        at::NoGradGuard no_grad;
+        counts = r.counts_E.to(at::kFloat);
+        if (global_counts) counts = global_counts(counts);
+      }
+      const at::Tensor term = aux_loss_term(r, counts, options_);
+      if (!recomputing()) {
+        at::NoGradGuard no_grad;
+        aux_loss_terms = aux_loss_terms.defined() ? aux_loss_terms + term.detach() : term.detach().clone();
+      }
+      if (at::GradMode::is_enabled()) y_TD = AddAuxLossGradient::apply(y_TD, term * aux_loss_weight);
+    }
     return y_TD.view(x.sizes());
   });
 }

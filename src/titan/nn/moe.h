@@ -13,6 +13,10 @@
 //   weights = scores at ids (without the bias); / their sum + 1e-20 when route_norm; x route_scale
 // Experts: each routed copy of a token goes through its expert's w2(silu(w1 x) * w3 x); the outputs,
 // multiplied by their weights in fp32, are summed per token. No token is dropped (no capacity).
+// Auxiliary load-balancing loss (optional; Qwen's global-batch form, transformers' normalization):
+//   aux = E * sum_e f_e P_e,  f_e = copies routed to e / T,  P_e = sum_t p_te / T
+// over the T tokens of the global micro-batch (every data-parallel rank's), p = softmax scores (sigmoid
+// scores divided by their sum over experts); its gradient reaches the router through P only.
 #pragma once
 
 #include "titan/nn/hooks.h"
@@ -40,6 +44,7 @@ struct MoEOptions {
   bool expert_bias = true;         // aux-loss-free load balancing (a bias that only steers the choice)
   double load_balance_coeff = 1e-3;  // the bias's step per update (update_expert_bias's rate)
   bool grouped_mm = true;          // false: one matmul per expert (the benchmark's baseline)
+  double aux_loss_coeff = 0;       // the auxiliary load-balancing loss's coefficient (0: none)
   // Throws UserError naming the option that does not fit.
   void validate() const;
 };
@@ -47,7 +52,7 @@ struct MoEOptions {
 struct Routing {
   at::Tensor weights_TK;  // fp32
   at::Tensor ids_TK;      // int64, the chosen experts of each token
-  at::Tensor scores_TE;   // fp32, the router's scores (for an auxiliary loss)
+  at::Tensor scores_TE;   // fp32, the router's scores
   at::Tensor counts_E;    // int64, routed copies per expert
 };
 
@@ -108,11 +113,27 @@ class MoEImpl : public HookedModule {
   at::Tensor tokens_per_expert;        // (E) fp32 buffer: routed copies since the last bias update
   bool count_tokens = true;            // off while evaluating
   ExchangeFn exchange;                 // expert parallelism's, or none (every expert is here)
+  // The auxiliary load-balancing loss. Its weight in the training loss (the coefficient over the
+  // MoE layers and the micro-batches of a step; 0: none) is set by the trainer. The loss is not added
+  // to the output: an autograd function on the output adds its gradient in backward (so pipeline
+  // stages and activation checkpointing need nothing else). global_counts sums this forward's
+  // routed copies per expert (E, fp32) over the ranks whose tokens make the global micro-batch
+  // (none: this rank's tokens are all of it). aux_loss_terms adds up this layer's local terms
+  // E * sum_e f_e sum_{t here} p_te / T (summed over those ranks, they make the layer's aux) of the
+  // step's forward passes (not recomputations); the trainer reads and zeroes it.
+  double aux_loss_weight = 0;
+  std::function<at::Tensor(const at::Tensor& counts_E)> global_counts;
+  at::Tensor aux_loss_terms;           // fp32 scalar, undefined until the first term
 
  private:
   MoEOptions options_;
 };
 TORCH_MODULE(MoE);
+
+// The layer's local auxiliary-loss term E * sum_e (counts_E / T) * sum_t p_te / T, with T = the
+// global counts' sum / K, p the routing's scores normalized over the experts (routing.scores_TE).
+// Differentiable in the scores.
+at::Tensor aux_loss_term(const Routing& routing, const at::Tensor& global_counts_E, const MoEOptions& options);
 
 // torchtitan's auxiliary-loss-free update of one layer's bias from its token counts (E): every
 // expert's bias moves by rate * sign(mean - count), then the moves are centred to zero mean.

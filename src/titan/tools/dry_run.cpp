@@ -286,6 +286,7 @@ class DryMesh {
     add("dp_shard_cp", p.dp_shard * p.cp);
     add("dp_replicate", p.dp_replicate);
     add("dp", p.dp_replicate * p.dp_shard);
+    add("dp_cp", p.dp_replicate * p.dp_shard * p.cp);
     add("tp", p.tp);
     add("cp", p.cp, static_cast<int>(p.cp) - 1);
     add("pp", p.pp, p.pp_rank);
@@ -437,6 +438,24 @@ DryRunResult run(const DryRunPlan& plan) {
   oo.implementation = plan.optimizer_implementation;
   Optimizer optimizer(named, oo);
 
+  // MoE layers (Trainer::set_up_moe_aux_loss, update_expert_biases): with the auxiliary loss every
+  // forward sums its routing counts over the ranks of the micro-batch; every step sums the layers'
+  // counts (and auxiliary-loss terms) once.
+  dist::Group* sequence_parallel_tp = tp && plan.tp_options.sequence_parallel ? &mesh["tp"] : nullptr;
+  std::vector<nn::MoEImpl*> moe_layers;
+  for (const LanguageModel& m : models)
+    for (const auto& [prefix, layer] : m->moe_layers()) moe_layers.push_back(layer);
+  bool moe_aux_loss = false;
+  if (!moe_layers.empty()) {
+    const double coeff = plan.moe_aux_loss_coeff.value_or(moe_layers.front()->options().aux_loss_coeff);
+    moe_aux_loss = coeff > 0;
+    for (nn::MoEImpl* layer : moe_layers) {
+      if (!moe_aux_loss) break;
+      layer->aux_loss_weight = coeff;  // (any positive weight: the meta device computes no values)
+      layer->global_counts = dist::routing_counts_sum(mesh["dp_cp"], sequence_parallel_tp);
+    }
+  }
+
   // What this rank holds, from the tensors themselves.
   std::map<const void*, size_t> unit_of_storage;
   for (const auto& [name, t] : named) {
@@ -508,6 +527,11 @@ DryRunResult run(const DryRunPlan& plan) {
     if (cp) mesh["cp"].all_reduce(loss_sum).wait();  // each cp rank's loss covers its part of the sequences
     clip_grad_norm(params, plan.max_norm, mesh, pipelined ? std::vector<std::string>{"pp"} : std::vector<std::string>{});
     optimizer.step();
+    if (!moe_layers.empty()) {
+      const int64_t L = static_cast<int64_t>(moe_layers.size()), E = moe_layers.front()->options().num_experts;
+      at::Tensor figures = at::empty({L, E + (moe_aux_loss ? 1 : 0)}, meta.dtype(at::kFloat));
+      dist::sum_routing_figures(figures, mesh["dp_cp"], sequence_parallel_tp);
+    }
     at::Tensor local_avg = loss_sum * (global_tokens / local_tokens);
     mesh["dp"].all_reduce(loss_sum).wait();
     mesh["dp"].all_reduce(local_avg, c10d::ReduceOp::MAX).wait();

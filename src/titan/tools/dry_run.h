@@ -30,6 +30,7 @@
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,7 @@ struct DryRunPlan {
   bool fsdp = false;  // FSDP (HSDP with dp_replicate > 1); else DDP when dp_replicate > 1
   int64_t tp = 1;     // tensor-parallel degree (this rank holds TP shard 0)
   int64_t ep = 1;     // expert-parallel degree (out of dp_shard x cp; routing taken as balanced)
+  std::optional<double> moe_aux_loss_coeff;  // model.moe_aux_loss_coeff (unset: the flavor's)
   dist::TensorParallelOptions tp_options;
   std::string reshard_after_forward = "default";
   std::string ac_mode = "none";  // none | full | selective (every ac_every-th block) | op

@@ -170,6 +170,7 @@ Estimate estimate(const JobConfig& cfg, const EstimateOptions& options) {
   plan.fsdp = use_fsdp;
   plan.tp = dims.tp();
   plan.ep = dims.ep();
+  plan.moe_aux_loss_coeff = cfg.model.moe_aux_loss_coeff;
   dist::check_sequence_length(tr.seq_len, dims.tp(), p.enable_sequence_parallel);
   plan.tp_options = dist::tensor_parallel_options(p);
   if (dims.cp() > 1) {

@@ -234,6 +234,7 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   TITAN_USER_CHECK(global_batch % (tr.local_batch_size * dp) == 0, "training.global_batch_size ", global_batch,
                    " is not a multiple of local_batch_size ", tr.local_batch_size, " x data-parallel degree ", dp);
   grad_accum_steps_ = global_batch / (tr.local_batch_size * dp);
+  set_up_moe_aux_loss();
   dataloader_ = data::make_dataloader(data::data_config(tr, (*mesh_)["dp"].rank(), static_cast<int>(dp)), *tokenizer_);
 
   // ---- metrics
@@ -432,37 +433,76 @@ Trainer::StepOnDevice Trainer::run_step() {
 void Trainer::set_moe_load(metrics::StepStats& s, const StepResult& r) {
   // (sum of the layers' imbalances, layers, largest) of this rank's layers; under pipeline
   // parallelism every stage holds its own, gathered on log steps (every rank logs at the same steps).
-  std::array<double, 3> load = r.moe_load;
+  std::array<double, 4> load = r.moe_load;
   if (dims_->pp() > 1) {
     dist::Group& pp = (*mesh_)["pp"];
     at::Tensor mine = at::tensor(std::vector<double>(load.begin(), load.end()), at::kDouble).to(mesh_->device());
-    at::Tensor all = at::empty({pp.size() * 3}, mine.options());
+    at::Tensor all = at::empty({pp.size() * 4}, mine.options());
     pp.all_gather(all, mine).wait();
-    const at::Tensor host = all.view({pp.size(), 3}).to(at::kCPU);
+    const at::Tensor host = all.view({pp.size(), 4}).to(at::kCPU);
     load = {host.select(1, 0).sum().item<double>(), host.select(1, 1).sum().item<double>(),
-            host.select(1, 2).max().item<double>()};
+            host.select(1, 2).max().item<double>(), host.select(1, 3).sum().item<double>()};
   }
   if (load[1] > 0) {
     s.moe_imbalance = load[0] / load[1];
     s.moe_imbalance_max = load[2];
   }
+  if (moe_aux_loss_coeff_ > 0) s.moe_aux_loss = load[3] * moe_aux_loss_scale_;
+}
+
+void Trainer::set_up_moe_aux_loss() {
+  const std::optional<double>& configured = cfg_.model.moe_aux_loss_coeff;
+  if (!moe_model_) {
+    TITAN_USER_CHECK(configured.value_or(0) == 0, "model.moe_aux_loss_coeff ", configured.value_or(0),
+                     " balances the experts of a mixture-of-experts model, but model ", cfg_.model.name, " ",
+                     cfg_.model.flavor, " has no MoE layers: remove the option");
+    return;
+  }
+  const auto all = model_->moe_layers();  // the whole model's, whatever this rank holds
+  moe_aux_loss_coeff_ = configured.value_or(all.front().second->options().aux_loss_coeff);
+  if (moe_aux_loss_coeff_ == 0) return;
+  // Each micro-batch's forward balances over its own tokens on every data-parallel rank; the step's
+  // auxiliary loss is the mean over the MoE layers and the micro-batches.
+  const int64_t micro = grad_accum_steps_ * (pipeline_ ? pipeline_->microbatches() : 1);
+  moe_aux_loss_scale_ = 1.0 / static_cast<double>(static_cast<int64_t>(all.size()) * micro);
+  for (const auto& [prefix, layer] : moe_layers_) {
+    layer->aux_loss_weight = moe_aux_loss_coeff_ * moe_aux_loss_scale_;
+    layer->global_counts = dist::routing_counts_sum((*mesh_)["dp_cp"], sequence_parallel_tp());
+  }
+}
+
+dist::Group* Trainer::sequence_parallel_tp() {
+  return tensor_parallel_ && tensor_parallel_->options().sequence_parallel ? &(*mesh_)["tp"] : nullptr;
 }
 
 at::Tensor Trainer::update_expert_biases(const at::Tensor& skipped) {
-  if (moe_layers_.empty()) return moe_model_ ? at::zeros({3}, at::TensorOptions().device(device_)) : at::Tensor();
+  if (moe_layers_.empty()) return moe_model_ ? at::zeros({4}, at::TensorOptions().device(device_)) : at::Tensor();
   at::NoGradGuard no_grad;
-  std::vector<at::Tensor> counts;
-  for (const auto& [prefix, layer] : moe_layers_) counts.push_back(layer->tokens_per_expert);
-  at::Tensor all_LE = at::stack(counts);  // one collective for every layer
-  (*mesh_)["dp_cp"].all_reduce(all_LE).wait();
-  // Under sequence parallelism each tensor-parallel rank routed its part of the sequence.
-  if (tensor_parallel_ && tensor_parallel_->options().sequence_parallel) (*mesh_)["tp"].all_reduce(all_LE).wait();
+  // Per layer its counts (E) and, with the auxiliary loss, its terms: one collective for every layer.
+  const bool aux = moe_aux_loss_coeff_ > 0;
+  std::vector<at::Tensor> rows;
+  for (const auto& [prefix, layer] : moe_layers_) {
+    const at::Tensor& c = layer->tokens_per_expert;
+    if (!aux) {
+      rows.push_back(c);
+      continue;
+    }
+    const at::Tensor terms = layer->aux_loss_terms.defined() ? layer->aux_loss_terms.to(c.device(), c.scalar_type())
+                                                             : at::zeros({}, c.options());
+    rows.push_back(at::cat({c, terms.reshape({1})}));
+  }
+  at::Tensor all = at::stack(rows);
+  dist::sum_routing_figures(all, (*mesh_)["dp_cp"], sequence_parallel_tp());
+  const int64_t E = moe_layers_.front().second->options().num_experts;
+  const at::Tensor all_LE = all.narrow(1, 0, E);
+  const at::Tensor aux_sum = aux ? all.select(1, E).sum() : at::zeros({}, all.options());
   // Each layer's load imbalance: its busiest expert's routed copies over the mean (1 when balanced).
   const at::Tensor imbalance_L = std::get<0>(all_LE.max(1)) / all_LE.mean(1).clamp_min(1e-9);
   const at::Tensor load = at::stack({imbalance_L.sum(), at::full({}, static_cast<double>(moe_layers_.size()), imbalance_L.options()),
-                                     imbalance_L.max()});
+                                     imbalance_L.max(), aux_sum});
   for (size_t i = 0; i < moe_layers_.size(); ++i) {
     nn::MoEImpl& layer = *moe_layers_[i].second;
+    layer.aux_loss_terms = at::Tensor();
     if (layer.expert_bias.defined()) {
       at::Tensor updated = layer.expert_bias.clone();
       nn::update_expert_bias(updated, all_LE[static_cast<int64_t>(i)], layer.options().load_balance_coeff);
@@ -487,7 +527,7 @@ std::vector<StepResult> Trainer::read_steps(const std::vector<StepOnDevice>& ste
     r.max_loss = v[i][1];
     r.grad_norm = v[i][2];
     r.skipped = v[i][3] != 0;
-    if (host.size(1) == 7) r.moe_load = {v[i][4], v[i][5], v[i][6]};
+    if (host.size(1) == 8) r.moe_load = {v[i][4], v[i][5], v[i][6], v[i][7]};
     out.push_back(r);
   }
   return out;

@@ -38,8 +38,9 @@ struct StepResult {
   double grad_norm = 0;
   double lr = 0;
   bool skipped = false;  // the loss or gradient norm was not finite: the model was not updated
-  // MoE models: this rank's layers' load imbalances (busiest expert / mean): sum, layers, largest.
-  std::array<double, 3> moe_load = {0, 0, 0};
+  // MoE models: this rank's layers' load imbalances (busiest expert / mean): sum, layers, largest;
+  // then the sum of its layers' auxiliary-loss terms (0 without the auxiliary loss).
+  std::array<double, 4> moe_load = {0, 0, 0, 0};
 };
 
 class Trainer {
@@ -130,7 +131,7 @@ class Trainer {
   // One step's results while they are still on the device: no host synchronization inside a step.
   struct StepOnDevice {
     double lr = 0;
-    // fp64 (4): loss, max_loss, grad_norm, and 1 where the update was skipped; (7) for MoE models,
+    // fp64 (4): loss, max_loss, grad_norm, and 1 where the update was skipped; (8) for MoE models,
     // then StepResult::moe_load
     at::Tensor values;
   };
@@ -195,6 +196,13 @@ class Trainer {
   at::Tensor update_expert_biases(const at::Tensor& skipped);
   // The step's load imbalance over every MoE layer of the model, into the logged figures.
   void set_moe_load(metrics::StepStats& s, const StepResult& r);
+  // The auxiliary load-balancing loss (model.moe_aux_loss_coeff or the flavor's): each MoE layer's
+  // weight in the loss and its sum of counts over the ranks of the global micro-batch.
+  void set_up_moe_aux_loss();
+  // The tensor-parallel group under sequence parallelism (its ranks route different tokens), else null.
+  dist::Group* sequence_parallel_tp();
+  double moe_aux_loss_coeff_ = 0;
+  double moe_aux_loss_scale_ = 0;  // 1 / (the model's MoE layers x micro-batches per step)
   void sum_shared_gradients();
   // Whether `name` is a parameter this rank holds as a non-primary copy (see SharedGradient).
   bool is_shared_copy(const std::string& name) const;

@@ -100,6 +100,7 @@ TEST(ConfigValidate, SanityChecks) {
        "activation_checkpoint.per_op_policy 'all_matmuls' chooses what the per-operator policy keeps, which runs only "
        "with mode = \"selective\" and selective_ac_option = \"op\""},
       {{"--metrics.log_freq", "0"}, "metrics.log_freq must be positive"},
+      {{"--model.moe_aux_loss_coeff", "-0.01"}, "model.moe_aux_loss_coeff must be a finite number >= 0"},
       {{"--validation.steps", "0"}, "validation.steps must be positive or -1"},
       {{"--parallelism.module_fqns_per_model_part", "layers.0;"},
        "parallelism.module_fqns_per_model_part: model part 1 is empty"},

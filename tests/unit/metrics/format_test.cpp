@@ -126,6 +126,11 @@ TEST(MetricsFormat, MoeModelsAddTheLoadImbalanceAfterTorchtitansFields) {
   std::smatch m;
   EXPECT_TRUE(std::regex_search(moe, m, log_line_regex())) << moe;  // users' parsers still read it
   EXPECT_EQ(strip_ansi(format_log_line(f, true)), moe);
+  f.moe_aux_loss = 2.00503814;  // with the auxiliary load-balancing loss
+  const std::string aux = format_log_line(f, false);
+  EXPECT_EQ(aux, moe + "  moe_aux_loss: 2.0050");
+  EXPECT_TRUE(std::regex_search(aux, m, log_line_regex())) << aux;
+  EXPECT_EQ(strip_ansi(format_log_line(f, true)), aux);
 }
 
 TEST(MetricsFormat, LineParsesWithUsersRegex) {

@@ -3,8 +3,14 @@
 #include "titan/components/metrics/format.h"
 #include "titan/components/metrics/metrics.h"
 
+#include "test_util.h"
+
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <map>
 
 #include <regex>
 #include <sstream>
@@ -80,6 +86,31 @@ TEST(MetricsLogger, FiguresAndLine) {
   EXPECT_DOUBLE_EQ(value("time_metrics/end_to_end(s)"), 0.4);
   EXPECT_DOUBLE_EQ(value("loss_metrics/global_max_loss"), 7.5);
   EXPECT_DOUBLE_EQ(value("lr"), 8e-4);
+}
+
+TEST(MetricsLogger, MixtureOfExpertsFiguresReachTheLineTensorBoardAndTheMetricsFile) {
+  test::TempDir dir;
+  std::ostringstream out;
+  MetricsOptions options = quiet_options(out);
+  options.dump_folder = dir.path();
+  MetricsLogger logger(options);
+  StepStats s = sample_stats();
+  s.moe_imbalance = 1.25;
+  s.moe_imbalance_max = 1.5;
+  s.moe_aux_loss = 2.125;
+  const LoggedMetrics& m = logger.log(s);
+  EXPECT_NE(m.line.find("  moe_imbalance: 1.25 (max 1.50)  moe_aux_loss: 2.1250"), std::string::npos) << m.line;
+  std::map<std::string, double> tb(m.scalars.begin(), m.scalars.end());
+  EXPECT_EQ(tb.at("moe/load_imbalance_mean"), 1.25);
+  EXPECT_EQ(tb.at("moe/load_imbalance_max"), 1.5);
+  EXPECT_EQ(tb.at("moe/aux_loss"), 2.125);
+  std::ifstream in(dir / "metrics.jsonl");
+  std::string line, last;
+  while (std::getline(in, line)) last = line;
+  const nlohmann::json j = nlohmann::json::parse(last);
+  EXPECT_EQ(j.at("moe_imbalance"), 1.25);
+  EXPECT_EQ(j.at("moe_imbalance_max"), 1.5);
+  EXPECT_EQ(j.at("moe_aux_loss"), 2.125);
 }
 
 TEST(MetricsLogger, ColorAndPrefixOptions) {

@@ -87,10 +87,20 @@ nlohmann::json small_config() {
 }
 
 TEST(Qwen3Moe, LogitsLossGradientsAndRoutingEqualTransformers) {
+  for (const bool aux : {false, true}) {
+  SCOPED_TRACE(aux ? "with the auxiliary loss" : "without the auxiliary loss");
   test::TempDir dir;
   fs::create_directories(dir / "hf");
-  std::ofstream(dir / "hf/config.json") << small_config().dump(2);
+  nlohmann::json config = small_config();
+  // transformers' auxiliary loss: output_router_logits and its coefficient (large enough to show in
+  // every router's gradient).
+  if (aux) {
+    config["output_router_logits"] = true;
+    config["router_aux_loss_coef"] = 0.5;
+  }
+  std::ofstream(dir / "hf/config.json") << config.dump(2);
   LanguageModel model = build(dir / "hf/config.json", at::TensorOptions().dtype(at::kFloat));
+  EXPECT_EQ(dynamic_cast<DecoderImpl&>(*model).args().moe->aux_loss_coeff, aux ? 0.5 : 0.0);
   model->init_weights(3);
   {
     // Norm weights away from 1, so that a norm in the wrong place shows.
@@ -107,7 +117,9 @@ TEST(Qwen3Moe, LogitsLossGradientsAndRoutingEqualTransformers) {
   EXPECT_TRUE(weights.count("layers.0.feed_forward.w1.weight"));
   EXPECT_EQ(weights.at("layers.2.moe.experts.w1").sizes(), at::IntArrayRef({8, 32, 64}));
   safetensors::save(dir / "weights.safetensors", weights);
-  test::expect_moe_model_equals_reference(*model, kScript, dir.path(), "qwen3_moe", kTol);
+  test::expect_moe_model_equals_reference(*model, kScript, dir.path(), aux ? "qwen3_moe aux" : "qwen3_moe", kTol,
+                                          aux ? 0.5 : 0.0);
+  }
 }
 
 TEST(Qwen3Moe, ConfigJsonRoundTripsAndWhatTitanCannotHonourIsNamed) {
@@ -151,7 +163,22 @@ TEST(Qwen3Moe, ConfigJsonRoundTripsAndWhatTitanCannotHonourIsNamed) {
   EXPECT_NE(refused("mlp_only_layers", {1}).find("mlp_only_layers"), std::string::npos);
   EXPECT_NE(refused("num_experts_per_tok", 9).find("num_experts_per_tok 9 exceeds the 8 experts"), std::string::npos);
   EXPECT_NE(refused("norm_topk_prob", "yes").find("norm_topk_prob"), std::string::npos);
-  EXPECT_NE(refused("output_router_logits", true).find("output_router_logits"), std::string::npos);
+  EXPECT_NE(refused("output_router_logits", "yes").find("output_router_logits"), std::string::npos);
+  {
+    // transformers' auxiliary loss is titan's: its coefficient read, and written back on export.
+    nlohmann::json c = small_config();
+    c["output_router_logits"] = true;
+    c["router_aux_loss_coef"] = 0.01;
+    EXPECT_EQ(dynamic_cast<DecoderImpl&>(*build(c.dump())).args().moe->aux_loss_coeff, 0.01);
+    const nlohmann::json written = nlohmann::json::parse(spec.hf_adapter(c.dump()).config_json(at::kFloat));
+    EXPECT_EQ(written.at("output_router_logits"), true);
+    EXPECT_EQ(written.at("router_aux_loss_coef"), 0.01);
+    c.erase("router_aux_loss_coef");  // Qwen3MoeConfig's default
+    EXPECT_EQ(dynamic_cast<DecoderImpl&>(*build(c.dump())).args().moe->aux_loss_coeff, 0.001);
+    c["router_aux_loss_coef"] = -1;
+    EXPECT_NE(test::error_of([&] { build(c.dump()); }).find("router_aux_loss_coef"), std::string::npos);
+    EXPECT_EQ(nlohmann::json::parse(spec.hf_adapter("30B-A3B").config_json(at::kFloat)).at("output_router_logits"), false);
+  }
   EXPECT_NE(refused("mlp_only_layers", {0, 1, 2, 3}).find("mlp_only_layers"), std::string::npos);
   // Absent fields take Qwen3MoeConfig's defaults (4 KV heads; no head_dim: hidden_size / heads), and
   // the expert count transformers 5 writes as num_local_experts is read.

@@ -4,6 +4,11 @@
 // gradient within `tol` relative to each tensor's largest entry, and every MoE layer's routed copies
 // per expert equal (routing is discrete). The folder `dir` holds hf/config.json and
 // weights.safetensors (titan's names). Prints one summary line under `label`.
+//
+// With `aux_coeff` > 0 (the config's output_router_logits and router_aux_loss_coef) both sides add
+// the auxiliary load-balancing loss, the mean over the MoE layers of each layer's: titan's layers get
+// the weight the trainer gives them in one process (aux_coeff / MoE layers), and their terms' mean
+// equals the reference's "aux_loss".
 #pragma once
 
 #include "test_util.h"
@@ -21,7 +26,10 @@
 namespace titan::test {
 
 inline void expect_moe_model_equals_reference(LanguageModelImpl& model, const std::string& script,
-                                              const std::string& dir, const std::string& label, double tol) {
+                                              const std::string& dir, const std::string& label, double tol,
+                                              double aux_coeff = 0) {
+  const auto layers = model.moe_layers();
+  for (const auto& [prefix, layer] : layers) layer->aux_loss_weight = aux_coeff / static_cast<double>(layers.size());
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(5);
   const at::Tensor seq = at::randint(300, {2, 33}, gen, at::kLong);
   const at::Tensor tokens = seq.slice(1, 0, 32).contiguous(), labels = seq.slice(1, 1, 33).contiguous();
@@ -50,6 +58,17 @@ inline void expect_moe_model_equals_reference(LanguageModelImpl& model, const st
     const at::Tensor counts = layer->tokens_per_expert;
     EXPECT_EQ(counts.sum().item<double>(), 64.0 * static_cast<double>(layer->options().top_k)) << prefix;
     EXPECT_TRUE(at::equal(counts, ref.at("counts." + id))) << prefix << counts;
+  }
+  if (aux_coeff > 0) {
+    ASSERT_TRUE(ref.count("aux_loss"));
+    at::Tensor terms = at::zeros({});
+    for (const auto& [prefix, layer] : layers) terms = terms + layer->aux_loss_terms;
+    const at::Tensor aux = terms / static_cast<double>(layers.size());
+    EXPECT_LT(relative_error(aux, ref.at("aux_loss")), tol);
+    std::printf("[%s vs transformers] auxiliary loss %.6f (reference %.6f)\n", label.c_str(), aux.item<double>(),
+                ref.at("aux_loss").item<double>());
+  } else {
+    EXPECT_FALSE(ref.count("aux_loss"));
   }
   std::printf("[%s vs transformers] loss %.6f, %zu gradients, worst relative error %.2e\n", label.c_str(),
               loss.item<double>(), model.named_parameters().size(), worst);

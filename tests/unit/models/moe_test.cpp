@@ -2,7 +2,9 @@
 // formulas token by token (tests/reference/moe_reference.py): the chosen experts exactly, and the
 // output, the routing weights and every gradient (input, gate, experts, shared experts) within 1e-5
 // relative to each tensor's largest entry (fp32 on the CPU; the two sides differ only in summation
-// order: grouped matmuls over sorted tokens against per-token products).
+// order: grouped matmuls over sorted tokens against per-token products). The auxiliary
+// load-balancing loss (softmax and sigmoid scores) adds its gradient with its weight, and its value
+// is the reference's.
 #include "test_util.h"
 
 #include "titan/components/checkpoint/safetensors.h"
@@ -22,6 +24,7 @@ struct Case {
   std::string name;
   nn::MoEOptions options;
   int64_t tokens;
+  double aux_weight = 0;  // the auxiliary loss's weight in the loss (0: none)
 };
 
 std::vector<Case> cases() {
@@ -46,7 +49,11 @@ std::vector<Case> cases() {
   unaligned.hidden_dim = 6;
   unaligned.top_k = 3;
   unaligned.route_norm = false;
-  return {{"softmax_top2", softmax, 40}, {"sigmoid_grouped_shared", deepseek, 40}, {"unaligned_loop", unaligned, 24}};
+  return {{"softmax_top2", softmax, 40},
+          {"sigmoid_grouped_shared", deepseek, 40},
+          {"unaligned_loop", unaligned, 24},
+          {"softmax_top2_aux_loss", softmax, 40, 3.0},
+          {"sigmoid_grouped_shared_aux_loss", deepseek, 40, 3.0}};
 }
 
 TEST(MoELayer, EqualsTheReferenceWrittenFromTheFormulas) {
@@ -54,6 +61,7 @@ TEST(MoELayer, EqualsTheReferenceWrittenFromTheFormulas) {
     SCOPED_TRACE(c.name);
     test::TempDir dir;
     nn::MoE moe(c.options, at::TensorOptions().dtype(at::kFloat));
+    moe->aux_loss_weight = c.aux_weight;
     at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(17);
     {
       at::NoGradGuard no_grad;
@@ -77,7 +85,8 @@ TEST(MoELayer, EqualsTheReferenceWrittenFromTheFormulas) {
     if (moe->expert_bias.defined()) in["expert_bias"] = moe->expert_bias;
     const nlohmann::json options = {{"top_k", c.options.top_k},         {"score_func", c.options.score_func},
                                     {"route_norm", c.options.route_norm}, {"route_scale", c.options.route_scale},
-                                    {"n_groups", c.options.n_groups},     {"topk_groups", c.options.topk_groups}};
+                                    {"n_groups", c.options.n_groups},     {"topk_groups", c.options.topk_groups},
+                                    {"aux_weight", c.aux_weight}};
     safetensors::save(dir / "in.safetensors", in, {{"options", options.dump()}});
     auto r = test::run_process({test::python(), std::string(TITAN_SOURCE_DIR) + "/tests/reference/moe_reference.py",
                                 dir / "in.safetensors", dir / "out.safetensors"},
@@ -105,6 +114,13 @@ TEST(MoELayer, EqualsTheReferenceWrittenFromTheFormulas) {
     }
     // One forward counted its routed copies once.
     EXPECT_TRUE(at::equal(moe->tokens_per_expert, ref.at("counts").to(at::kFloat)));
+    if (c.aux_weight > 0) {
+      ASSERT_TRUE(moe->aux_loss_terms.defined());
+      EXPECT_LT(test::relative_error(moe->aux_loss_terms, ref.at("aux")), kTol);
+      EXPECT_GT(ref.at("aux").item<double>(), 1.0);  // K when balanced, more when not
+    } else {
+      EXPECT_FALSE(moe->aux_loss_terms.defined());
+    }
   }
 }
 
@@ -137,18 +153,33 @@ TEST(MoELayer, ExpertBiasUpdateFollowsTheRule) {
   EXPECT_TRUE(at::allclose(bias, at::tensor({-1.5e-3, 0.5e-3, 0.5e-3, 0.5e-3}).to(at::kFloat), 0, 1e-9)) << bias;
 }
 
-TEST(MoELayer, ActivationCheckpointingCountsTokensOnce) {
+TEST(MoELayer, ActivationCheckpointingCountsTokensOnceAndKeepsTheAuxiliaryLossGradient) {
+  // With the auxiliary loss on: the recomputed body adds the loss's gradient in backward (the first
+  // forward ran without a graph), so the gradients equal those without checkpointing; the tokens and
+  // the loss's terms are counted once.
   nn::MoEOptions o = cases()[0].options;
-  nn::MoE moe(o, at::TensorOptions().dtype(at::kFloat));
-  {
-    at::NoGradGuard no_grad;
-    for (auto& p : moe->parameters()) p.normal_(0, 0.3);
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  const at::Tensor x0 = at::randn({1, 20, o.dim}, gen);
+  std::vector<at::Tensor> grads, terms;
+  for (const bool checkpointed : {false, true}) {
+    nn::MoE moe(o, at::TensorOptions().dtype(at::kFloat));
+    moe->aux_loss_weight = 5.0;
+    {
+      at::NoGradGuard no_grad;
+      at::Generator init = at::make_generator<at::CPUGeneratorImpl>(9);
+      for (auto& p : moe->parameters()) p.copy_(at::randn(p.sizes(), init) * 0.3);
+    }
+    if (checkpointed) nn::apply_activation_checkpointing(*moe);
+    const at::Tensor x = x0.clone().requires_grad_(true);
+    moe->forward(x).sum().backward();  // checkpointed: the body runs again in backward
+    EXPECT_EQ(moe->tokens_per_expert.sum().item<double>(), 20.0 * o.top_k);
+    grads.push_back(moe->router->gate->weight.grad().clone());
+    grads.push_back(x.grad().clone());
+    terms.push_back(moe->aux_loss_terms.clone());
   }
-  nn::apply_activation_checkpointing(*moe);
-  const at::Tensor x = at::randn({1, 20, o.dim}).requires_grad_(true);
-  moe->forward(x).sum().backward();  // the body runs again in backward
-  EXPECT_EQ(moe->tokens_per_expert.sum().item<double>(), 20.0 * o.top_k);
-  EXPECT_TRUE(x.grad().defined());
+  EXPECT_LT(test::relative_error(grads[2], grads[0]), 1e-6);
+  EXPECT_LT(test::relative_error(grads[3], grads[1]), 1e-6);
+  EXPECT_TRUE(at::equal(terms[1], terms[0])) << terms[1] << terms[0];
 }
 
 TEST(MoELayer, BadOptionsAreNamed) {

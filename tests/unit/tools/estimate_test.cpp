@@ -715,13 +715,14 @@ TEST(Estimate, ContextParallelMovesKeysAndValuesAndHoldsTheRanksPart) {
 TEST(Estimate, ExpertParallelSplitsTheExpertsAndCountsTheAllToAlls) {
   // Qwen3's debug MoE model (8 MoE layers of 64 experts, 8 per token, dim 256) on 4 ranks: FSDP
   // alone, then the experts split over the 4 ranks (routing taken as balanced).
-  auto run = [](int64_t ep) {
+  auto run = [](int64_t ep, const std::string& aux_coeff = "0") {
     return estimate_of({"--model.name", "qwen3", "--model.flavor", "debugmodel_moe", "--training.seq_len", "256",
                         "--training.local_batch_size", "1", "--activation_checkpoint.mode", "none",
-                        "--parallelism.expert_parallel_degree", std::to_string(ep)},
+                        "--parallelism.expert_parallel_degree", std::to_string(ep), "--model.moe_aux_loss_coeff",
+                        aux_coeff},
                        4, "cpu");
   };
-  const Estimate fsdp = run(1), ep4 = run(4);
+  const Estimate fsdp = run(1), ep4 = run(4), ep4_aux = run(4, "0.001");
   EXPECT_NE(ep4.layout.find("EP 4 (experts FSDP over 1; routing taken as balanced)"), std::string::npos) << ep4.layout;
   EXPECT_EQ(ep4.params, fsdp.params);  // the experts are split 4 ways either way
   // Per MoE layer and step: the counts (16 experts' int64 to each of 3 ranks), then the routed
@@ -735,6 +736,13 @@ TEST(Estimate, ExpertParallelSplitsTheExpertsAndCountsTheAllToAlls) {
   // only its own experts (over efsdp, one rank here: nothing moves).
   EXPECT_FALSE(ep4.comm_bytes.count("efsdp"));
   EXPECT_LT(ep4.comm_bytes.at("dp_shard_cp").at("all_gather"), fsdp.comm_bytes.at("dp_shard_cp").at("all_gather") / 10);
+  // Once per step the layers' counts (fp32, layers x 64) are summed over dp x cp for the routing
+  // biases; with the auxiliary loss each forward also sums its layer's counts (64 fp32), and the
+  // step's sum carries each layer's loss terms too (a 65th column).
+  EXPECT_EQ(ep4.comm_bytes.at("dp_cp").at("all_reduce"), layers * 64 * 4);
+  EXPECT_EQ(ep4.comm_calls.at("dp_cp").at("all_reduce"), 1);
+  EXPECT_EQ(ep4_aux.comm_bytes.at("dp_cp").at("all_reduce"), layers * 64 * 4 + layers * 65 * 4);
+  EXPECT_EQ(ep4_aux.comm_calls.at("dp_cp").at("all_reduce"), layers + 1);
 }
 
 TEST(EstimateCli, PrintsThePerRankReportAndTheVerdict) {

@@ -65,6 +65,7 @@ std::string format_log_line(const LogLineFields& f, bool color) {
   if (f.moe_imbalance && f.moe_imbalance_max)
     line += "  " + c(ansi::kOrange) + "moe_imbalance: " + format_fixed(*f.moe_imbalance, 2) + " (max " +
             format_fixed(*f.moe_imbalance_max, 2) + ")";
+  if (f.moe_aux_loss) line += "  " + c(ansi::kOrange) + "moe_aux_loss: " + format_fixed(*f.moe_aux_loss, 4);
   line += c(ansi::kReset);
   return line;
 }

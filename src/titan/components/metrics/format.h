@@ -47,8 +47,9 @@ struct LogLineFields {
   double tps = 0;         // tokens per second per device
   double tflops = 0;      // achieved TFLOP/s per device
   std::optional<double> mfu_pct;  // model FLOPs utilization in %; empty prints "N/A"
-  // After torchtitan's fields, for MoE models: "  moe_imbalance: 1.23 (max 1.87)".
-  std::optional<double> moe_imbalance, moe_imbalance_max;
+  // After torchtitan's fields, for MoE models: "  moe_imbalance: 1.23 (max 1.87)", then with an
+  // auxiliary load-balancing loss "  moe_aux_loss: 8.0123".
+  std::optional<double> moe_imbalance, moe_imbalance_max, moe_aux_loss;
 };
 
 // The log line (no trailing newline), with ANSI colors when `color`.

@@ -146,6 +146,7 @@ const LoggedMetrics& MetricsLogger::log(const StepStats& s, const Scalars& extra
   t.emplace_back("lr", s.lr);
   if (s.moe_imbalance) t.emplace_back("moe/load_imbalance_mean", *s.moe_imbalance);
   if (s.moe_imbalance_max) t.emplace_back("moe/load_imbalance_max", *s.moe_imbalance_max);
+  if (s.moe_aux_loss) t.emplace_back("moe/aux_loss", *s.moe_aux_loss);
   t.insert(t.end(), extra.begin(), extra.end());
   if (tensorboard_) tensorboard_->add_scalars(s.step, t);
 
@@ -160,6 +161,7 @@ const LoggedMetrics& MetricsLogger::log(const StepStats& s, const Scalars& extra
   fields.mfu_pct = m.mfu_pct;
   fields.moe_imbalance = s.moe_imbalance;
   fields.moe_imbalance_max = s.moe_imbalance_max;
+  fields.moe_aux_loss = s.moe_aux_loss;
   m.line = format_log_line(fields, options_.color);
 
   if (is_metrics_rank()) {
@@ -185,6 +187,7 @@ const LoggedMetrics& MetricsLogger::log(const StepStats& s, const Scalars& extra
     if (s.ntokens_seen) j["tokens_seen"] = *s.ntokens_seen;
     if (s.moe_imbalance) j["moe_imbalance"] = number(*s.moe_imbalance);
     if (s.moe_imbalance_max) j["moe_imbalance_max"] = number(*s.moe_imbalance_max);
+    if (s.moe_aux_loss) j["moe_aux_loss"] = number(*s.moe_aux_loss);
     append_record(j.dump());
   }
   memory_.reset_peak_stats();

@@ -77,6 +77,9 @@ struct StepStats {
   // Mixture-of-experts models: the step's load imbalance (an MoE layer's busiest expert's routed
   // token copies over the mean per expert; 1 is balanced), the mean over the MoE layers and the largest.
   std::optional<double> moe_imbalance, moe_imbalance_max;
+  // With an auxiliary load-balancing loss: the step's, averaged over the MoE layers and micro-batches
+  // (without its coefficient; K when perfectly balanced).
+  std::optional<double> moe_aux_loss;
 };
 
 // The figures of one evaluation on the validation set (torchtitan's validate step).

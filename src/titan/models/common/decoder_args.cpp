@@ -70,6 +70,7 @@ nn::MoEOptions moe_options(const DecoderArgs& args) {
   o.topk_groups = m.topk_groups;
   o.expert_bias = m.load_balance_coeff > 0;
   o.load_balance_coeff = m.load_balance_coeff;
+  o.aux_loss_coeff = m.aux_loss_coeff;
   return o;
 }
 

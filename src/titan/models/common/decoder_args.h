@@ -38,6 +38,9 @@ struct DecoderMoE {
   // torchtitan's auxiliary-loss-free balancing: each step every expert's routing bias moves by this
   // rate towards balance (the trainer updates it from the step's token counts); 0 disables it.
   double load_balance_coeff = 1e-3;
+  // The auxiliary load-balancing loss's coefficient (nn/moe.h; 0: none, as in torchtitan's flavors;
+  // model.moe_aux_loss_coeff overrides it).
+  double aux_loss_coeff = 0;
   int64_t n_dense_layers = 0;
 };
 

@@ -291,7 +291,9 @@ std::string config_json(const DecoderArgs& args, const HFDialect& dialect, at::S
     std::vector<int64_t> dense;
     for (int64_t i = 0; i < m.n_dense_layers; ++i) dense.push_back(i);
     cfg["mlp_only_layers"] = dense;
-    cfg["output_router_logits"] = false;
+    // transformers adds router_aux_loss_coef x its auxiliary loss only with output_router_logits.
+    cfg["output_router_logits"] = m.aux_loss_coeff > 0;
+    cfg["router_aux_loss_coef"] = m.aux_loss_coeff > 0 ? m.aux_loss_coeff : 0.001;
   }
   if (dialect.model_type == "llama") cfg["mlp_bias"] = false;
   if (dialect.model_type == "qwen3") {  // and qwen3_moe
@@ -514,9 +516,15 @@ DecoderArgs decoder_args_from_hf_config(const std::string& text, const HFDialect
     if (m.n_dense_layers > a.n_layers) c.fail("mlp_only_layers", dense, "layer ids below num_hidden_layers");
     TITAN_USER_CHECK(m.top_k <= m.num_experts, "num_experts_per_tok ", m.top_k, " exceeds the ", m.num_experts,
                      " experts");
+    // transformers' auxiliary loss is on with output_router_logits (titan's: the mean over the MoE
+    // layers of its per-layer loss, docs/moe.md).
     const nlohmann::json aux = c.field("output_router_logits", false);
-    if (aux != false)
-      c.fail("output_router_logits", aux, "false (titan balances experts with a routing bias, not an auxiliary loss)");
+    if (!aux.is_boolean()) c.fail("output_router_logits", aux, "true or false");
+    if (aux.get<bool>()) {
+      m.aux_loss_coeff = c.number("router_aux_loss_coef", c.field("router_aux_loss_coef", 0.001));
+      if (!(m.aux_loss_coeff >= 0))
+        c.fail("router_aux_loss_coef", c.field("router_aux_loss_coef", nullptr), "a number >= 0");
+    }
     a.moe = m;
   }
   a.qk_norm = dialect.qk_norm;
