@@ -1,6 +1,7 @@
 #include "titan/nn/activation_checkpoint.h"
 
 #include "titan/common/autocast.h"
+#include "titan/nn/float8.h"
 #include "titan/nn/split_backward.h"
 
 #include <ATen/ATen.h>
@@ -177,14 +178,15 @@ at::Tensor checkpoint(const HookedModule::Body& body, const std::vector<at::Tens
   return attach(out, node, body, inputs);
 }
 
-at::Tensor saveable_linear(const at::Tensor& x, const at::Tensor& weight) {
-  if (!current_tape || !current_tape->keeps_next_matmul()) return at::linear(x, weight);  // recomputed
+at::Tensor saveable_linear(const at::Tensor& x, const at::Tensor& weight, const Float8Recipe* float8) {
+  auto linear = [&] { return float8 ? float8_linear(x, weight, *float8) : at::linear(x, weight); };
+  if (!current_tape || !current_tape->keeps_next_matmul()) return linear();  // recomputed
   if (current_tape->mode == OpTape::Mode::Record) {
-    at::Tensor out = at::linear(x, weight);
+    at::Tensor out = linear();
     current_tape->outputs.push_back(out);
     return out;
   }
-  return KeptLinear::apply(x, weight, next_kept_output());
+  return float8 ? float8_linear(x, weight, *float8, next_kept_output()) : KeptLinear::apply(x, weight, next_kept_output());
 }
 
 namespace {

@@ -19,17 +19,22 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 
 namespace titan::nn {
 
-// y = x W^T, W (out, in). No bias (Llama uses none).
+struct Float8Recipe;
+
+// y = x W^T, W (out, in). No bias (Llama uses none). With a float8 recipe (set by the float8
+// converter, nn/float8.h) its matmuls run in float8.
 class LinearImpl : public HookedModule {
  public:
   LinearImpl(int64_t in_features, int64_t out_features, const at::TensorOptions& opts);
   at::Tensor forward(const at::Tensor& x);
   at::Tensor weight;
+  std::shared_ptr<const Float8Recipe> float8;
 };
 TORCH_MODULE(Linear);
 

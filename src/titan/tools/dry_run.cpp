@@ -144,6 +144,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_backward_meta(
   return {at::empty_like(q), at::empty_like(k), at::empty_like(v)};
 }
 
+// Float8 matmuls (nn/float8.h): (M, N) in the output dtype.
+at::Tensor scaled_mm_meta(const at::Tensor& a, const at::Tensor& b, const at::Tensor& scale_a, const at::Tensor& scale_b,
+                          const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& scale_result,
+                          std::optional<at::ScalarType> out_dtype, bool use_fast_accum) {
+  return at::empty({a.size(0), b.size(1)}, a.options().dtype(out_dtype.value_or(a.scalar_type())));
+}
+
 // .item() on a meta tensor: a placeholder value (the for-loop optimizer reads its step count).
 at::Scalar local_scalar_dense_meta(const at::Tensor& self) {
   if (at::isFloatingType(self.scalar_type())) return at::Scalar(1.0);
@@ -230,6 +237,7 @@ class MetaKernels {
     meta_.impl("_scaled_dot_product_flash_attention_for_cpu", TORCH_FN(flash_attention_meta));
     meta_.impl("_scaled_dot_product_flash_attention_for_cpu_backward", TORCH_FN(flash_attention_backward_meta));
     meta_.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense_meta));
+    meta_.impl("_scaled_mm", TORCH_FN(scaled_mm_meta));
     meta_.impl("_fused_adamw_", torch::CppFunction::makeFromBoxedFunction<&in_place_no_op>());
     meta_.impl("_fused_adam_", torch::CppFunction::makeFromBoxedFunction<&in_place_no_op>());
     autograd_.impl("_fused_sdp_choice", TORCH_FN(fused_sdp_choice_meta));
@@ -388,6 +396,8 @@ DryRunResult run(const DryRunPlan& plan) {
   std::unique_ptr<dist::PipelineRunner> runner;
   if (!pipelined) {
     models.push_back(spec.build(plan.flavor, meta.dtype(plan.param_dtype), plan.seq_len));
+    Float8Conversion f8 = plan.float8;
+    convert_to_float8(*models.back(), f8, plan.float8_options);
     dps.push_back(make_data_parallel());
     pctx.data_parallel = dps.back().get();
     parallelized = spec.parallelize(*models.back(), pctx);
@@ -399,6 +409,8 @@ DryRunResult run(const DryRunPlan& plan) {
       if (pl.stage_ranks.at(s) != plan.pp_rank) continue;
       r.stages.push_back(s);
       models.push_back(spec.build_stage(plan.flavor, meta.dtype(plan.param_dtype), plan.seq_len, pl.stage_modules[s]));
+      Float8Conversion f8 = plan.float8;
+      convert_to_float8(*models.back(), f8, plan.float8_options, /*record=*/false, /*require_some=*/false);
       dps.push_back(make_data_parallel());
       dist::DataParallel* dp = dps.back().get();
       pctx.data_parallel = dp;

@@ -22,6 +22,7 @@
 // autocast emulated for models trained without FSDP in mixed precision.
 #pragma once
 
+#include "titan/components/quantization/float8_converter.h"
 #include "titan/distributed/context_parallel.h"
 #include "titan/distributed/mesh.h"
 #include "titan/distributed/tensor_parallel.h"
@@ -54,6 +55,8 @@ struct DryRunPlan {
   int64_t tp = 1;     // tensor-parallel degree (this rank holds TP shard 0)
   int64_t ep = 1;     // expert-parallel degree (out of dp_shard x cp; routing taken as balanced)
   std::optional<double> moe_aux_loss_coeff;  // model.moe_aux_loss_coeff (unset: the flavor's)
+  Float8Conversion float8;                   // model.converters' float8 recipe (none: no converter)
+  config::Float8Linear float8_options;
   dist::TensorParallelOptions tp_options;
   std::string reshard_after_forward = "default";
   std::string ac_mode = "none";  // none | full | selective (every ac_every-th block) | op

@@ -171,6 +171,8 @@ Estimate estimate(const JobConfig& cfg, const EstimateOptions& options) {
   plan.tp = dims.tp();
   plan.ep = dims.ep();
   plan.moe_aux_loss_coeff = cfg.model.moe_aux_loss_coeff;
+  plan.float8 = float8_conversion(cfg, dims.tp());
+  plan.float8_options = cfg.float8;
   dist::check_sequence_length(tr.seq_len, dims.tp(), p.enable_sequence_parallel);
   plan.tp_options = dist::tensor_parallel_options(p);
   if (dims.cp() > 1) {
@@ -218,6 +220,7 @@ Estimate estimate(const JobConfig& cfg, const EstimateOptions& options) {
                "; routing taken as balanced)");
   e.device = options.device;
   e.compute_dtype = dtype_name(bf16_compute ? at::kBFloat16 : param_dtype);
+  if (plan.float8.recipe) e.compute_dtype += ", float8 linear layers (recipe " + plan.float8.recipe->name + ")";
   e.param_dtype = dtype_name(param_dtype);
   e.offload = tr.enable_cpu_offload;
   e.activation_checkpointing = ac_words(plan.ac_mode, plan.ac_every);

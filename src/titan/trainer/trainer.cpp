@@ -144,6 +144,7 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   // ---- tokenizer and model
   tokenizer_ = load_tokenizer(cfg_.model.hf_assets_path);
   const ModelSpec& spec = model_spec(cfg_.model.name);
+  float8_ = float8_conversion(cfg_, dims_->tp());  // its options checked before the model is built
   const auto model_start = Clock::now();  // build, initialization and sharding: for the start-up line
   // Long enough for the validation sequences too (the RoPE table is built per sequence length).
   const int64_t max_seq_len = std::max(tr.seq_len, cfg_.validation.enable ? cfg_.validation.seq_len : int64_t{0});
@@ -154,6 +155,8 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
     DeferAllocation defer;
     model_ = spec.build(cfg_.model.flavor, at::TensorOptions().device(device_).dtype(param_dtype), max_seq_len);
   }
+  // Model converters (float8) before the parallelisms, as torchtitan applies them.
+  convert_to_float8(*model_, float8_, cfg_.float8);
   model_record_ = checkpoint::model_record(spec, cfg_.model.flavor);
   const int64_t vocab = model_->vocab_size();
   TITAN_USER_CHECK(tokenizer_->vocab_size() <= vocab, "the tokenizer at ", cfg_.model.hf_assets_path, " has ",
@@ -285,6 +288,8 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
                 metrics::format_thousands(model_->num_params()).c_str(), model_->flops_per_token(tr.seq_len),
                 device_.str().c_str(), bf16_autocast_ ? ", bf16 autocast" : "");
   log_info(buf);
+  if (float8_.recipe) log_info(describe(float8_));
+  if (cfg_.model.print_after_conversion) log_info("Model after conversion:\n" + model_description(*model_));
   const auto& ac = cfg_.activation_checkpoint;
   log_info("Activation checkpointing: " +
            (ac.mode == "none"                   ? std::string("off")

@@ -9,6 +9,7 @@
 #include "titan/components/metrics/profiler.h"
 #include "titan/components/optimizer/lr_scheduler.h"
 #include "titan/components/optimizer/optimizer.h"
+#include "titan/components/quantization/float8_converter.h"
 #include "titan/components/tokenizer/tokenizer.h"
 #include "titan/config/job_config.h"
 #include "titan/distributed/context_parallel.h"
@@ -203,6 +204,7 @@ class Trainer {
   dist::Group* sequence_parallel_tp();
   double moe_aux_loss_coeff_ = 0;
   double moe_aux_loss_scale_ = 0;  // 1 / (the model's MoE layers x micro-batches per step)
+  Float8Conversion float8_;  // model.converters' float8 recipe and the layers it converted
   void sum_shared_gradients();
   // Whether `name` is a parameter this rank holds as a non-primary copy (see SharedGradient).
   bool is_shared_copy(const std::string& name) const;

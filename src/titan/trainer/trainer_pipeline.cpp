@@ -48,6 +48,7 @@ void Trainer::set_up_pipeline(const ModelSpec& spec, ParallelizeContext pctx,
       DeferAllocation defer;
       stage_model = spec.build_stage(cfg_.model.flavor, param_options, max_seq_len, stage_modules_[s]);
     }
+    convert_to_float8(*stage_model, float8_, cfg_.float8, /*record=*/false, /*require_some=*/false);
     data_parallel_.push_back(make_dp());
     dist::DataParallel* dp = data_parallel_.back().get();
     pctx.data_parallel = dp;

@@ -1,0 +1,143 @@
+#include "titan/nn/float8.h"
+
+#include "titan/common/error.h"
+
+#include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <torch/autograd.h>
+
+namespace titan::nn {
+
+Float8Recipe Float8Recipe::named(const std::string& name, bool emulate) {
+  Float8Recipe r;
+  r.emulate = emulate;
+  const Float8Cast e4m3_tensorwise{Float8Type::E4M3, Float8Scaling::Tensorwise};
+  const Float8Cast e4m3_axiswise{Float8Type::E4M3, Float8Scaling::Axiswise};
+  const Float8Cast high{Float8Type::HighPrecision, Float8Scaling::Tensorwise};
+  if (name.empty() || name == "tensorwise") {
+    r.name = "tensorwise";
+    r.input = r.weight = r.weight_for_grad_input = r.input_for_grad_weight = e4m3_tensorwise;
+    r.grad_output = r.grad_output_for_grad_weight = {Float8Type::E5M2, Float8Scaling::Tensorwise};
+  } else if (name == "rowwise") {
+    r.name = name;
+    r.input = r.weight = r.grad_output = e4m3_axiswise;
+    r.weight_for_grad_input = r.grad_output_for_grad_weight = r.input_for_grad_weight = e4m3_axiswise;
+    r.round_scales_to_power_of_2 = true;
+  } else if (name == "rowwise_with_gw_hp") {
+    r.name = name;
+    r.input = r.weight = r.grad_output = e4m3_axiswise;
+    r.weight_for_grad_input = e4m3_tensorwise;
+    r.grad_output_for_grad_weight = r.input_for_grad_weight = high;
+    r.round_scales_to_power_of_2 = true;
+  } else {
+    throw UserError("quantize.linear.float8.recipe_name \"" + name +
+                    "\" is not a float8 recipe: choose tensorwise (the default), rowwise or rowwise_with_gw_hp");
+  }
+  return r;
+}
+
+namespace {
+
+at::ScalarType scalar_type(Float8Type t) { return t == Float8Type::E4M3 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2; }
+double max_of(Float8Type t) { return t == Float8Type::E4M3 ? 448.0 : 57344.0; }
+
+}  // namespace
+
+Float8Operand float8_cast(const at::Tensor& t, const Float8Cast& cast, int64_t k_dim, bool round_scales_to_power_of_2) {
+  TITAN_ASSERT(cast.type != Float8Type::HighPrecision, "float8_cast: a high-precision operand is not cast");
+  TITAN_ASSERT(t.dim() == 2, "float8_cast: a matmul operand is 2-D");
+  at::NoGradGuard no_grad;
+  const double fp8_max = max_of(cast.type);
+  const at::Tensor amax = cast.scaling == Float8Scaling::Tensorwise ? t.abs().amax()
+                                                                    : t.abs().amax(k_dim, /*keepdim=*/true);
+  // In fp64 (torchao's order), stored in fp32.
+  at::Tensor scale = (fp8_max / amax.to(at::kDouble).clamp_min(1e-12)).to(at::kFloat);
+  if (round_scales_to_power_of_2) scale = at::exp2(at::floor(at::log2(scale)));
+  const at::Tensor data = (t.to(at::kFloat) * scale).clamp(-fp8_max, fp8_max).to(scalar_type(cast.type));
+  return {data, scale};
+}
+
+at::Tensor float8_mm(const at::Tensor& a, const at::Tensor& b, const Float8Cast& ca, const Float8Cast& cb,
+                     at::ScalarType out_dtype, const Float8Recipe& recipe) {
+  const bool high_a = ca.type == Float8Type::HighPrecision, high_b = cb.type == Float8Type::HighPrecision;
+  TITAN_ASSERT(high_a == high_b, "float8_mm: both operands are float8 or both high precision");
+  if (high_a) {
+    const at::ScalarType dtype = a.scalar_type();
+    return at::mm(a, b.to(dtype)).to(out_dtype);
+  }
+  const Float8Operand fa = float8_cast(a, ca, 1, recipe.round_scales_to_power_of_2);
+  const Float8Operand fb = float8_cast(b, cb, 0, recipe.round_scales_to_power_of_2);
+  at::NoGradGuard no_grad;
+  const at::Tensor inv_a = fa.scale.reciprocal(), inv_b = fb.scale.reciprocal();
+  if (recipe.emulate) {
+    // The float8 values, multiplied in fp32.
+    return at::mm(fa.data.to(at::kFloat) * inv_a, fb.data.to(at::kFloat) * inv_b).to(out_dtype);
+  }
+  const bool tensorwise = inv_a.numel() == 1 && inv_b.numel() == 1;
+  if (a.is_cuda()) {
+    // cuBLAS: A row-major, B column-major; rowwise scales (M, 1) and (1, N) (a tensorwise one expanded).
+    const at::Tensor b_col = fb.data.t().contiguous().t();
+    if (tensorwise)
+      return at::_scaled_mm(fa.data.contiguous(), b_col, inv_a, inv_b, std::nullopt, std::nullopt, out_dtype,
+                            /*use_fast_accum=*/false);
+    const int64_t M = a.size(0), N = b.size(1);
+    const at::Tensor sa = inv_a.numel() == 1 ? inv_a.reshape({1, 1}).expand({M, 1}).contiguous() : inv_a;
+    const at::Tensor sb = inv_b.numel() == 1 ? inv_b.reshape({1, 1}).expand({1, N}).contiguous() : inv_b;
+    return at::_scaled_mm(fa.data.contiguous(), b_col, sa, sb, std::nullopt, std::nullopt, out_dtype, false);
+  }
+  // The CPU kernel takes tensorwise scales only: an axiswise product is the float8 product with
+  // unit scales, scaled afterwards (each scale is constant along K, so the value is the same).
+  if (tensorwise)
+    return at::_scaled_mm(fa.data, fb.data, inv_a.reshape({}), inv_b.reshape({}), std::nullopt, std::nullopt, out_dtype,
+                          false);
+  const at::Tensor one = at::ones({}, inv_a.options());
+  const at::Tensor product = at::_scaled_mm(fa.data, fb.data, one, one, std::nullopt, std::nullopt, at::kFloat, false);
+  return (product * inv_a * inv_b).to(out_dtype);
+}
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+struct Float8LinearFn : public torch::autograd::Function<Float8LinearFn> {
+  // `kept`: not a tensor input of the graph (the autograd function records every tensor input).
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, int64_t recipe,
+                            const std::optional<at::Tensor>& kept) {
+    ctx->save_for_backward({x, w});
+    ctx->saved_data["recipe"] = recipe;
+    if (kept && kept->defined()) return kept->detach();
+    const Float8Recipe& r = *reinterpret_cast<const Float8Recipe*>(recipe);
+    const int64_t K = x.size(-1);
+    const at::Tensor y = float8_mm(x.reshape({-1, K}), w.t(), r.input, r.weight, x.scalar_type(), r);
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape.back() = w.size(0);
+    return y.view(shape);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &w = saved[1];
+    const Float8Recipe& r = *reinterpret_cast<const Float8Recipe*>(ctx->saved_data["recipe"].toInt());
+    const int64_t K = x.size(-1), N = w.size(0);
+    const at::Tensor g = grads[0].reshape({-1, N});
+    at::Tensor gx, gw;
+    if (ctx->needs_input_grad(0))
+      gx = float8_mm(g, w, r.grad_output, r.weight_for_grad_input, x.scalar_type(), r).view(x.sizes());
+    if (ctx->needs_input_grad(1))
+      gw = float8_mm(g.t(), x.reshape({-1, K}), r.grad_output_for_grad_weight, r.input_for_grad_weight, w.scalar_type(), r);
+    return {gx, gw, at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, const Float8Recipe& recipe, const at::Tensor& kept) {
+  // Under autocast the layer computes in the autocast dtype, as a Linear would (torchao's order:
+  // the input is cast first, the weight is cast to float8 from its own dtype).
+  const at::DeviceType dev = x.device().type();
+  const bool autocast = at::autocast::is_autocast_available(dev) && at::autocast::is_autocast_enabled(dev);
+  const at::Tensor in = autocast ? x.to(at::autocast::get_autocast_dtype(dev)) : x;
+  return Float8LinearFn::apply(in, weight, reinterpret_cast<int64_t>(&recipe), std::optional<at::Tensor>(kept));
+}
+
+}  // namespace titan::nn

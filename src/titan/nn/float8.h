@@ -1,0 +1,75 @@
+// Float8 linear layers with dynamic scaling (torchao's Float8Linear recipes, docs/float8.md).
+//
+// A linear layer y = x Wᵀ runs three matrix multiplications, each A (M, K) @ B (K, N):
+//   output       y  = x @ Wᵀ        operands: input, weight
+//   grad_input   gx = gy @ W        operands: grad_output, weight (for grad_input)
+//   grad_weight  gW = gyᵀ @ x       operands: grad_output (for grad_weight), input (for grad_weight)
+// Each operand is cast to a float8 type (e4m3fn: max 448; e5m2: max 57344) with a scale from its
+// amax, or kept in high precision:
+//   amax  = max |t| over the whole tensor (tensorwise) or along the matmul's K (axiswise: one per
+//           row of A, one per column of B)
+//   scale = fp8_max / max(amax, 1e-12) computed in fp64, stored fp32; rounded down to a power of 2
+//           when the recipe says (2^floor(log2 scale))
+//   data  = float8(clamp(t_fp32 * scale, -fp8_max, fp8_max))
+// and the product is (A_data @ B_data) / (scale_A scale_B), accumulated in fp32 and returned in the
+// high-precision dtype. Recipes (torchao's names):
+//   tensorwise          all tensorwise; input, weight e4m3, grad_output e5m2
+//   rowwise             all axiswise, all e4m3, scales rounded to powers of 2
+//   rowwise_with_gw_hp  as rowwise for output; grad_input: grad_output axiswise e4m3 and the weight
+//                       tensorwise e4m3; grad_weight in high precision (no cast)
+// The matmul itself: at::_scaled_mm (CUDA: either granularity; CPU: tensorwise, or for axiswise
+// scales the float8 product with unit scales, then the scales applied to its fp32 result, the same
+// value). `emulate` keeps the float8 rounding but multiplies the values (data / scale) in fp32, for
+// devices without float8 matmuls.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace titan::nn {
+
+enum class Float8Type { E4M3, E5M2, HighPrecision };
+enum class Float8Scaling { Tensorwise, Axiswise };
+
+// How one operand of one matmul is cast.
+struct Float8Cast {
+  Float8Type type = Float8Type::E4M3;
+  Float8Scaling scaling = Float8Scaling::Tensorwise;
+};
+
+struct Float8Recipe {
+  std::string name = "tensorwise";
+  Float8Cast input, weight, grad_output;                                             // output, grad_input
+  Float8Cast weight_for_grad_input, grad_output_for_grad_weight, input_for_grad_weight;
+  bool round_scales_to_power_of_2 = false;
+  bool emulate = false;
+  // torchao's recipe by name ("tensorwise", "rowwise", "rowwise_with_gw_hp"; "" is tensorwise).
+  // Throws UserError for another name.
+  static Float8Recipe named(const std::string& name, bool emulate = false);
+};
+
+// One operand cast as above: `data` float8 (the operand's shape), `scale` fp32 (a scalar
+// (tensorwise) or the operand's shape with K reduced to 1 (axiswise)). `k_dim` is the dimension
+// summed by the matmul (1 for A, 0 for B).
+struct Float8Operand {
+  at::Tensor data, scale;
+};
+Float8Operand float8_cast(const at::Tensor& t, const Float8Cast& cast, int64_t k_dim, bool round_scales_to_power_of_2);
+
+// a (M, K) @ b (K, N) with a and b cast as `ca`, `cb` (both high precision or both float8), in
+// `out_dtype`. (Shapes where a float8 operand's dims are not multiples of 16 are the caller's to
+// avoid: CUDA's kernels need them.)
+at::Tensor float8_mm(const at::Tensor& a, const at::Tensor& b, const Float8Cast& ca, const Float8Cast& cb,
+                     at::ScalarType out_dtype, const Float8Recipe& recipe);
+
+// x (..., K) Wᵀ for W (N, K) under `recipe`, differentiable in x and W (gradients in their dtypes).
+// Under autocast, x is first cast to the autocast dtype (the output's). With `kept` defined (an
+// output kept by per-operator activation checkpointing) the forward returns it instead of
+// multiplying again; the backward is the same.
+at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, const Float8Recipe& recipe,
+                         const at::Tensor& kept = at::Tensor());
+
+}  // namespace titan::nn

@@ -1,0 +1,88 @@
+// Float8 linear layers (nn/float8.h) against an independent PyTorch reference written from
+// torchao's recipes (tests/reference/float8_reference.py): for each recipe the output, the input's
+// and the weight's gradients equal the reference's within fp32 rounding (2e-6 relative to each
+// tensor's largest entry: the two sides cast alike, then multiply in a different order: float8
+// products summed in fp32 and scaled afterwards, against dequantized values multiplied in fp64),
+// with real float8 matmuls (at::_scaled_mm on the CPU) and emulated ones; and the float8 rounding
+// is really there (the result is not the fp32 linear's).
+#include "test_util.h"
+
+#include "titan/common/error.h"
+#include "titan/components/checkpoint/safetensors.h"
+#include "titan/nn/float8.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+namespace titan {
+namespace {
+
+const std::string kScript = std::string(TITAN_SOURCE_DIR) + "/tests/reference/float8_reference.py";
+
+TEST(Float8Linear, EveryRecipeEqualsTheReferenceWrittenFromIt) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  // Rows and columns of very different magnitudes, so that the scales along either dim differ
+  // from the tensor's (by more than the powers of 2 the rowwise recipes round them to).
+  const int64_t M = 48, K = 64, N = 32;
+  auto spread = [&](int64_t rows, int64_t cols) {
+    return at::randn({rows, cols}, gen) * at::exp(2 * at::randn({rows, 1}, gen)) * at::exp(2 * at::randn({1, cols}, gen));
+  };
+  const at::Tensor x0 = spread(M, K), w0 = spread(N, K) * 0.1, gy = spread(M, N) * 1e-3;
+  for (const std::string recipe_name : {"tensorwise", "rowwise", "rowwise_with_gw_hp"}) {
+    SCOPED_TRACE(recipe_name);
+    test::TempDir dir;
+    safetensors::save(dir / "in.safetensors", {{"x", x0}, {"w", w0}, {"gy", gy}}, {{"recipe", recipe_name}});
+    auto r = test::run_process({test::python(), kScript, dir / "in.safetensors", dir / "out.safetensors"},
+                               {{"OMP_NUM_THREADS", "2"}});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto ref = safetensors::load(dir / "out.safetensors").tensors;
+    for (const bool emulate : {false, true}) {
+      SCOPED_TRACE(emulate ? "emulated" : "float8 matmuls");
+      const nn::Float8Recipe recipe = nn::Float8Recipe::named(recipe_name, emulate);
+      const at::Tensor x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+      const at::Tensor y = nn::float8_linear(x.view({4, 12, K}), w, recipe);  // (batch, seq, K) input
+      EXPECT_EQ(y.sizes(), at::IntArrayRef({4, 12, N}));
+      y.backward(gy.view({4, 12, N}));
+      EXPECT_LT(test::relative_error(y.view({M, N}).detach(), ref.at("y")), 2e-6);
+      EXPECT_LT(test::relative_error(x.grad(), ref.at("gx")), 2e-6);
+      EXPECT_LT(test::relative_error(w.grad(), ref.at("gw")), 2e-6);
+      // The float8 rounding shows: e4m3 keeps 3 mantissa bits.
+      EXPECT_GT(test::relative_error(y.view({M, N}).detach(), at::linear(x0, w0)), 1e-3);
+      if (recipe_name == "rowwise_with_gw_hp")  // the weight's gradient in high precision
+        EXPECT_LT(test::relative_error(w.grad(), at::mm(gy.t(), x0)), 1e-6);
+      else
+        EXPECT_GT(test::relative_error(w.grad(), at::mm(gy.t(), x0)), 1e-3);
+    }
+    // The scales: tensorwise one per tensor; rowwise one per row along K, powers of 2.
+    const nn::Float8Recipe recipe = nn::Float8Recipe::named(recipe_name);
+    const nn::Float8Operand fx = nn::float8_cast(x0, recipe.input, 1, recipe.round_scales_to_power_of_2);
+    EXPECT_TRUE(at::equal(fx.scale.reshape(ref.at("scale_x").sizes()), ref.at("scale_x")));
+    EXPECT_EQ(fx.data.scalar_type(), at::kFloat8_e4m3fn);
+    if (recipe.round_scales_to_power_of_2) {
+      EXPECT_EQ(fx.scale.sizes(), at::IntArrayRef({M, 1}));
+      EXPECT_TRUE(at::equal(fx.scale, at::exp2(at::round(at::log2(fx.scale)))));
+    }
+  }
+}
+
+TEST(Float8Linear, TensorwiseScaleFollowsTheFormula) {
+  // amax 3.5: scale 448 / 3.5 = 128 (e4m3), 57344 / 3.5 = 16384 (e5m2); saturating at the max.
+  const at::Tensor t = at::tensor({1.0f, -3.5f, 0.25f, 2.0f}).view({2, 2});
+  const nn::Float8Operand a = nn::float8_cast(t, {nn::Float8Type::E4M3, nn::Float8Scaling::Tensorwise}, 1, false);
+  EXPECT_FLOAT_EQ(a.scale.item<float>(), 128.0f);
+  EXPECT_TRUE(at::equal(a.data.to(at::kFloat), t * 128));
+  const nn::Float8Operand b = nn::float8_cast(t, {nn::Float8Type::E5M2, nn::Float8Scaling::Tensorwise}, 1, false);
+  EXPECT_FLOAT_EQ(b.scale.item<float>(), 16384.0f);
+  // An all-zero tensor: the amax is clamped at 1e-12 (no division by zero).
+  const nn::Float8Operand z = nn::float8_cast(at::zeros({2, 2}), {nn::Float8Type::E4M3, nn::Float8Scaling::Tensorwise}, 1, false);
+  EXPECT_TRUE(at::isfinite(z.scale).item<bool>());
+  EXPECT_TRUE(at::equal(z.data.to(at::kFloat), at::zeros({2, 2})));
+}
+
+TEST(Float8Linear, UnknownRecipeIsNamed) {
+  const std::string e = test::error_of([] { nn::Float8Recipe::named("blockwise"); });
+  EXPECT_NE(e.find("recipe_name \"blockwise\" is not a float8 recipe: choose tensorwise"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace titan
