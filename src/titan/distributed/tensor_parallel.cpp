@@ -1,6 +1,7 @@
 #include "titan/distributed/tensor_parallel.h"
 
 #include "titan/common/error.h"
+#include "titan/nn/float8.h"
 
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
@@ -366,11 +367,26 @@ Placement TensorParallel::shard(at::Tensor& param, int64_t dim) const {
   return shard_in_place(param, dim, group_.name(), group_.rank(), group_.size());
 }
 
+namespace {
+
+// A float8 layer split along logical dim `dim` over `g` (nn/float8.h): its amaxes completed by an
+// all-reduce (MAX) over the group, so that every rank casts as one device would.
+std::shared_ptr<const nn::Float8Sharding> float8_split(Group& g, char dim) {
+  auto s = std::make_shared<nn::Float8Sharding>();
+  s->dim = dim;
+  s->max_over_ranks = [&g](at::Tensor& amax) { g.all_reduce(amax, c10d::ReduceOp::MAX).wait(); };
+  return s;
+}
+
+}  // namespace
+
 std::vector<std::pair<std::string, Placement>> TensorParallel::column_wise(nn::LinearImpl& linear) {
+  if (linear.float8) linear.float8_sharding = float8_split(group_, 'N');
   return {{"weight", shard(linear.weight, 0)}};
 }
 
 std::vector<std::pair<std::string, Placement>> TensorParallel::row_wise(nn::LinearImpl& linear) {
+  if (linear.float8) linear.float8_sharding = float8_split(group_, 'K');
   return {{"weight", shard(linear.weight, 1)}};
 }
 
@@ -388,6 +404,11 @@ std::vector<std::pair<std::string, Placement>> TensorParallel::vocabulary(nn::Em
 }
 
 std::vector<std::pair<std::string, Placement>> TensorParallel::replicated(torch::nn::Module& module) {
+  // A replicated float8 layer on sequence-sharded tokens (an MoE router under sequence parallel).
+  if (options_.sequence_parallel)
+    for (const auto& m : module.modules(/*include_self=*/true))
+      if (auto* linear = dynamic_cast<nn::LinearImpl*>(m.get()); linear && linear->float8)
+        linear->float8_sharding = float8_split(group_, 'M');
   std::vector<std::pair<std::string, Placement>> out;
   for (const auto& p : module.named_parameters())
     out.push_back({p.key(), whole(p.value(), {group_.name()}, group_.rank() == 0)});

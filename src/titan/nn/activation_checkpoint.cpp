@@ -178,15 +178,17 @@ at::Tensor checkpoint(const HookedModule::Body& body, const std::vector<at::Tens
   return attach(out, node, body, inputs);
 }
 
-at::Tensor saveable_linear(const at::Tensor& x, const at::Tensor& weight, const Float8Recipe* float8) {
-  auto linear = [&] { return float8 ? float8_linear(x, weight, *float8) : at::linear(x, weight); };
+at::Tensor saveable_linear(const at::Tensor& x, const at::Tensor& weight, const Float8Recipe* float8,
+                           const Float8Sharding* float8_sharding) {
+  auto linear = [&] { return float8 ? float8_linear(x, weight, *float8, {}, float8_sharding) : at::linear(x, weight); };
   if (!current_tape || !current_tape->keeps_next_matmul()) return linear();  // recomputed
   if (current_tape->mode == OpTape::Mode::Record) {
     at::Tensor out = linear();
     current_tape->outputs.push_back(out);
     return out;
   }
-  return float8 ? float8_linear(x, weight, *float8, next_kept_output()) : KeptLinear::apply(x, weight, next_kept_output());
+  return float8 ? float8_linear(x, weight, *float8, next_kept_output(), float8_sharding)
+                : KeptLinear::apply(x, weight, next_kept_output());
 }
 
 namespace {

@@ -36,7 +36,8 @@ void apply_activation_checkpointing(HookedModule& module, SaveOps save = SaveOps
 // x Wᵀ (at::linear, or nn::float8_linear under a float8 recipe). Inside a body checkpointed with a
 // per-operator policy its output may be kept (a float8 matmul's too: torchtitan's policy keeps
 // _scaled_mm's outputs as it keeps mm's).
-at::Tensor saveable_linear(const at::Tensor& x, const at::Tensor& weight, const Float8Recipe* float8 = nullptr);
+at::Tensor saveable_linear(const at::Tensor& x, const at::Tensor& weight, const Float8Recipe* float8 = nullptr,
+                           const Float8Sharding* float8_sharding = nullptr);
 // plain(q, k, v) outside per-operator checkpointing. Inside it, the forward runs kernels.forward and
 // keeps its output and log-sum-exp; the recomputation hands the kept output out, back-propagated by
 // kernels.backward. `kernels` must compute what `plain` does (and outlive the backward).

@@ -43,13 +43,17 @@ double max_of(Float8Type t) { return t == Float8Type::E4M3 ? 448.0 : 57344.0; }
 
 }  // namespace
 
-Float8Operand float8_cast(const at::Tensor& t, const Float8Cast& cast, int64_t k_dim, bool round_scales_to_power_of_2) {
+Float8Operand float8_cast(const at::Tensor& t, const Float8Cast& cast, int64_t k_dim, bool round_scales_to_power_of_2,
+                          const std::function<void(at::Tensor&)>* max_over_ranks) {
   TITAN_ASSERT(cast.type != Float8Type::HighPrecision, "float8_cast: a high-precision operand is not cast");
   TITAN_ASSERT(t.dim() == 2, "float8_cast: a matmul operand is 2-D");
   at::NoGradGuard no_grad;
   const double fp8_max = max_of(cast.type);
-  const at::Tensor amax = cast.scaling == Float8Scaling::Tensorwise ? t.abs().amax()
-                                                                    : t.abs().amax(k_dim, /*keepdim=*/true);
+  at::Tensor amax = cast.scaling == Float8Scaling::Tensorwise ? t.abs().amax() : t.abs().amax(k_dim, /*keepdim=*/true);
+  if (max_over_ranks) {
+    amax = amax.to(at::kFloat).contiguous();  // (exact: an amax is one of the tensor's values)
+    (*max_over_ranks)(amax);
+  }
   // In fp64 (torchao's order), stored in fp32.
   at::Tensor scale = (fp8_max / amax.to(at::kDouble).clamp_min(1e-12)).to(at::kFloat);
   if (round_scales_to_power_of_2) scale = at::exp2(at::floor(at::log2(scale)));
@@ -58,15 +62,16 @@ Float8Operand float8_cast(const at::Tensor& t, const Float8Cast& cast, int64_t k
 }
 
 at::Tensor float8_mm(const at::Tensor& a, const at::Tensor& b, const Float8Cast& ca, const Float8Cast& cb,
-                     at::ScalarType out_dtype, const Float8Recipe& recipe) {
+                     at::ScalarType out_dtype, const Float8Recipe& recipe, const std::function<void(at::Tensor&)>* max_a,
+                     const std::function<void(at::Tensor&)>* max_b) {
   const bool high_a = ca.type == Float8Type::HighPrecision, high_b = cb.type == Float8Type::HighPrecision;
   TITAN_ASSERT(high_a == high_b, "float8_mm: both operands are float8 or both high precision");
   if (high_a) {
     const at::ScalarType dtype = a.scalar_type();
     return at::mm(a, b.to(dtype)).to(out_dtype);
   }
-  const Float8Operand fa = float8_cast(a, ca, 1, recipe.round_scales_to_power_of_2);
-  const Float8Operand fb = float8_cast(b, cb, 0, recipe.round_scales_to_power_of_2);
+  const Float8Operand fa = float8_cast(a, ca, 1, recipe.round_scales_to_power_of_2, max_a);
+  const Float8Operand fb = float8_cast(b, cb, 0, recipe.round_scales_to_power_of_2, max_b);
   at::NoGradGuard no_grad;
   const at::Tensor inv_a = fa.scale.reciprocal(), inv_b = fb.scale.reciprocal();
   if (recipe.emulate) {
@@ -99,17 +104,28 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
+using MaxFn = std::function<void(at::Tensor&)>;
+
+// The all-reduce an operand's amax needs under `s` (null: none): the operand holds logical dims
+// `dims` (two of M, N, K), the matmul sums over `k`.
+const MaxFn* max_for(const Float8Sharding* s, const char* dims, char k, const Float8Cast& cast) {
+  if (!s || s->dim == 0 || (dims[0] != s->dim && dims[1] != s->dim)) return nullptr;
+  return cast.scaling == Float8Scaling::Tensorwise || s->dim == k ? &s->max_over_ranks : nullptr;
+}
 
 struct Float8LinearFn : public torch::autograd::Function<Float8LinearFn> {
   // `kept`: not a tensor input of the graph (the autograd function records every tensor input).
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, int64_t recipe,
-                            const std::optional<at::Tensor>& kept) {
+                            const std::optional<at::Tensor>& kept, int64_t sharding) {
     ctx->save_for_backward({x, w});
     ctx->saved_data["recipe"] = recipe;
+    ctx->saved_data["sharding"] = sharding;
     if (kept && kept->defined()) return kept->detach();
     const Float8Recipe& r = *reinterpret_cast<const Float8Recipe*>(recipe);
+    const auto* s = reinterpret_cast<const Float8Sharding*>(sharding);
     const int64_t K = x.size(-1);
-    const at::Tensor y = float8_mm(x.reshape({-1, K}), w.t(), r.input, r.weight, x.scalar_type(), r);
+    const at::Tensor y = float8_mm(x.reshape({-1, K}), w.t(), r.input, r.weight, x.scalar_type(), r,
+                                   max_for(s, "MK", 'K', r.input), max_for(s, "NK", 'K', r.weight));
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = w.size(0);
     return y.view(shape);
@@ -118,26 +134,32 @@ struct Float8LinearFn : public torch::autograd::Function<Float8LinearFn> {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &w = saved[1];
     const Float8Recipe& r = *reinterpret_cast<const Float8Recipe*>(ctx->saved_data["recipe"].toInt());
+    const auto* s = reinterpret_cast<const Float8Sharding*>(ctx->saved_data["sharding"].toInt());
     const int64_t K = x.size(-1), N = w.size(0);
     const at::Tensor g = grads[0].reshape({-1, N});
     at::Tensor gx, gw;
     if (ctx->needs_input_grad(0))
-      gx = float8_mm(g, w, r.grad_output, r.weight_for_grad_input, x.scalar_type(), r).view(x.sizes());
+      gx = float8_mm(g, w, r.grad_output, r.weight_for_grad_input, x.scalar_type(), r,
+                     max_for(s, "MN", 'N', r.grad_output), max_for(s, "NK", 'N', r.weight_for_grad_input))
+               .view(x.sizes());
     if (ctx->needs_input_grad(1))
-      gw = float8_mm(g.t(), x.reshape({-1, K}), r.grad_output_for_grad_weight, r.input_for_grad_weight, w.scalar_type(), r);
-    return {gx, gw, at::Tensor(), at::Tensor()};
+      gw = float8_mm(g.t(), x.reshape({-1, K}), r.grad_output_for_grad_weight, r.input_for_grad_weight, w.scalar_type(),
+                     r, max_for(s, "MN", 'M', r.grad_output_for_grad_weight), max_for(s, "MK", 'M', r.input_for_grad_weight));
+    return {gx, gw, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
-at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, const Float8Recipe& recipe, const at::Tensor& kept) {
+at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, const Float8Recipe& recipe, const at::Tensor& kept,
+                         const Float8Sharding* sharding) {
   // Under autocast the layer computes in the autocast dtype, as a Linear would (torchao's order:
   // the input is cast first, the weight is cast to float8 from its own dtype).
   const at::DeviceType dev = x.device().type();
   const bool autocast = at::autocast::is_autocast_available(dev) && at::autocast::is_autocast_enabled(dev);
   const at::Tensor in = autocast ? x.to(at::autocast::get_autocast_dtype(dev)) : x;
-  return Float8LinearFn::apply(in, weight, reinterpret_cast<int64_t>(&recipe), std::optional<at::Tensor>(kept));
+  return Float8LinearFn::apply(in, weight, reinterpret_cast<int64_t>(&recipe), std::optional<at::Tensor>(kept),
+                               reinterpret_cast<int64_t>(sharding));
 }
 
 }  // namespace titan::nn

@@ -51,25 +51,42 @@ struct Float8Recipe {
   static Float8Recipe named(const std::string& name, bool emulate = false);
 };
 
+// Tensor parallelism's split of a float8 linear layer (set by dist::TensorParallel). In the layer's
+// logical dims (M tokens, N out features, K in features; x (M, K), W (N, K), gy (M, N)) one is split
+// over the ranks: 'N' (column-wise), 'K' (row-wise) or 'M' (a replicated layer on sequence-sharded
+// tokens). An operand holding the split dim takes its amax as the maximum over the ranks
+// (max_over_ranks, an all-reduce) where the amax spans that dim: always for tensorwise scales, and
+// for axiswise ones when the split dim is the matmul's K. The casts then equal one device's.
+struct Float8Sharding {
+  char dim = 0;
+  std::function<void(at::Tensor& amax)> max_over_ranks;
+};
+
 // One operand cast as above: `data` float8 (the operand's shape), `scale` fp32 (a scalar
 // (tensorwise) or the operand's shape with K reduced to 1 (axiswise)). `k_dim` is the dimension
-// summed by the matmul (1 for A, 0 for B).
+// summed by the matmul (1 for A, 0 for B). `max_over_ranks`, when given, completes the amax across
+// the ranks that hold the rest of the operand.
 struct Float8Operand {
   at::Tensor data, scale;
 };
-Float8Operand float8_cast(const at::Tensor& t, const Float8Cast& cast, int64_t k_dim, bool round_scales_to_power_of_2);
+Float8Operand float8_cast(const at::Tensor& t, const Float8Cast& cast, int64_t k_dim, bool round_scales_to_power_of_2,
+                          const std::function<void(at::Tensor&)>* max_over_ranks = nullptr);
 
 // a (M, K) @ b (K, N) with a and b cast as `ca`, `cb` (both high precision or both float8), in
-// `out_dtype`. (Shapes where a float8 operand's dims are not multiples of 16 are the caller's to
-// avoid: CUDA's kernels need them.)
+// `out_dtype`, each amax completed over the ranks by the function given for it (or none). (Shapes
+// where a float8 operand's dims are not multiples of 16 are the caller's to avoid: CUDA's kernels
+// need them.)
 at::Tensor float8_mm(const at::Tensor& a, const at::Tensor& b, const Float8Cast& ca, const Float8Cast& cb,
-                     at::ScalarType out_dtype, const Float8Recipe& recipe);
+                     at::ScalarType out_dtype, const Float8Recipe& recipe,
+                     const std::function<void(at::Tensor&)>* max_a = nullptr,
+                     const std::function<void(at::Tensor&)>* max_b = nullptr);
 
 // x (..., K) Wᵀ for W (N, K) under `recipe`, differentiable in x and W (gradients in their dtypes).
 // Under autocast, x is first cast to the autocast dtype (the output's). With `kept` defined (an
 // output kept by per-operator activation checkpointing) the forward returns it instead of
-// multiplying again; the backward is the same.
+// multiplying again; the backward is the same. `sharding`: the layer's split under tensor
+// parallelism (null: none).
 at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, const Float8Recipe& recipe,
-                         const at::Tensor& kept = at::Tensor());
+                         const at::Tensor& kept = at::Tensor(), const Float8Sharding* sharding = nullptr);
 
 }  // namespace titan::nn

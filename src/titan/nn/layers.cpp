@@ -115,7 +115,9 @@ LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, const at::Tens
 }
 
 at::Tensor LinearImpl::forward(const at::Tensor& x) {
-  return with_hooks({x}, [this](const std::vector<at::Tensor>& in) { return saveable_linear(in[0], weight, float8.get()); });
+  return with_hooks({x}, [this](const std::vector<at::Tensor>& in) {
+    return saveable_linear(in[0], weight, float8.get(), float8_sharding.get());
+  });
 }
 
 EmbeddingImpl::EmbeddingImpl(int64_t num_embeddings, int64_t dim, const at::TensorOptions& opts) {

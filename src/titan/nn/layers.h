@@ -26,6 +26,7 @@
 namespace titan::nn {
 
 struct Float8Recipe;
+struct Float8Sharding;
 
 // y = x W^T, W (out, in). No bias (Llama uses none). With a float8 recipe (set by the float8
 // converter, nn/float8.h) its matmuls run in float8.
@@ -35,6 +36,7 @@ class LinearImpl : public HookedModule {
   at::Tensor forward(const at::Tensor& x);
   at::Tensor weight;
   std::shared_ptr<const Float8Recipe> float8;
+  std::shared_ptr<const Float8Sharding> float8_sharding;  // tensor parallelism's split (float8 layers)
 };
 TORCH_MODULE(Linear);
 

@@ -9,10 +9,14 @@
 
 #include "titan/common/error.h"
 #include "titan/components/checkpoint/safetensors.h"
+#include "titan/distributed/process_group.h"
 #include "titan/nn/float8.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include <thread>
 
 namespace titan {
 namespace {
@@ -61,6 +65,65 @@ TEST(Float8Linear, EveryRecipeEqualsTheReferenceWrittenFromIt) {
     if (recipe.round_scales_to_power_of_2) {
       EXPECT_EQ(fx.scale.sizes(), at::IntArrayRef({M, 1}));
       EXPECT_TRUE(at::equal(fx.scale, at::exp2(at::round(at::log2(fx.scale)))));
+    }
+  }
+}
+
+// Tensor parallelism's splits (nn::Float8Sharding): two ranks (threads over Gloo) each hold their
+// part of a layer split column-wise (N), row-wise (K) or by tokens (M); with the amaxes completed
+// over the ranks their casts are one device's, so their outputs and gradients are the matching
+// slices (or, where the split is the matmul's K, the partial sums) of the whole layer's, within fp32
+// rounding. (Without the all-reduces the scales, hence the roundings, differ: 1e-2 relative.)
+TEST(Float8Linear, SplitLayersCastAsOneDevice) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(3);
+  const int64_t M = 32, K = 64, N = 48;
+  auto spread = [&](int64_t rows, int64_t cols) {
+    return at::randn({rows, cols}, gen) * at::exp(2 * at::randn({rows, 1}, gen)) * at::exp(2 * at::randn({1, cols}, gen));
+  };
+  const at::Tensor x0 = spread(M, K), w0 = spread(N, K) * 0.1, gy = spread(M, N) * 1e-3;
+  for (const std::string recipe_name : {"tensorwise", "rowwise", "rowwise_with_gw_hp"}) {
+    const nn::Float8Recipe recipe = nn::Float8Recipe::named(recipe_name);
+    const at::Tensor x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+    nn::float8_linear(x, w, recipe).backward(gy);
+    const at::Tensor y = nn::float8_linear(x0, w0, recipe);
+    for (const char dim : {'N', 'K', 'M'}) {
+      SCOPED_TRACE(recipe_name + " split along " + std::string(1, dim));
+      auto store = c10::make_intrusive<c10d::HashStore>();
+      std::vector<at::Tensor> ys(2), gxs(2), gws(2);
+      auto rank_fn = [&](int rank) {
+        auto backend = dist::make_backend(dist::BackendKind::Gloo, store, rank, 2, std::chrono::seconds(30));
+        nn::Float8Sharding s;
+        s.dim = dim;
+        s.max_over_ranks = [&](at::Tensor& amax) {
+          std::vector<at::Tensor> t = {amax};
+          c10d::AllreduceOptions o;
+          o.reduceOp = c10d::ReduceOp::MAX;
+          backend->allreduce(t, o)->wait();
+        };
+        // This rank's x, w and gy: the halves along the split dim.
+        auto half = [rank](const at::Tensor& t, int64_t d) { return t.chunk(2, d)[rank].contiguous(); };
+        at::Tensor xr = dim == 'K' ? half(x0, 1) : dim == 'M' ? half(x0, 0) : x0.clone();
+        at::Tensor wr = dim == 'N' ? half(w0, 0) : dim == 'K' ? half(w0, 1) : w0.clone();
+        const at::Tensor gr = dim == 'N' ? half(gy, 1) : dim == 'M' ? half(gy, 0) : gy;
+        xr.requires_grad_(true);
+        wr.requires_grad_(true);
+        const at::Tensor yr = nn::float8_linear(xr, wr, recipe, {}, &s);
+        yr.backward(gr);
+        ys[rank] = yr.detach();
+        gxs[rank] = xr.grad();
+        gws[rank] = wr.grad();
+      };
+      std::thread other(rank_fn, 1);
+      rank_fn(0);
+      other.join();
+      // N: y, gw split along N, gx partial; K: y partial, gx and gw split along K; M: y, gx split
+      // along M, gw partial.
+      const at::Tensor y_all = dim == 'K' ? ys[0] + ys[1] : at::cat(ys, dim == 'N' ? 1 : 0);
+      const at::Tensor gx_all = dim == 'N' ? gxs[0] + gxs[1] : at::cat(gxs, dim == 'K' ? 1 : 0);
+      const at::Tensor gw_all = dim == 'M' ? gws[0] + gws[1] : at::cat(gws, dim == 'N' ? 0 : 1);
+      EXPECT_LT(test::relative_error(y_all, y), 2e-6);
+      EXPECT_LT(test::relative_error(gx_all, x.grad()), 2e-6);
+      EXPECT_LT(test::relative_error(gw_all, w.grad()), 2e-6);
     }
   }
 }

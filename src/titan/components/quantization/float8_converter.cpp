@@ -50,10 +50,11 @@ Float8Conversion float8_conversion(const JobConfig& cfg, int64_t tensor_parallel
   TITAN_USER_CHECK(!o.precompute_float8_dynamic_scale_for_fsdp,
                    "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp works with "
                    "enable_fsdp_float8_all_gather, which is not supported yet; set it to false");
-  TITAN_USER_CHECK(tensor_parallel_degree == 1, "float8 linear layers (model.converters \"", config::kFloat8Converter,
-                   "\") with parallelism.tensor_parallel_degree ", tensor_parallel_degree,
-                   " are not supported yet: the float8 scales of split weights and activations would be taken per "
-                   "shard. Train float8 with FSDP, HSDP, DDP, pipeline or context parallelism, or drop the converter");
+  TITAN_USER_CHECK(tensor_parallel_degree == 1 || !cfg.parallelism.enable_async_tensor_parallel,
+                   "float8 linear layers (model.converters \"", config::kFloat8Converter,
+                   "\") with parallelism.enable_async_tensor_parallel are not supported yet: async TP's decomposed "
+                   "all-gather and reduce-scatter multiply in high precision. Turn async TP off "
+                   "(--parallelism.enable_async_tensor_parallel false) or drop the converter");
   return c;
 }
 

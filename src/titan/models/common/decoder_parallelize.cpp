@@ -41,6 +41,13 @@ void apply_tensor_parallel(DecoderImpl& model, dist::TensorParallel& tp, dist::D
   // Replicated weights that only this rank's heads use the output of: their gradients are partial
   // sums over tp, with or without sequence parallelism.
   auto summed_over_tp = [&](const std::string& prefix, torch::nn::Module& module) {
+    // Their output gradients are partial sums over tp (each rank's heads' share): a float8 cast of a
+    // partial sum is not the cast of the sum one device would make.
+    const auto* linear = dynamic_cast<const nn::LinearImpl*>(&module);
+    TITAN_USER_CHECK(!linear || !linear->float8, "float8 linear layer ", prefix.substr(0, prefix.size() - 1),
+                     " under tensor parallelism: the gradient of its output is a partial sum over the tensor-parallel "
+                     "ranks, which a float8 cast cannot take as one device would; keep it in high precision with "
+                     "quantize.linear.float8.filter_fqns (e.g. \"wq_a\", \"wkv_a\")");
     for (const auto& [name, p] : tp.replicated(module)) {
       dp.set_placement(prefix + name, p);
       dp.add_grad_sum(prefix + name, tp.group());
