@@ -380,14 +380,28 @@ std::shared_ptr<const nn::Float8Sharding> float8_split(Group& g, char dim) {
 
 }  // namespace
 
+// A float8 layer's local weight must keep float8 matmuls' multiples of 16 (CUDA's kernels).
+void check_float8_shard(const nn::LinearImpl& linear, int tp) {
+  if (!linear.float8) return;
+  const int64_t out = linear.weight.size(0), in = linear.weight.size(1);
+  TITAN_USER_CHECK(out % 16 == 0 && in % 16 == 0, "a float8 linear layer of ", in, " -> ", out,
+                   " features per tensor-parallel rank (tp ", tp, ") breaks float8 matmuls' multiples of 16: "
+                   "choose another parallelism.tensor_parallel_degree or keep the layer in high precision with "
+                   "quantize.linear.float8.filter_fqns");
+}
+
 std::vector<std::pair<std::string, Placement>> TensorParallel::column_wise(nn::LinearImpl& linear) {
   if (linear.float8) linear.float8_sharding = float8_split(group_, 'N');
-  return {{"weight", shard(linear.weight, 0)}};
+  std::vector<std::pair<std::string, Placement>> out = {{"weight", shard(linear.weight, 0)}};
+  check_float8_shard(linear, degree());
+  return out;
 }
 
 std::vector<std::pair<std::string, Placement>> TensorParallel::row_wise(nn::LinearImpl& linear) {
   if (linear.float8) linear.float8_sharding = float8_split(group_, 'K');
-  return {{"weight", shard(linear.weight, 1)}};
+  std::vector<std::pair<std::string, Placement>> out = {{"weight", shard(linear.weight, 1)}};
+  check_float8_shard(linear, degree());
+  return out;
 }
 
 std::vector<std::pair<std::string, Placement>> TensorParallel::vocabulary(nn::EmbeddingImpl& embedding) {

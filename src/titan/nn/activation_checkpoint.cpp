@@ -181,7 +181,9 @@ at::Tensor checkpoint(const HookedModule::Body& body, const std::vector<at::Tens
 at::Tensor saveable_linear(const at::Tensor& x, const at::Tensor& weight, const Float8Recipe* float8,
                            const Float8Sharding* float8_sharding) {
   auto linear = [&] { return float8 ? float8_linear(x, weight, *float8, {}, float8_sharding) : at::linear(x, weight); };
-  if (!current_tape || !current_tape->keeps_next_matmul()) return linear();  // recomputed
+  // torchtitan's policy keeps every float8 matmul's output (_scaled_mm) and alternates only over the
+  // plain ones (mm): a float8 matmul does not move the every-other counter.
+  if (!current_tape || !(float8 || current_tape->keeps_next_matmul())) return linear();  // recomputed
   if (current_tape->mode == OpTape::Mode::Record) {
     at::Tensor out = linear();
     current_tape->outputs.push_back(out);

@@ -34,8 +34,8 @@ bool recomputing();
 void apply_activation_checkpointing(HookedModule& module, SaveOps save = SaveOps::None);
 
 // x Wᵀ (at::linear, or nn::float8_linear under a float8 recipe). Inside a body checkpointed with a
-// per-operator policy its output may be kept (a float8 matmul's too: torchtitan's policy keeps
-// _scaled_mm's outputs as it keeps mm's).
+// per-operator policy its output may be kept; a float8 matmul's always is (torchtitan's policy
+// keeps every _scaled_mm output and alternates over the plain matmuls only).
 at::Tensor saveable_linear(const at::Tensor& x, const at::Tensor& weight, const Float8Recipe* float8 = nullptr,
                            const Float8Sharding* float8_sharding = nullptr);
 // plain(q, k, v) outside per-operator checkpointing. Inside it, the forward runs kernels.forward and

@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/autograd.h>
 
 namespace titan::nn {
@@ -66,6 +67,8 @@ at::Tensor float8_mm(const at::Tensor& a, const at::Tensor& b, const Float8Cast&
                      const std::function<void(at::Tensor&)>* max_b) {
   const bool high_a = ca.type == Float8Type::HighPrecision, high_b = cb.type == Float8Type::HighPrecision;
   TITAN_ASSERT(high_a == high_b, "float8_mm: both operands are float8 or both high precision");
+  // The products below run in the dtypes chosen here, not autocast's (an emulated product in fp32).
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   if (high_a) {
     const at::ScalarType dtype = a.scalar_type();
     return at::mm(a, b.to(dtype)).to(out_dtype);
@@ -79,7 +82,7 @@ at::Tensor float8_mm(const at::Tensor& a, const at::Tensor& b, const Float8Cast&
     return at::mm(fa.data.to(at::kFloat) * inv_a, fb.data.to(at::kFloat) * inv_b).to(out_dtype);
   }
   const bool tensorwise = inv_a.numel() == 1 && inv_b.numel() == 1;
-  if (a.is_cuda()) {
+  if (a.is_cuda() || a.is_meta()) {  // (meta: titan estimate's dry run of a CUDA run)
     // cuBLAS: A row-major, B column-major; rowwise scales (M, 1) and (1, N) (a tensorwise one expanded).
     const at::Tensor b_col = fb.data.t().contiguous().t();
     if (tensorwise)
@@ -88,7 +91,10 @@ at::Tensor float8_mm(const at::Tensor& a, const at::Tensor& b, const Float8Cast&
     const int64_t M = a.size(0), N = b.size(1);
     const at::Tensor sa = inv_a.numel() == 1 ? inv_a.reshape({1, 1}).expand({M, 1}).contiguous() : inv_a;
     const at::Tensor sb = inv_b.numel() == 1 ? inv_b.reshape({1, 1}).expand({1, N}).contiguous() : inv_b;
-    return at::_scaled_mm(fa.data.contiguous(), b_col, sa, sb, std::nullopt, std::nullopt, out_dtype, false);
+    // Rowwise scaling writes bf16 (other output dtypes only on some GPUs and cuBLAS versions): the
+    // product in bf16, then cast, as torchao computes it.
+    return at::_scaled_mm(fa.data.contiguous(), b_col, sa, sb, std::nullopt, std::nullopt, at::kBFloat16, false)
+        .to(out_dtype);
   }
   // The CPU kernel takes tensorwise scales only: an axiswise product is the float8 product with
   // unit scales, scaled afterwards (each scale is constant along K, so the value is the same).
@@ -155,7 +161,8 @@ at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, const Fl
                          const Float8Sharding* sharding) {
   // Under autocast the layer computes in the autocast dtype, as a Linear would (torchao's order:
   // the input is cast first, the weight is cast to float8 from its own dtype).
-  const at::DeviceType dev = x.device().type();
+  // (A meta tensor stands for a CUDA one: titan estimate's dry run emulates CUDA's autocast.)
+  const at::DeviceType dev = x.is_meta() ? at::kCUDA : x.device().type();
   const bool autocast = at::autocast::is_autocast_available(dev) && at::autocast::is_autocast_enabled(dev);
   const at::Tensor in = autocast ? x.to(at::autocast::get_autocast_dtype(dev)) : x;
   return Float8LinearFn::apply(in, weight, reinterpret_cast<int64_t>(&recipe), std::optional<at::Tensor>(kept),

@@ -157,6 +157,16 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   }
   // Model converters (float8) before the parallelisms, as torchtitan applies them.
   convert_to_float8(*model_, float8_, cfg_.float8);
+  if (float8_.recipe && device_.is_cuda() && !float8_.recipe->emulate) {
+    // The weight gradient's float8 matmul sums over a rank's tokens of a micro-batch (under sequence
+    // parallelism a replicated layer's, 1/tp of them): CUDA's kernels need a multiple of 16.
+    const int64_t sequences = dims_->pp() > 1 ? cfg_.parallelism.pipeline_parallel_microbatch_size : tr.local_batch_size;
+    int64_t tokens = sequences * tr.seq_len / dims_->cp();
+    if (dims_->tp() > 1 && cfg_.parallelism.enable_sequence_parallel && !model_->moe_layers().empty()) tokens /= dims_->tp();
+    TITAN_USER_CHECK(tokens % 16 == 0, "float8 linear layers on CUDA multiply over each rank's ", tokens,
+                     " tokens per micro-batch, which float8 matmuls need a multiple of 16 of: choose training.seq_len "
+                     "or the batch so that they are, or set quantize.linear.float8.emulate");
+  }
   model_record_ = checkpoint::model_record(spec, cfg_.model.flavor);
   const int64_t vocab = model_->vocab_size();
   TITAN_USER_CHECK(tokenizer_->vocab_size() <= vocab, "the tokenizer at ", cfg_.model.hf_assets_path, " has ",

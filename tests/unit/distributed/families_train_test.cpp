@@ -413,6 +413,9 @@ TEST(ModelFamiliesTrain, Qwen3MoeWithTheAuxiliaryLossTrainsAsOneProcess) {
       {"ep2_tp2", {"--parallelism.tensor_parallel_degree", "2", "--training.local_batch_size", "4",
                    "--parallelism.expert_parallel_degree", "2"}, 4},
       {"cp2", {"--parallelism.context_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "1"}},
+      // Without sequence parallelism both tp ranks route every token: their counts are not summed.
+      {"tp2_without_sequence_parallel",
+       {"--parallelism.tensor_parallel_degree", "2", "--parallelism.enable_sequence_parallel", "false"}},
       {"hsdp_ep2_full_ac", {"--parallelism.data_parallel_replicate_degree", "2", "--training.local_batch_size", "2",
                             "--activation_checkpoint.mode", "full", "--parallelism.expert_parallel_degree", "2"}, 4},
   };

@@ -7,6 +7,7 @@
 // is really there (the result is not the fp32 linear's).
 #include "test_util.h"
 
+#include "titan/common/autocast.h"
 #include "titan/common/error.h"
 #include "titan/components/checkpoint/safetensors.h"
 #include "titan/distributed/process_group.h"
@@ -125,6 +126,24 @@ TEST(Float8Linear, SplitLayersCastAsOneDevice) {
       EXPECT_LT(test::relative_error(gx_all, x.grad()), 2e-6);
       EXPECT_LT(test::relative_error(gw_all, w.grad()), 2e-6);
     }
+  }
+}
+
+TEST(Float8Linear, UnderAutocastTheInputIsCastAndTheProductsKeepTheirDtypes) {
+  // Under bf16 autocast (CPU's standing in for CUDA's) the layer takes its input in bf16 and
+  // returns bf16, and its products run in the dtypes the recipe says: the emulated product in fp32
+  // (not autocast's bf16), exactly as the same layer on a bf16 input without autocast.
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(13);
+  const at::Tensor x = at::randn({32, 64}, gen), w = at::randn({48, 64}, gen) * 0.1;
+  for (const std::string recipe_name : {"tensorwise", "rowwise"}) {
+    const nn::Float8Recipe recipe = nn::Float8Recipe::named(recipe_name, /*emulate=*/true);
+    at::Tensor under_autocast;
+    {
+      Bf16Autocast autocast(at::kCPU, true);
+      under_autocast = nn::float8_linear(x, w, recipe);
+    }
+    EXPECT_EQ(under_autocast.scalar_type(), at::kBFloat16) << recipe_name;
+    EXPECT_TRUE(at::equal(under_autocast, nn::float8_linear(x.to(at::kBFloat16), w, recipe))) << recipe_name;
   }
 }
 

@@ -30,6 +30,9 @@ Float8Conversion float8_conversion(const JobConfig& cfg, int64_t tensor_parallel
       float8 = true;
       continue;
     }
+    TITAN_USER_CHECK(name != "quantize.grouped_mm.float8", "model.converters \"", name,
+                     "\" (float8 grouped matmuls of MoE experts) is not supported yet: the experts train in the "
+                     "compute dtype; remove it (\"", config::kFloat8Converter, "\" converts the linear layers)");
     TITAN_USER_CHECK(name.find("mx") == std::string::npos,
                      "model.converters \"", name, "\": MX formats (MXFP8, MXFP4) are not supported; they need "
                      "Blackwell GPUs' block-scaled matmuls. Use \"", config::kFloat8Converter, "\" (float8 with "
