@@ -24,15 +24,24 @@ namespace {
 
 const std::string kScript = std::string(TITAN_SOURCE_DIR) + "/tests/reference/float8_reference.py";
 
-TEST(Float8Linear, EveryRecipeEqualsTheReferenceWrittenFromIt) {
-  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(7);
-  // Rows and columns of very different magnitudes, so that the scales along either dim differ
-  // from the tensor's (by more than the powers of 2 the rowwise recipes round them to).
-  const int64_t M = 48, K = 64, N = 32;
+// A layer's x (M, K), W (N, K) and output gradient (M, N) with rows and columns of very different
+// magnitudes, so that the scales along either dim differ from the tensor's (by more than the powers
+// of 2 the rowwise recipes round them to).
+struct LayerData {
+  at::Tensor x, w, gy;
+};
+LayerData spread_layer(uint64_t seed, int64_t M, int64_t K, int64_t N) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   auto spread = [&](int64_t rows, int64_t cols) {
     return at::randn({rows, cols}, gen) * at::exp(2 * at::randn({rows, 1}, gen)) * at::exp(2 * at::randn({1, cols}, gen));
   };
-  const at::Tensor x0 = spread(M, K), w0 = spread(N, K) * 0.1, gy = spread(M, N) * 1e-3;
+  return {spread(M, K), spread(N, K) * 0.1, spread(M, N) * 1e-3};
+}
+
+TEST(Float8Linear, EveryRecipeEqualsTheReferenceWrittenFromIt) {
+  const int64_t M = 48, K = 64, N = 32;
+  const LayerData d = spread_layer(7, M, K, N);
+  const at::Tensor &x0 = d.x, &w0 = d.w, &gy = d.gy;
   for (const std::string recipe_name : {"tensorwise", "rowwise", "rowwise_with_gw_hp"}) {
     SCOPED_TRACE(recipe_name);
     test::TempDir dir;
@@ -76,12 +85,9 @@ TEST(Float8Linear, EveryRecipeEqualsTheReferenceWrittenFromIt) {
 // slices (or, where the split is the matmul's K, the partial sums) of the whole layer's, within fp32
 // rounding. (Without the all-reduces the scales, hence the roundings, differ: 1e-2 relative.)
 TEST(Float8Linear, SplitLayersCastAsOneDevice) {
-  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(3);
   const int64_t M = 32, K = 64, N = 48;
-  auto spread = [&](int64_t rows, int64_t cols) {
-    return at::randn({rows, cols}, gen) * at::exp(2 * at::randn({rows, 1}, gen)) * at::exp(2 * at::randn({1, cols}, gen));
-  };
-  const at::Tensor x0 = spread(M, K), w0 = spread(N, K) * 0.1, gy = spread(M, N) * 1e-3;
+  const LayerData d = spread_layer(3, M, K, N);
+  const at::Tensor &x0 = d.x, &w0 = d.w, &gy = d.gy;
   for (const std::string recipe_name : {"tensorwise", "rowwise", "rowwise_with_gw_hp"}) {
     const nn::Float8Recipe recipe = nn::Float8Recipe::named(recipe_name);
     const at::Tensor x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
