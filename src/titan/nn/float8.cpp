@@ -64,7 +64,7 @@ Float8Operand float8_cast(const at::Tensor& t, const Float8Cast& cast, int64_t k
 
 at::Tensor float8_mm(const at::Tensor& a, const at::Tensor& b, const Float8Cast& ca, const Float8Cast& cb,
                      at::ScalarType out_dtype, const Float8Recipe& recipe, const std::function<void(at::Tensor&)>* max_a,
-                     const std::function<void(at::Tensor&)>* max_b) {
+                     const std::function<void(at::Tensor&)>* max_b, bool fast_accum) {
   const bool high_a = ca.type == Float8Type::HighPrecision, high_b = cb.type == Float8Type::HighPrecision;
   TITAN_ASSERT(high_a == high_b, "float8_mm: both operands are float8 or both high precision");
   // The products below run in the dtypes chosen here, not autocast's (an emulated product in fp32).
@@ -87,13 +87,13 @@ at::Tensor float8_mm(const at::Tensor& a, const at::Tensor& b, const Float8Cast&
     const at::Tensor b_col = fb.data.t().contiguous().t();
     if (tensorwise)
       return at::_scaled_mm(fa.data.contiguous(), b_col, inv_a, inv_b, std::nullopt, std::nullopt, out_dtype,
-                            /*use_fast_accum=*/false);
+                            fast_accum);
     const int64_t M = a.size(0), N = b.size(1);
     const at::Tensor sa = inv_a.numel() == 1 ? inv_a.reshape({1, 1}).expand({M, 1}).contiguous() : inv_a;
     const at::Tensor sb = inv_b.numel() == 1 ? inv_b.reshape({1, 1}).expand({1, N}).contiguous() : inv_b;
     // Rowwise scaling writes bf16 (other output dtypes only on some GPUs and cuBLAS versions): the
     // product in bf16, then cast, as torchao computes it.
-    return at::_scaled_mm(fa.data.contiguous(), b_col, sa, sb, std::nullopt, std::nullopt, at::kBFloat16, false)
+    return at::_scaled_mm(fa.data.contiguous(), b_col, sa, sb, std::nullopt, std::nullopt, at::kBFloat16, fast_accum)
         .to(out_dtype);
   }
   // The CPU kernel takes tensorwise scales only: an axiswise product is the float8 product with
@@ -131,7 +131,7 @@ struct Float8LinearFn : public torch::autograd::Function<Float8LinearFn> {
     const auto* s = reinterpret_cast<const Float8Sharding*>(sharding);
     const int64_t K = x.size(-1);
     const at::Tensor y = float8_mm(x.reshape({-1, K}), w.t(), r.input, r.weight, x.scalar_type(), r,
-                                   max_for(s, "MK", 'K', r.input), max_for(s, "NK", 'K', r.weight));
+                                   max_for(s, "MK", 'K', r.input), max_for(s, "NK", 'K', r.weight), /*fast_accum=*/true);
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = w.size(0);
     return y.view(shape);

@@ -73,13 +73,14 @@ Float8Operand float8_cast(const at::Tensor& t, const Float8Cast& cast, int64_t k
                           const std::function<void(at::Tensor&)>* max_over_ranks = nullptr);
 
 // a (M, K) @ b (K, N) with a and b cast as `ca`, `cb` (both high precision or both float8), in
-// `out_dtype`, each amax completed over the ranks by the function given for it (or none). (Shapes
-// where a float8 operand's dims are not multiples of 16 are the caller's to avoid: CUDA's kernels
-// need them.)
+// `out_dtype`, each amax completed over the ranks by the function given for it (or none).
+// `fast_accum`: CUDA's faster, less precise accumulation (torchao uses it for the forward's product
+// only; the CPU ignores it). (Shapes where a float8 operand's dims are not multiples of 16 are the
+// caller's to avoid: CUDA's kernels need them.)
 at::Tensor float8_mm(const at::Tensor& a, const at::Tensor& b, const Float8Cast& ca, const Float8Cast& cb,
                      at::ScalarType out_dtype, const Float8Recipe& recipe,
                      const std::function<void(at::Tensor&)>* max_a = nullptr,
-                     const std::function<void(at::Tensor&)>* max_b = nullptr);
+                     const std::function<void(at::Tensor&)>* max_b = nullptr, bool fast_accum = false);
 
 // x (..., K) Wᵀ for W (N, K) under `recipe`, differentiable in x and W (gradients in their dtypes).
 // Under autocast, x is first cast to the autocast dtype (the output's). With `kept` defined (an

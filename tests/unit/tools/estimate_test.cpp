@@ -745,6 +745,13 @@ TEST(Estimate, ExpertParallelSplitsTheExpertsAndCountsTheAllToAlls) {
   EXPECT_EQ(ep4_aux.comm_calls.at("dp_cp").at("all_reduce"), layers + 1);
 }
 
+TEST(EstimateCli, RefusesTheAuxiliaryLossOnADenseModel) {
+  auto r = test::run_process({kTitan, "estimate", "--job.config_file", kSource + "/configs/llama3_8b.toml",
+                              "--world-size", "8", "--model.moe_aux_loss_coeff", "0.001"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("model llama3 8B has no MoE layers"), std::string::npos) << r.output;
+}
+
 TEST(EstimateCli, PrintsThePerRankReportAndTheVerdict) {
   auto r = test::run_process({kTitan, "estimate", "--job.config_file", kSource + "/configs/llama3_8b.toml",
                               "--world-size", "8", "--device-memory-gib", "80"});
