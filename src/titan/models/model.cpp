@@ -83,4 +83,16 @@ int64_t LanguageModelImpl::num_params() const {
   return n;
 }
 
+double moe_aux_loss_coeff(const std::optional<double>& configured, const LanguageModelImpl& model,
+                          const std::string& name, const std::string& flavor) {
+  const auto layers = model.moe_layers();
+  if (layers.empty()) {
+    TITAN_USER_CHECK(configured.value_or(0) == 0, "model.moe_aux_loss_coeff ", configured.value_or(0),
+                     " balances the experts of a mixture-of-experts model, but model ", name, " ", flavor,
+                     " has no MoE layers: remove the option");
+    return 0;
+  }
+  return configured.value_or(layers.front().second->options().aux_loss_coeff);
+}
+
 }  // namespace titan

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -64,5 +65,11 @@ class LanguageModelImpl : public nn::HookedModule {
  private:
   std::map<std::string, std::vector<int64_t>> global_shapes_;
 };
+
+// The coefficient of the MoE auxiliary load-balancing loss for `model` (model `name` `flavor`):
+// model.moe_aux_loss_coeff when set (`configured`), else the flavor's (its MoE layers' options); 0
+// for a dense model. Throws UserError when a positive coefficient is set for a dense model.
+double moe_aux_loss_coeff(const std::optional<double>& configured, const LanguageModelImpl& model,
+                          const std::string& name, const std::string& flavor);
 
 }  // namespace titan

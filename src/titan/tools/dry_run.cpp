@@ -457,15 +457,11 @@ DryRunResult run(const DryRunPlan& plan) {
   std::vector<nn::MoEImpl*> moe_layers;
   for (const LanguageModel& m : models)
     for (const auto& [prefix, layer] : m->moe_layers()) moe_layers.push_back(layer);
-  bool moe_aux_loss = false;
-  if (!moe_layers.empty()) {
-    const double coeff = plan.moe_aux_loss_coeff.value_or(moe_layers.front()->options().aux_loss_coeff);
-    moe_aux_loss = coeff > 0;
-    for (nn::MoEImpl* layer : moe_layers) {
-      if (!moe_aux_loss) break;
-      layer->aux_loss_weight = coeff;  // (any positive weight: the meta device computes no values)
-      layer->global_counts = dist::routing_counts_sum(mesh["dp_cp"], sequence_parallel_tp);
-    }
+  const bool moe_aux_loss = plan.moe_aux_loss_coeff > 0;
+  for (nn::MoEImpl* layer : moe_layers) {
+    if (!moe_aux_loss) break;
+    layer->aux_loss_weight = plan.moe_aux_loss_coeff;  // (any positive weight: the meta device computes no values)
+    layer->global_counts = dist::routing_counts_sum(mesh["dp_cp"], sequence_parallel_tp);
   }
 
   // What this rank holds, from the tensors themselves.

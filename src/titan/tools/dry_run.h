@@ -54,7 +54,7 @@ struct DryRunPlan {
   bool fsdp = false;  // FSDP (HSDP with dp_replicate > 1); else DDP when dp_replicate > 1
   int64_t tp = 1;     // tensor-parallel degree (this rank holds TP shard 0)
   int64_t ep = 1;     // expert-parallel degree (out of dp_shard x cp; routing taken as balanced)
-  std::optional<double> moe_aux_loss_coeff;  // model.moe_aux_loss_coeff (unset: the flavor's)
+  double moe_aux_loss_coeff = 0;  // resolved (models/model.h moe_aux_loss_coeff)
   Float8Conversion float8;                   // model.converters' float8 recipe (none: no converter)
   config::Float8Linear float8_options;
   dist::TensorParallelOptions tp_options;

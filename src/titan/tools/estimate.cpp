@@ -170,14 +170,11 @@ Estimate estimate(const JobConfig& cfg, const EstimateOptions& options) {
   plan.fsdp = use_fsdp;
   plan.tp = dims.tp();
   plan.ep = dims.ep();
-  plan.moe_aux_loss_coeff = cfg.model.moe_aux_loss_coeff;
-  if (plan.moe_aux_loss_coeff.value_or(0) > 0)  // as the trainer refuses it (a shapes-only build)
-    TITAN_USER_CHECK(!model_spec(cfg.model.name).build(cfg.model.flavor, at::TensorOptions().device(at::kMeta), tr.seq_len)
-                          ->moe_layers()
-                          .empty(),
-                     "model.moe_aux_loss_coeff ", *plan.moe_aux_loss_coeff,
-                     " balances the experts of a mixture-of-experts model, but model ", cfg.model.name, " ",
-                     cfg.model.flavor, " has no MoE layers: remove the option");
+  // Resolved (and refused for a dense model) as the trainer does, on a shapes-only build.
+  plan.moe_aux_loss_coeff = moe_aux_loss_coeff(
+      cfg.model.moe_aux_loss_coeff,
+      *model_spec(cfg.model.name).build(cfg.model.flavor, at::TensorOptions().device(at::kMeta), tr.seq_len),
+      cfg.model.name, cfg.model.flavor);
   plan.float8 = float8_conversion(cfg, dims.tp());
   plan.float8_options = cfg.float8;
   dist::check_sequence_length(tr.seq_len, dims.tp(), p.enable_sequence_parallel);

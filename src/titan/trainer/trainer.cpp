@@ -466,16 +466,10 @@ void Trainer::set_moe_load(metrics::StepStats& s, const StepResult& r) {
 }
 
 void Trainer::set_up_moe_aux_loss() {
-  const std::optional<double>& configured = cfg_.model.moe_aux_loss_coeff;
-  if (!moe_model_) {
-    TITAN_USER_CHECK(configured.value_or(0) == 0, "model.moe_aux_loss_coeff ", configured.value_or(0),
-                     " balances the experts of a mixture-of-experts model, but model ", cfg_.model.name, " ",
-                     cfg_.model.flavor, " has no MoE layers: remove the option");
-    return;
-  }
-  const auto all = model_->moe_layers();  // the whole model's, whatever this rank holds
-  moe_aux_loss_coeff_ = configured.value_or(all.front().second->options().aux_loss_coeff);
+  // (model_: the whole model, whatever this rank holds)
+  moe_aux_loss_coeff_ = moe_aux_loss_coeff(cfg_.model.moe_aux_loss_coeff, *model_, cfg_.model.name, cfg_.model.flavor);
   if (moe_aux_loss_coeff_ == 0) return;
+  const auto all = model_->moe_layers();
   // Each micro-batch's forward balances over its own tokens on every data-parallel rank; the step's
   // auxiliary loss is the mean over the MoE layers and the micro-batches.
   const int64_t micro = grad_accum_steps_ * (pipeline_ ? pipeline_->microbatches() : 1);

@@ -20,6 +20,14 @@ bool too_small_for_float8(const std::string& recipe, int64_t N, int64_t K) {
   return N <= 2048 || K <= 1024 || (N <= 4096 && K <= 2048);  // rowwise
 }
 
+// "a, b, c and 12 more": the first `shown` entries of a list that may hold one per layer.
+std::string first_of(const std::vector<std::string>& names, size_t shown = 8) {
+  std::string s;
+  for (size_t i = 0; i < std::min(shown, names.size()); ++i) s += (i ? ", " : "") + names[i];
+  if (names.size() > shown) s += " and " + std::to_string(names.size() - shown) + " more";
+  return s;
+}
+
 }  // namespace
 
 Float8Conversion float8_conversion(const JobConfig& cfg, int64_t tensor_parallel_degree) {
@@ -95,12 +103,8 @@ void convert_to_float8(LanguageModelImpl& model, Float8Conversion& c, const conf
   }
   if (!require_some) return;
   TITAN_USER_CHECK(!out.converted.empty(), "model.converters \"", config::kFloat8Converter,
-                   "\" converted no linear layer: ", out.skipped.empty() ? std::string("the model has none") : "",
-                   [&] {
-                     std::string s;
-                     for (const auto& k : out.skipped) s += (s.empty() ? "" : ", ") + k;
-                     return s;
-                   }(),
+                   "\" converted no linear layer: ",
+                   out.skipped.empty() ? std::string("the model has none") : first_of(out.skipped),
                    ". Remove names from quantize.linear.float8.filter_fqns, or drop the converter");
 }
 
@@ -130,10 +134,7 @@ std::string describe(const Float8Conversion& c) {
   std::ostringstream os;
   os << "float8 linear layers (recipe " << c.recipe->name << (c.recipe->emulate ? ", emulated" : "") << "): "
      << c.converted.size() << " converted";
-  if (!c.skipped.empty()) {
-    os << "; kept in high precision: ";
-    for (size_t i = 0; i < c.skipped.size(); ++i) os << (i ? ", " : "") << c.skipped[i];
-  }
+  if (!c.skipped.empty()) os << "; kept in high precision: " << first_of(c.skipped);
   return os.str();
 }
 
