@@ -19,6 +19,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 namespace titan {
@@ -157,9 +158,10 @@ TEST(FsdpMemory, KeepingGatheredParametersShowsTheWholeModel) { run("never"); }
 // use them. Measured on every rank: what stays allocated after a step and the forward's peak both
 // drop by those idle fp32 bytes (at least the largest unit's padded fp32 gradients), and the whole
 // step's peak does not grow. Two runs differ by ~60 KB in where their peaks fall (when a Gloo
-// collective's work frees its buffers relative to the next allocation): 5% of the idle bytes and 2%
-// of the step's peak absorb that (ranks of one run differ by up to 0.8%; two runs of one rank were
-// seen 1.02% apart on a loaded 2-core machine).
+// collective's work frees its buffers relative to the next allocation): 5% of the idle bytes absorb
+// that. The step's peak moves more: ranks of one run differ by up to 2%, and two runs of one rank were
+// seen 1.6% apart on a loaded 2-core machine, so each rank's step peak is bounded at 3% and the
+// median over the ranks, which that timing moves far less (0.15% measured), at 1%.
 TEST(FsdpMemory, BuffersGoBackAfterBackwardAndLowerTheForwardPeak) {
   const std::vector<Measured> returned = run("default", true, true), pooled = run("default", false, true);
   ASSERT_EQ(returned.size(), pooled.size());
@@ -173,8 +175,16 @@ TEST(FsdpMemory, BuffersGoBackAfterBackwardAndLowerTheForwardPeak) {
     EXPECT_GE(pooled[r].held - returned[r].held, idle);
     EXPECT_GE(pooled[r].forward_peak - returned[r].forward_peak, idle * 95 / 100)
         << "forward peaks " << pooled[r].forward_peak << " pooled, " << returned[r].forward_peak;
-    EXPECT_LE(returned[r].step_peak, pooled[r].step_peak * 102 / 100);
+    EXPECT_LE(returned[r].step_peak, pooled[r].step_peak * 103 / 100);
   }
+  const auto median_step_peak = [](const std::vector<Measured>& runs) {
+    std::vector<int64_t> peaks;
+    for (const Measured& m : runs) peaks.push_back(m.step_peak);
+    std::sort(peaks.begin(), peaks.end());
+    const size_t n = peaks.size();
+    return n % 2 ? peaks[n / 2] : (peaks[n / 2 - 1] + peaks[n / 2]) / 2;
+  };
+  EXPECT_LE(median_step_peak(returned), median_step_peak(pooled) * 101 / 100);
 }
 
 }  // namespace
