@@ -209,9 +209,10 @@ struct Float8Linear {
 
   template <class V>
   void visit(V& v) {
-    v(enable_fsdp_float8_all_gather, "enable_fsdp_float8_all_gather", "all-gather FSDP shards in float8");
+    v(enable_fsdp_float8_all_gather, "enable_fsdp_float8_all_gather",
+      "FSDP all-gathers float8 layers' weights in float8 (tensorwise recipe)");
     v(precompute_float8_dynamic_scale_for_fsdp, "precompute_float8_dynamic_scale_for_fsdp",
-      "compute the float8 scales of all sharded weights in one step");
+      "the float8 all-gather's scales from one all-reduce after each optimizer step");
     v(recipe_name, "recipe_name", "scaling recipe; empty means tensorwise",
       {"", "tensorwise", "rowwise", "rowwise_with_gw_hp"});
     v(filter_fqns, "filter_fqns", "modules (by name) kept in high precision, e.g. output");

@@ -4,6 +4,8 @@
 #include "titan/common/tensor_storage.h"
 #include "titan/common/trace.h"
 #include "titan/nn/activation_checkpoint.h"
+#include "titan/nn/float8.h"
+#include "titan/nn/layers.h"
 
 #include <ATen/ATen.h>
 #include <c10/core/StorageImpl.h>
@@ -37,6 +39,19 @@ int64_t row_elems(const std::vector<int64_t>& shape) {
   return n;
 }
 
+int64_t round_up(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
+
+// float8 e4m3's largest value and its tensorwise scale from an amax, as nn::float8_cast computes them.
+constexpr double kE4M3Max = 448.0;
+at::Tensor e4m3_scales(const at::Tensor& amax) { return (kE4M3Max / amax.to(at::kDouble).clamp_min(1e-12)).to(at::kFloat); }
+
+// A tensor of `shape` and `options` without memory (its storage is borrowed while in use).
+at::Tensor holder(const std::vector<int64_t>& shape, const at::TensorOptions& options) {
+  at::Tensor t = at::empty({0}, options);
+  t.unsafeGetTensorImpl()->set_sizes_contiguous(shape);
+  return t;
+}
+
 }  // namespace
 
 struct FSDP::Unit {
@@ -47,7 +62,12 @@ struct FSDP::Unit {
     std::vector<int64_t> shape;
     int64_t rows = 0, shard_rows = 0, row = 0;  // row: elements per row
     int64_t offset = 0;       // of the shard in flat_shard (and of each rank's piece in a gathered buffer)
-    int64_t full_offset = 0;  // of the full parameter in full_buf
+    int64_t full_offset = 0;  // of the full parameter in full_buf (a float8-gathered weight: in full8_buf)
+    // Float8 all-gather: the layer's float8 weight, whose data borrows full8_buf while unsharded (the
+    // param_dtype `full` then never holds memory), and the all-reduce its amax needs under TP.
+    std::shared_ptr<nn::Float8Weight> fp8;
+    const std::function<void(at::Tensor&)>* tp_max = nullptr;
+    int64_t gather_offset = 0;  // bytes, in each rank's piece of a unit's byte all-gather
   };
 
   FSDP* fsdp;
@@ -55,6 +75,11 @@ struct FSDP::Unit {
   bool reshard_after_forward = true;
   std::vector<Param> params;
   int64_t shard_numel = 0, full_numel = 0;
+  // Float8 all-gather: a unit with float8-gathered weights gathers bytes, gather_bytes per rank (0:
+  // the unit gathers in param_dtype); full8_numel: its float8 weights' elements.
+  int64_t gather_bytes = 0, full8_numel = 0, num_fp8 = 0;
+  at::Tensor full8_buf;           // pooled, e4m3, while unsharded
+  at::Tensor precomputed_scales;  // (num_fp8) fp32 from precompute_float8_scales; undefined: from each gather
   at::Device device{at::kCPU};  // where the unit computes (the modules' device)
   at::Tensor flat_shard;        // fp32, shard_numel, on the device or (offload) the CPU
   at::Tensor flat_grad;         // fp32, same layout; allocated at the first reduction
@@ -96,10 +121,78 @@ struct FSDP::Unit {
   // outermost unit.
   std::string label() const { return prefix.empty() ? "root" : prefix.substr(0, prefix.size() - (prefix.back() == '.')); }
 
+  // Float8 all-gather: each float8-gathered weight's shard amax, (num_fp8) fp32 on the device.
+  at::Tensor local_amaxes() {
+    std::vector<at::Tensor> amax;
+    for (const auto& p : params)
+      if (p.fp8) amax.push_back(p.shard.abs().amax());
+    return at::stack(amax).to(device, at::kFloat);
+  }
+
+  // Completes `amax` (the unit's float8 weights' local amaxes, or several units') into whole-weight
+  // amaxes: the maximum over the shard group and, when the weights are TP-split, the TP group.
+  static void max_over_ranks(at::Tensor& amax, Group& shard, const std::function<void(at::Tensor&)>* tp_max) {
+    if (shard.size() > 1) shard.all_reduce(amax, c10d::ReduceOp::MAX).wait();
+    if (tp_max) (*tp_max)(amax);
+  }
+  const std::function<void(at::Tensor&)>* tp_max() const {
+    for (const auto& p : params)
+      if (p.tp_max) return p.tp_max;
+    return nullptr;
+  }
+
+  // The byte view of parameter p's part of a rank's piece (or of every rank's pieces: (N, bytes)) of
+  // a byte all-gather buffer, as p's gather dtype.
+  at::Tensor byte_piece(const at::Tensor& buffer, const Param& p) {
+    const at::ScalarType dtype = p.fp8 ? at::kFloat8_e4m3fn : options().param_dtype;
+    const int64_t bytes = p.shard_rows * p.row * c10::elementSize(dtype);
+    return buffer.view({-1, gather_bytes}).slice(1, p.gather_offset, p.gather_offset + bytes).view(dtype);
+  }
+
+  // Float8 all-gather: the shards into one byte buffer (float8 weights cast with their whole-weight
+  // scales, the others in param_dtype), all-gathered.
+  void start_byte_unshard() {
+    at::Tensor scales = precomputed_scales;
+    if (!scales.defined()) {
+      at::Tensor amax = local_amaxes();
+      max_over_ranks(amax, group(), tp_max());
+      scales = e4m3_scales(amax);
+    }
+    gather_in_pooled = true;
+    gather_in = fsdp->acquire(gather_bytes, at::kByte, device);
+    int64_t i = 0;
+    for (auto& p : params) {
+      at::Tensor dst = byte_piece(gather_in, p).view(-1);
+      const at::Tensor shard = p.shard.reshape(-1).to(device, /*non_blocking=*/true);
+      if (p.fp8) {
+        const at::Tensor scale = scales[i++];
+        p.fp8->scale.copy_(scale);
+        dst.copy_((shard.to(at::kFloat) * scale).clamp(-kE4M3Max, kE4M3Max).to(at::kFloat8_e4m3fn));
+      } else {
+        dst.copy_(shard);
+      }
+    }
+    gather_out = fsdp->acquire(padded_gather_bytes(), at::kByte, device);
+    gather = group().all_gather(gather_out, gather_in);
+    state = State::Gathering;
+  }
+  int64_t padded_gather_bytes() { return group().size() * gather_bytes; }
+
+  // Copies the gathered pieces (N, shard_rows, row) of parameter p into its full rows `dst` (R, row).
+  void copy_out(const Param& p, const at::Tensor& dst, const at::Tensor& src) {
+    const int64_t n = group().size();
+    if (p.rows == n * p.shard_rows) {
+      dst.view({n, p.shard_rows, p.row}).copy_(src);
+    } else {
+      for_each_rank_rows(p, n, [&](int64_t r, int64_t b, int64_t e) { dst.slice(0, b, e).copy_(src[r].slice(0, 0, e - b)); });
+    }
+  }
+
   void start_unshard() {
     if (state != State::Sharded) return;
     TraceRange range(mem::Phase::Communication, "FSDP::all_gather (", label(), ")");
     at::NoGradGuard no_grad;
+    if (gather_bytes > 0) return start_byte_unshard();
     const at::ScalarType dtype = options().param_dtype;
     gather_in_pooled = !(flat_shard.device() == device && dtype == at::kFloat);
     if (gather_in_pooled) {
@@ -119,17 +212,15 @@ struct FSDP::Unit {
     TraceRange range(mem::Phase::Communication, "FSDP::all_gather_wait (", label(), ")");
     at::NoGradGuard no_grad;
     gather.wait();
-    full_buf = fsdp->acquire(full_numel, options().param_dtype, device);
+    if (full_numel > 0) full_buf = fsdp->acquire(full_numel, options().param_dtype, device);
+    // (from the byte buffers the gathers use: float8 elements are bytes)
+    if (full8_numel > 0) full8_buf = fsdp->acquire(full8_numel, at::kByte, device).view(at::kFloat8_e4m3fn);
     const int64_t n = group().size();
     for (auto& p : params) {
-      borrow_storage(p.full, full_buf, p.full_offset);
-      at::Tensor dst = storage_alias(p.full).view({p.rows, p.row});
-      at::Tensor src = pieces(gather_out, p);
-      if (p.rows == n * p.shard_rows) {
-        dst.view({n, p.shard_rows, p.row}).copy_(src);
-      } else {
-        for_each_rank_rows(p, n, [&](int64_t r, int64_t b, int64_t e) { dst.slice(0, b, e).copy_(src[r].slice(0, 0, e - b)); });
-      }
+      const at::Tensor& full = p.fp8 ? p.fp8->data : p.full;
+      borrow_storage(full, p.fp8 ? full8_buf : full_buf, p.full_offset);
+      const at::Tensor src = gather_bytes > 0 ? byte_piece(gather_out, p).view({n, p.shard_rows, p.row}) : pieces(gather_out, p);
+      copy_out(p, storage_alias(full).view({p.rows, p.row}), src);
     }
     if (gather_in_pooled) fsdp->release(gather_in);
     gather_in.reset();
@@ -140,8 +231,9 @@ struct FSDP::Unit {
   void reshard() {
     if (state == State::Gathering) finish_unshard();  // never leave a collective in flight
     if (state == State::Unsharded) {
-      for (auto& p : params) free_storage(p.full);
+      for (auto& p : params) free_storage(p.fp8 ? p.fp8->data : p.full);
       fsdp->release(full_buf);
+      fsdp->release(full8_buf);
     }
     state = State::Sharded;
   }
@@ -328,7 +420,7 @@ void FSDP::release(at::Tensor& buffer) {
   if (!buffer.defined()) return;
   auto it = in_use_.find(buffer.storage().unsafeGetStorageImpl());
   TITAN_ASSERT(it != in_use_.end(), "FSDP: released a buffer the pool did not hand out");
-  free_[{buffer.scalar_type(), buffer.device().str()}].push_back(std::move(it->second));
+  free_[{it->second.scalar_type(), buffer.device().str()}].push_back(std::move(it->second));
   in_use_.erase(it);
   buffer.reset();
 }
@@ -346,6 +438,16 @@ void FSDP::fully_shard(const std::vector<UnitPart>& parts, const InitRows& init,
                                 (options_.reshard_after_forward == "default" && !is_root && !keep_after_forward);
   const int64_t n = shard_.size(), k = shard_.rank();
 
+  // Float8 all-gather: the float8 linear layers of the parts, by weight.
+  std::map<const void*, nn::LinearImpl*> float8_layers;
+  if (options_.float8_all_gather)
+    for (const auto& part : parts)
+      for (const auto& item : part.module->named_modules("", /*include_self=*/true))
+        if (auto* linear = dynamic_cast<nn::LinearImpl*>(item.value().get()); linear && linear->float8) {
+          TITAN_ASSERT(linear->float8->name == "tensorwise", "the float8 all-gather needs the tensorwise recipe");
+          float8_layers[linear->weight.unsafeGetTensorImpl()] = linear;
+        }
+
   // The unit's parameters and their places in the flat shard and the full buffer.
   for (const auto& part : parts) {
     for (const auto& item : part.module->named_parameters()) {
@@ -360,13 +462,36 @@ void FSDP::fully_shard(const std::vector<UnitPart>& parts, const InitRows& init,
       p.row = row_elems(p.shape);
       p.shard_rows = (p.rows + n - 1) / n;  // torch.chunk's rows per rank; the last ranks may hold padding
       p.offset = unit->shard_numel;
-      p.full_offset = unit->full_numel;
       unit->shard_numel += p.shard_rows * p.row;
-      unit->full_numel += p.rows * p.row;
+      if (const auto it = float8_layers.find(full.unsafeGetTensorImpl()); it != float8_layers.end()) {
+        nn::LinearImpl& linear = *it->second;
+        p.fp8 = std::make_shared<nn::Float8Weight>();
+        p.fp8->data = holder(p.shape, full.options().dtype(at::kFloat8_e4m3fn));
+        p.fp8->scale = at::ones({}, full.options().dtype(at::kFloat));
+        linear.float8_weight = p.fp8;
+        const nn::Float8Sharding* split = linear.float8_sharding.get();
+        if (split && (split->dim == 'N' || split->dim == 'K')) p.tp_max = &split->max_over_ranks;
+        p.full_offset = unit->full8_numel;
+        unit->full8_numel += p.rows * p.row;
+        ++unit->num_fp8;
+      } else {
+        p.full_offset = unit->full_numel;
+        unit->full_numel += p.rows * p.row;
+      }
       p.full = full;
       unit->device = full.device();
       unit->params.push_back(std::move(p));
     }
+  }
+  if (unit->num_fp8 > 0) {
+    // The byte all-gather's layout: each parameter's piece aligned to its element size, a rank's piece
+    // to 16 bytes (every view of it as param_dtype or float8 stays aligned).
+    for (auto& p : unit->params) {
+      const int64_t size = p.fp8 ? 1 : static_cast<int64_t>(c10::elementSize(options_.param_dtype));
+      p.gather_offset = round_up(unit->gather_bytes, size);
+      unit->gather_bytes = p.gather_offset + p.shard_rows * p.row * size;
+    }
+    unit->gather_bytes = round_up(unit->gather_bytes, 16);
   }
   if (unit->params.empty()) {
     // A root whose parameters all belong to inner units (a pipeline stage of blocks only): no unit
@@ -430,6 +555,34 @@ void FSDP::link_units(Unit* root) {
   if (!root) return;
   root->next_forward = inner > 0 ? units_[0].get() : nullptr;
   root->next_backward = inner > 0 ? units_[inner - 1].get() : nullptr;
+}
+
+void FSDP::precompute_float8_scales() {
+  std::vector<at::Tensor> amaxes;
+  const std::function<void(at::Tensor&)>* tp_max = nullptr;
+  for (auto& u : units_) {
+    if (u->num_fp8 == 0) continue;
+    amaxes.push_back(u->local_amaxes());
+    if (!tp_max) tp_max = u->tp_max();
+  }
+  if (amaxes.empty()) return;
+  at::NoGradGuard no_grad;
+  TraceRange range(mem::Phase::Communication, "FSDP::precompute_float8_scales");
+  at::Tensor amax = at::cat(amaxes);
+  Unit::max_over_ranks(amax, shard_, tp_max);
+  const at::Tensor scales = e4m3_scales(amax);
+  int64_t at = 0;
+  for (auto& u : units_) {
+    if (u->num_fp8 == 0) continue;
+    u->precomputed_scales = scales.slice(0, at, at + u->num_fp8);
+    at += u->num_fp8;
+  }
+}
+
+int64_t FSDP::num_float8_gathered() const {
+  int64_t n = 0;
+  for (const auto& u : units_) n += u->num_fp8;
+  return n;
 }
 
 std::vector<std::pair<std::string, at::Tensor>> FSDP::sharded_parameters() const {

@@ -29,6 +29,20 @@
 // live in CPU memory (pinned when the compute device is a GPU): the optimizer steps on the CPU, each
 // all-gather first copies the shard to the device and each reduced gradient is copied back.
 //
+// Float8 all-gather (FSDPOptions::float8_all_gather): in a unit holding float8 linear layers of the
+// tensorwise recipe, each such weight's shard is cast to float8 e4m3 with the scale of the whole
+// weight (448 / its amax, the maximum of every rank's shard amax: one all-reduce of the unit's amaxes
+// over the shard group, and over the tensor-parallel group for TP-split weights), and the unit's
+// all-gather moves these bytes together with its other parameters' param_dtype ones (one collective
+// of bytes). The gathered float8 weight and its scale go to the layer (nn::Float8Weight), which
+// multiplies with them instead of casting its weight, in forward and for grad_input; the layer's
+// param_dtype weight is never materialized, and its gradient is reduced as any other.
+// precompute_float8_scales() computes every unit's scales after an optimizer step with one
+// all-reduce, and the gathers until the next call use them (torchao's
+// precompute_float8_dynamic_scale_for_fsdp). The casts equal the layer's own cast of the gathered
+// weight when param_dtype is fp32; with bf16 the float8 bytes come from the fp32 shard, one
+// rounding fewer.
+//
 // Gradients are summed, not averaged: the trainer's loss is already divided by the tokens of the
 // whole global batch, so the sum over ranks is the single-process gradient.
 #pragma once
@@ -62,6 +76,10 @@ struct FSDPOptions {
   // pooled across steps, to measure what returning them saves.
   bool return_buffers = true;
   bool offload_to_cpu = false;  // training.enable_cpu_offload
+  // quantize.linear.float8.enable_fsdp_float8_all_gather: the weights of float8 linear layers (the
+  // tensorwise recipe) are cast to float8 before the all-gather, which moves 1 byte per element (see
+  // the header's float8 paragraph).
+  bool float8_all_gather = false;
 };
 
 // Writes rows [first_row, first_row + rows.size(0)) of parameter `name`'s initial values into `rows`:
@@ -104,6 +122,12 @@ class FSDP {
   // Every shard with its placement: dim 0 chunked over the shard group (padded), replicated over
   // the replicate group (the replica of rank 0 in it is primary).
   std::vector<PlacedTensor> placed_parameters() const;
+  // Float8 all-gather: every unit's float8 weights' scales from their current values (after the
+  // optimizer step), with one all-reduce of all their amaxes; used by the gathers until the next call.
+  void precompute_float8_scales();
+  // Float8 all-gather: the layers whose weights are gathered in float8.
+  int64_t num_float8_gathered() const;
+
   // Waits for the gradient reductions issued during backward; call after loss.backward().
   void finish_backward();
   // FSDP2's set_requires_gradient_sync: with false, backward passes reduce nothing; each unit's full

@@ -179,8 +179,10 @@ at::Tensor checkpoint(const HookedModule::Body& body, const std::vector<at::Tens
 }
 
 at::Tensor saveable_linear(const at::Tensor& x, const at::Tensor& weight, const Float8Recipe* float8,
-                           const Float8Sharding* float8_sharding) {
-  auto linear = [&] { return float8 ? float8_linear(x, weight, *float8, {}, float8_sharding) : at::linear(x, weight); };
+                           const Float8Sharding* float8_sharding, const Float8Weight* float8_weight) {
+  auto linear = [&] {
+    return float8 ? float8_linear(x, weight, *float8, {}, float8_sharding, float8_weight) : at::linear(x, weight);
+  };
   // torchtitan's policy keeps every float8 matmul's output (_scaled_mm) and alternates only over the
   // plain ones (mm): a float8 matmul does not move the every-other counter.
   if (!current_tape || !(float8 || current_tape->keeps_next_matmul())) return linear();  // recomputed
@@ -189,7 +191,7 @@ at::Tensor saveable_linear(const at::Tensor& x, const at::Tensor& weight, const 
     current_tape->outputs.push_back(out);
     return out;
   }
-  return float8 ? float8_linear(x, weight, *float8, next_kept_output(), float8_sharding)
+  return float8 ? float8_linear(x, weight, *float8, next_kept_output(), float8_sharding, float8_weight)
                 : KeptLinear::apply(x, weight, next_kept_output());
 }
 

@@ -37,7 +37,7 @@ void apply_activation_checkpointing(HookedModule& module, SaveOps save = SaveOps
 // per-operator policy its output may be kept; a float8 matmul's always is (torchtitan's policy
 // keeps every _scaled_mm output and alternates over the plain matmuls only).
 at::Tensor saveable_linear(const at::Tensor& x, const at::Tensor& weight, const Float8Recipe* float8 = nullptr,
-                           const Float8Sharding* float8_sharding = nullptr);
+                           const Float8Sharding* float8_sharding = nullptr, const Float8Weight* float8_weight = nullptr);
 // plain(q, k, v) outside per-operator checkpointing. Inside it, the forward runs kernels.forward and
 // keeps its output and log-sum-exp; the recomputation hands the kept output out, back-propagated by
 // kernels.backward. `kernels` must compute what `plain` does (and outlive the backward).

@@ -64,7 +64,7 @@ Float8Operand float8_cast(const at::Tensor& t, const Float8Cast& cast, int64_t k
 
 at::Tensor float8_mm(const at::Tensor& a, const at::Tensor& b, const Float8Cast& ca, const Float8Cast& cb,
                      at::ScalarType out_dtype, const Float8Recipe& recipe, const std::function<void(at::Tensor&)>* max_a,
-                     const std::function<void(at::Tensor&)>* max_b, bool fast_accum) {
+                     const std::function<void(at::Tensor&)>* max_b, bool fast_accum, const Float8Operand* b_cast) {
   const bool high_a = ca.type == Float8Type::HighPrecision, high_b = cb.type == Float8Type::HighPrecision;
   TITAN_ASSERT(high_a == high_b, "float8_mm: both operands are float8 or both high precision");
   // The products below run in the dtypes chosen here, not autocast's (an emulated product in fp32).
@@ -74,7 +74,7 @@ at::Tensor float8_mm(const at::Tensor& a, const at::Tensor& b, const Float8Cast&
     return at::mm(a, b.to(dtype)).to(out_dtype);
   }
   const Float8Operand fa = float8_cast(a, ca, 1, recipe.round_scales_to_power_of_2, max_a);
-  const Float8Operand fb = float8_cast(b, cb, 0, recipe.round_scales_to_power_of_2, max_b);
+  const Float8Operand fb = b_cast ? *b_cast : float8_cast(b, cb, 0, recipe.round_scales_to_power_of_2, max_b);
   at::NoGradGuard no_grad;
   const at::Tensor inv_a = fa.scale.reciprocal(), inv_b = fb.scale.reciprocal();
   if (recipe.emulate) {
@@ -88,7 +88,7 @@ at::Tensor float8_mm(const at::Tensor& a, const at::Tensor& b, const Float8Cast&
     if (tensorwise)
       return at::_scaled_mm(fa.data.contiguous(), b_col, inv_a, inv_b, std::nullopt, std::nullopt, out_dtype,
                             fast_accum);
-    const int64_t M = a.size(0), N = b.size(1);
+    const int64_t M = a.size(0), N = fb.data.size(1);
     const at::Tensor sa = inv_a.numel() == 1 ? inv_a.reshape({1, 1}).expand({M, 1}).contiguous() : inv_a;
     const at::Tensor sb = inv_b.numel() == 1 ? inv_b.reshape({1, 1}).expand({1, N}).contiguous() : inv_b;
     // Rowwise scaling writes bf16 (other output dtypes only on some GPUs and cuBLAS versions): the
@@ -119,19 +119,37 @@ const MaxFn* max_for(const Float8Sharding* s, const char* dims, char k, const Fl
   return cast.scaling == Float8Scaling::Tensorwise || s->dim == k ? &s->max_over_ranks : nullptr;
 }
 
+// A weight cast beforehand, checked to be in place (its owner keeps it while the layer runs).
+Float8Operand checked(const Float8Weight& w) {
+  TITAN_ASSERT(w.data.defined() && w.data.storage().nbytes() >= static_cast<size_t>(w.data.numel()),
+               "a float8 layer ran while its float8 weight was not gathered");
+  return {w.data, w.scale};
+}
+
+// The forward's B operand (K, N) from a weight (N, K) cast beforehand; none without one.
+Float8Operand transposed(const Float8Weight* w) {
+  if (!w) return {};
+  const Float8Operand c = checked(*w);
+  return {c.data.t(), c.scale};
+}
+
 struct Float8LinearFn : public torch::autograd::Function<Float8LinearFn> {
   // `kept`: not a tensor input of the graph (the autograd function records every tensor input).
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, int64_t recipe,
-                            const std::optional<at::Tensor>& kept, int64_t sharding) {
+                            const std::optional<at::Tensor>& kept, int64_t sharding, int64_t cast_weight) {
     ctx->save_for_backward({x, w});
     ctx->saved_data["recipe"] = recipe;
     ctx->saved_data["sharding"] = sharding;
+    ctx->saved_data["cast_weight"] = cast_weight;
     if (kept && kept->defined()) return kept->detach();
     const Float8Recipe& r = *reinterpret_cast<const Float8Recipe*>(recipe);
     const auto* s = reinterpret_cast<const Float8Sharding*>(sharding);
+    const Float8Operand w_t = transposed(reinterpret_cast<const Float8Weight*>(cast_weight));
     const int64_t K = x.size(-1);
-    const at::Tensor y = float8_mm(x.reshape({-1, K}), w.t(), r.input, r.weight, x.scalar_type(), r,
-                                   max_for(s, "MK", 'K', r.input), max_for(s, "NK", 'K', r.weight), /*fast_accum=*/true);
+    // (A weight cast beforehand may have no memory of its own: not even a view of it is taken.)
+    const at::Tensor y = float8_mm(x.reshape({-1, K}), w_t.data.defined() ? at::Tensor() : w.t(), r.input, r.weight, x.scalar_type(), r,
+                                   max_for(s, "MK", 'K', r.input), max_for(s, "NK", 'K', r.weight), /*fast_accum=*/true,
+                                   w_t.data.defined() ? &w_t : nullptr);
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = w.size(0);
     return y.view(shape);
@@ -141,24 +159,31 @@ struct Float8LinearFn : public torch::autograd::Function<Float8LinearFn> {
     const at::Tensor &x = saved[0], &w = saved[1];
     const Float8Recipe& r = *reinterpret_cast<const Float8Recipe*>(ctx->saved_data["recipe"].toInt());
     const auto* s = reinterpret_cast<const Float8Sharding*>(ctx->saved_data["sharding"].toInt());
+    const auto* cast_weight = reinterpret_cast<const Float8Weight*>(ctx->saved_data["cast_weight"].toInt());
     const int64_t K = x.size(-1), N = w.size(0);
     const at::Tensor g = grads[0].reshape({-1, N});
     at::Tensor gx, gw;
-    if (ctx->needs_input_grad(0))
-      gx = float8_mm(g, w, r.grad_output, r.weight_for_grad_input, x.scalar_type(), r,
-                     max_for(s, "MN", 'N', r.grad_output), max_for(s, "NK", 'N', r.weight_for_grad_input))
+    if (ctx->needs_input_grad(0)) {
+      // The tensorwise recipe casts the weight for grad_input as for the output: a weight cast
+      // beforehand serves both.
+      const Float8Operand cast = cast_weight ? checked(*cast_weight) : Float8Operand{};
+      gx = float8_mm(g, cast_weight ? at::Tensor() : w, r.grad_output, r.weight_for_grad_input, x.scalar_type(), r,
+                     max_for(s, "MN", 'N', r.grad_output), max_for(s, "NK", 'N', r.weight_for_grad_input), false,
+                     cast_weight ? &cast : nullptr)
                .view(x.sizes());
+    }
     if (ctx->needs_input_grad(1))
       gw = float8_mm(g.t(), x.reshape({-1, K}), r.grad_output_for_grad_weight, r.input_for_grad_weight, w.scalar_type(),
                      r, max_for(s, "MN", 'M', r.grad_output_for_grad_weight), max_for(s, "MK", 'M', r.input_for_grad_weight));
-    return {gx, gw, at::Tensor(), at::Tensor(), at::Tensor()};
+    return {gx, gw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
 at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, const Float8Recipe& recipe, const at::Tensor& kept,
-                         const Float8Sharding* sharding) {
+                         const Float8Sharding* sharding, const Float8Weight* cast_weight) {
+  TITAN_ASSERT(!cast_weight || recipe.name == "tensorwise", "a float8 weight cast beforehand needs the tensorwise recipe");
   // Under autocast the layer computes in the autocast dtype, as a Linear would (torchao's order:
   // the input is cast first, the weight is cast to float8 from its own dtype).
   // (A meta tensor stands for a CUDA one: titan estimate's dry run emulates CUDA's autocast.)
@@ -166,7 +191,7 @@ at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, const Fl
   const bool autocast = at::autocast::is_autocast_available(dev) && at::autocast::is_autocast_enabled(dev);
   const at::Tensor in = autocast ? x.to(at::autocast::get_autocast_dtype(dev)) : x;
   return Float8LinearFn::apply(in, weight, reinterpret_cast<int64_t>(&recipe), std::optional<at::Tensor>(kept),
-                               reinterpret_cast<int64_t>(sharding));
+                               reinterpret_cast<int64_t>(sharding), reinterpret_cast<int64_t>(cast_weight));
 }
 
 }  // namespace titan::nn

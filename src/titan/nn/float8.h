@@ -62,6 +62,15 @@ struct Float8Sharding {
   std::function<void(at::Tensor& amax)> max_over_ranks;
 };
 
+// A layer's weight cast to float8 before the layer runs (FSDP's float8 all-gather, which gathers the
+// float8 bytes, dist/fsdp.h): `data` (N, K) e4m3fn, `scale` an fp32 scalar, both as the tensorwise
+// recipe's cast of the whole weight would make them (the amax over every rank's shard). The layer
+// multiplies with them instead of casting its weight, in forward and for grad_input; the owner keeps
+// them valid while the layer's forward and backward run (FSDP's unit is gathered then).
+struct Float8Weight {
+  at::Tensor data, scale;
+};
+
 // One operand cast as above: `data` float8 (the operand's shape), `scale` fp32 (a scalar
 // (tensorwise) or the operand's shape with K reduced to 1 (axiswise)). `k_dim` is the dimension
 // summed by the matmul (1 for A, 0 for B). `max_over_ranks`, when given, completes the amax across
@@ -77,17 +86,21 @@ Float8Operand float8_cast(const at::Tensor& t, const Float8Cast& cast, int64_t k
 // `fast_accum`: CUDA's faster, less precise accumulation (torchao uses it for the forward's product
 // only; the CPU ignores it). (Shapes where a float8 operand's dims are not multiples of 16 are the
 // caller's to avoid: CUDA's kernels need them.)
+// `b_cast`: b already cast (its data (K, N) and scale), used instead of casting b.
 at::Tensor float8_mm(const at::Tensor& a, const at::Tensor& b, const Float8Cast& ca, const Float8Cast& cb,
                      at::ScalarType out_dtype, const Float8Recipe& recipe,
                      const std::function<void(at::Tensor&)>* max_a = nullptr,
-                     const std::function<void(at::Tensor&)>* max_b = nullptr, bool fast_accum = false);
+                     const std::function<void(at::Tensor&)>* max_b = nullptr, bool fast_accum = false,
+                     const Float8Operand* b_cast = nullptr);
 
 // x (..., K) Wᵀ for W (N, K) under `recipe`, differentiable in x and W (gradients in their dtypes).
 // Under autocast, x is first cast to the autocast dtype (the output's). With `kept` defined (an
 // output kept by per-operator activation checkpointing) the forward returns it instead of
 // multiplying again; the backward is the same. `sharding`: the layer's split under tensor
-// parallelism (null: none).
+// parallelism (null: none). `cast_weight` (tensorwise recipe only): the weight already in float8,
+// used for the forward's and grad_input's products (null: the layer casts `weight`).
 at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, const Float8Recipe& recipe,
-                         const at::Tensor& kept = at::Tensor(), const Float8Sharding* sharding = nullptr);
+                         const at::Tensor& kept = at::Tensor(), const Float8Sharding* sharding = nullptr,
+                         const Float8Weight* cast_weight = nullptr);
 
 }  // namespace titan::nn

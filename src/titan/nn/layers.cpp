@@ -116,7 +116,7 @@ LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, const at::Tens
 
 at::Tensor LinearImpl::forward(const at::Tensor& x) {
   return with_hooks({x}, [this](const std::vector<at::Tensor>& in) {
-    return saveable_linear(in[0], weight, float8.get(), float8_sharding.get());
+    return saveable_linear(in[0], weight, float8.get(), float8_sharding.get(), float8_weight.get());
   });
 }
 

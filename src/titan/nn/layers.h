@@ -27,6 +27,7 @@ namespace titan::nn {
 
 struct Float8Recipe;
 struct Float8Sharding;
+struct Float8Weight;
 
 // y = x W^T, W (out, in). No bias (Llama uses none). With a float8 recipe (set by the float8
 // converter, nn/float8.h) its matmuls run in float8.
@@ -37,6 +38,7 @@ class LinearImpl : public HookedModule {
   at::Tensor weight;
   std::shared_ptr<const Float8Recipe> float8;
   std::shared_ptr<const Float8Sharding> float8_sharding;  // tensor parallelism's split (float8 layers)
+  std::shared_ptr<const Float8Weight> float8_weight;      // the weight cast beforehand (FSDP's float8 all-gather)
 };
 TORCH_MODULE(Linear);
 

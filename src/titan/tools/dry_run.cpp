@@ -371,6 +371,7 @@ DryRunResult run(const DryRunPlan& plan) {
   }
   dpo.shard_always = plan.fsdp;
   dpo.ddp_bucket_bytes = plan.ddp_bucket_bytes;
+  dpo.fsdp.float8_all_gather = plan.float8.recipe && plan.float8_options.enable_fsdp_float8_all_gather;
   auto make_data_parallel = [&] {
     return std::make_unique<dist::DataParallel>(mesh["dp_shard_cp"], mesh["dp_replicate"], dpo,
                                                 [](const std::string&, at::Tensor, const std::vector<int64_t>&) {},  // meta: no values
@@ -535,6 +536,9 @@ DryRunResult run(const DryRunPlan& plan) {
     if (cp) mesh["cp"].all_reduce(loss_sum).wait();  // each cp rank's loss covers its part of the sequences
     clip_grad_norm(params, plan.max_norm, mesh, pipelined ? std::vector<std::string>{"pp"} : std::vector<std::string>{});
     optimizer.step();
+    if (plan.float8_options.precompute_float8_dynamic_scale_for_fsdp)  // as the trainer
+      for (auto& dp : dps)
+        if (dp->fsdp()) dp->fsdp()->precompute_float8_scales();
     if (!moe_layers.empty()) {
       const int64_t L = static_cast<int64_t>(moe_layers.size()), E = moe_layers.front()->options().num_experts;
       at::Tensor figures = at::empty({L, E + (moe_aux_loss ? 1 : 0)}, meta.dtype(at::kFloat));

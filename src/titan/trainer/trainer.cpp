@@ -176,7 +176,8 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   // ---- parallelisms, applied by the model's parallelize function: tensor parallelism inside,
   // FSDP/HSDP/DDP/none outside (every parameter's values depend on (seed, name) only, whatever the layout)
   const auto& par = cfg_.parallelism;
-  const dist::DataParallelOptions dpo = dist::data_parallel_options(par, tr, dims_->pp() > 1, bf16_compute);
+  dist::DataParallelOptions dpo = dist::data_parallel_options(par, tr, dims_->pp() > 1, bf16_compute);
+  dpo.fsdp.float8_all_gather = float8_.recipe && cfg_.float8.enable_fsdp_float8_all_gather;
   auto make_data_parallel = [&, seed] {
     return std::make_unique<dist::DataParallel>(
         (*mesh_)["dp_shard_cp"], (*mesh_)["dp_replicate"], dpo,
@@ -299,6 +300,20 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
                 device_.str().c_str(), bf16_autocast_ ? ", bf16 autocast" : "");
   log_info(buf);
   if (float8_.recipe) log_info(describe(float8_));
+  if (dpo.fsdp.float8_all_gather) {
+    int64_t gathered = 0;
+    for (const auto& dp : data_parallel_)
+      if (dp->fsdp()) gathered += dp->fsdp()->num_float8_gathered();
+    if (gathered > 0) {
+      precompute_float8_scales_ = cfg_.float8.precompute_float8_dynamic_scale_for_fsdp;
+      log_info("float8 all-gather: FSDP gathers " + std::to_string(gathered) + " float8 weights in float8 (" +
+               (precompute_float8_scales_ ? "scales precomputed after each optimizer step with one all-reduce"
+                                          : "scales from an all-reduce of their amaxes at each gather") + ")");
+    } else {
+      log_info("Warning: quantize.linear.float8.enable_fsdp_float8_all_gather has no effect: no FSDP shards the "
+               "float8 layers in this layout (data_parallel_shard_degree is 1)");
+    }
+  }
   if (cfg_.model.print_after_conversion) log_info("Model after conversion:\n" + model_description(*model_));
   const auto& ac = cfg_.activation_checkpoint;
   log_info("Activation checkpointing: " +
@@ -433,6 +448,9 @@ Trainer::StepOnDevice Trainer::run_step() {
   }
   fault::point("optimizer", step);
   optimizer_->step(nonfinite.to(at::kFloat));
+  if (precompute_float8_scales_)  // the next step's float8 all-gathers cast with these scales
+    for (const auto& dp : data_parallel_)
+      if (dp->fsdp()) dp->fsdp()->precompute_float8_scales();
   const at::Tensor moe_load = update_expert_biases(nonfinite);
   optimizer_range.reset();
   ++step_;

@@ -205,6 +205,7 @@ class Trainer {
   double moe_aux_loss_coeff_ = 0;
   double moe_aux_loss_scale_ = 0;  // 1 / (the model's MoE layers x micro-batches per step)
   Float8Conversion float8_;  // model.converters' float8 recipe and the layers it converted
+  bool precompute_float8_scales_ = false;  // quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp, with FSDP float8 all-gather
   void sum_shared_gradients();
   // Whether `name` is a parameter this rank holds as a non-primary copy (see SharedGradient).
   bool is_shared_copy(const std::string& name) const;

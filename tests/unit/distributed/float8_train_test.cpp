@@ -23,6 +23,7 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 namespace titan {
 namespace {
@@ -131,6 +132,84 @@ TEST(Float8Training, TensorParallelLayersCastAsOneDevice) {
   }
 }
 
+// FSDP's float8 all-gather (enable_fsdp_float8_all_gather, and with precompute_float8_dynamic_scale_
+// for_fsdp): each float8 weight's shard is cast with the scale of the whole weight before the
+// all-gather. On the CPU FSDP gathers fp32 (param_dtype), and the layer without the all-gather
+// casts the gathered fp32 weight with the same amax (the largest shard amax), so the bytes it
+// multiplies are the same: the runs equal the float8 runs without the all-gather bit for bit, under
+// FSDP, FSDP + TP (amaxes also over the tp ranks) with full activation checkpointing (the layer
+// recomputed in backward from the re-gathered float8 weight), and PP + FSDP (units kept gathered
+// across micro-batches). The bytes: every float8 weight element moves 1 byte instead of 4 (on a GPU,
+// instead of bf16's 2), the rest of each unit as before, one all-gather per unit as before; the
+// scales cost one all-reduce per unit gather, or with precomputation one per step after the first.
+TEST(Float8Training, FsdpFloat8AllGatherMovesOneBytePerWeightElementAndTrainsAsTheLayersOwnCasts) {
+  constexpr int kSteps = 4;
+  const std::vector<std::string> all_gather = {"--quantize.linear.float8.enable_fsdp_float8_all_gather"};
+  const std::vector<std::string> precompute = {"--quantize.linear.float8.enable_fsdp_float8_all_gather",
+                                               "--quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp"};
+  struct Layout {
+    std::string name;
+    std::vector<std::string> args;
+    int nproc;
+    std::vector<std::vector<std::string>> variants;
+  };
+  const std::vector<std::string> dp2 = {"--parallelism.data_parallel_shard_degree", "2", "--training.local_batch_size", "4"};
+  std::vector<std::string> tp_ac = dp2, pp = dp2;
+  tp_ac.insert(tp_ac.end(), {"--parallelism.tensor_parallel_degree", "2", "--activation_checkpoint.mode", "full"});
+  pp.insert(pp.end(), {"--parallelism.pipeline_parallel_degree", "2"});
+  const std::vector<Layout> layouts = {{"fsdp2", dp2, 2, {all_gather, precompute}},
+                                       {"fsdp2_tp2_full_ac", tp_ac, 4, {all_gather, precompute}},
+                                       {"pp2_fsdp2", pp, 4, {precompute}}};
+  for (const Layout& l : layouts) {
+    SCOPED_TRACE(l.name);
+    std::vector<std::string> base_args = float8("tensorwise");
+    base_args.insert(base_args.end(), l.args.begin(), l.args.end());
+    test::TempDir base_dir;
+    const test::LaunchedRun base = test::run_titan(l.nproc, train_args(base_dir.path(), kSteps, base_args), base_dir,
+                                                   {{"TITAN_P2P_ORDER_MATCHED", "1"}});
+    ASSERT_EQ(base.exit_code, 0);
+    for (const auto& variant : l.variants) {
+      const bool precomputed = variant.size() == 2;
+      SCOPED_TRACE(precomputed ? "precomputed scales" : "scales at each gather");
+      std::vector<std::string> args = base_args;
+      args.insert(args.end(), variant.begin(), variant.end());
+      test::TempDir dir;
+      const test::LaunchedRun r =
+          test::run_titan(l.nproc, train_args(dir.path(), kSteps, args), dir, {{"TITAN_P2P_ORDER_MATCHED", "1"}});
+      if (r.exit_code != 0) continue;
+      EXPECT_NE(r.output.find("float8 all-gather: FSDP gathers"), std::string::npos) << r.output;
+      ASSERT_EQ(r.weights.size(), base.weights.size());
+      for (const auto& [name, want] : base.weights) {
+        ASSERT_TRUE(r.weights.count(name)) << name;
+        EXPECT_TRUE(at::equal(r.weights.at(name), want)) << name << " differs from the run without the float8 all-gather";
+      }
+      if (l.name != "fsdp2") continue;
+      // The debug model's blocks: wq, wk, wv, wo 256 x 256, w1, w3 768 x 256, w2 256 x 768 float8.
+      // Per step 11 block gathers (6 in forward, 5 again in backward: the last block stays
+      // gathered), each of F elements over the 2 ranks.
+      const int64_t F = 4 * 256 * 256 + 3 * 768 * 256, gathers = 11, per_weight = 7;
+      for (size_t rank = 0; rank < r.comm.size(); ++rank) {
+        const nlohmann::json &have = r.comm[rank], &want = base.comm[rank];
+        EXPECT_EQ(test::comm_bytes_per_step(want, "dp_shard_cp", "all_gather") -
+                      test::comm_bytes_per_step(have, "dp_shard_cp", "all_gather"),
+                  gathers * F * (4 - 1));
+        EXPECT_EQ(have["calls"]["dp_shard_cp"]["all_gather"], want["calls"]["dp_shard_cp"]["all_gather"]);
+        const int64_t extra_all_reduces = have["calls"]["dp_shard_cp"]["all_reduce"].get<int64_t>() -
+                                          want["calls"]["dp_shard_cp"]["all_reduce"].get<int64_t>();
+        const int64_t extra_all_reduce_bytes = have["bytes"]["dp_shard_cp"]["all_reduce"].get<int64_t>() -
+                                               want["bytes"]["dp_shard_cp"]["all_reduce"].get<int64_t>();
+        if (precomputed) {  // the first step's gathers, then one all-reduce of the 42 amaxes per step
+          EXPECT_EQ(extra_all_reduces, gathers + kSteps);
+          EXPECT_EQ(extra_all_reduce_bytes, 4 * (gathers * per_weight + kSteps * 6 * per_weight));
+        } else {
+          EXPECT_EQ(extra_all_reduces, kSteps * gathers);
+          EXPECT_EQ(extra_all_reduce_bytes, 4 * kSteps * gathers * per_weight);
+        }
+      }
+    }
+  }
+}
+
 TEST(Float8Training, BadConvertersAndOptionsAreRefusedAtStartUp) {
   auto refused = [](std::vector<std::string> extra, const std::string& says, int nproc = 1) {
     SCOPED_TRACE(says);
@@ -153,8 +232,11 @@ TEST(Float8Training, BadConvertersAndOptionsAreRefusedAtStartUp) {
   refused({"--model.converters", "float8", "--parallelism.tensor_parallel_degree", "2",
            "--parallelism.enable_async_tensor_parallel"},
           "with parallelism.enable_async_tensor_parallel are not supported yet", 2);
-  refused({"--model.converters", "float8", "--quantize.linear.float8.enable_fsdp_float8_all_gather"},
-          "enable_fsdp_float8_all_gather is not supported yet");
+  refused({"--model.converters", "float8", "--quantize.linear.float8.enable_fsdp_float8_all_gather",
+           "--quantize.linear.float8.recipe_name", "rowwise"},
+          "enable_fsdp_float8_all_gather needs the tensorwise recipe");
+  refused({"--model.converters", "float8", "--quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp"},
+          "set enable_fsdp_float8_all_gather = true as well");
   refused({"--model.converters", "float8", "--quantize.linear.float8.recipe_name", "rowwise_with_gw_hp",
            "--quantize.linear.float8.filter_fqns", "auto_filter_small_kn"},
           "has size rules for the tensorwise and rowwise recipes only");

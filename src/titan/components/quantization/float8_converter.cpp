@@ -55,12 +55,13 @@ Float8Conversion float8_conversion(const JobConfig& cfg, int64_t tensor_parallel
                        std::find(o.filter_fqns.begin(), o.filter_fqns.end(), kAutoFilter) == o.filter_fqns.end(),
                    "quantize.linear.float8.filter_fqns \"", kAutoFilter, "\" has size rules for the tensorwise and "
                    "rowwise recipes only, not rowwise_with_gw_hp: list the layers to keep in high precision by name");
-  TITAN_USER_CHECK(!o.enable_fsdp_float8_all_gather,
-                   "quantize.linear.float8.enable_fsdp_float8_all_gather is not supported yet: FSDP gathers the "
-                   "weights in the compute dtype, and the float8 layers cast them after the gather; set it to false");
-  TITAN_USER_CHECK(!o.precompute_float8_dynamic_scale_for_fsdp,
-                   "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp works with "
-                   "enable_fsdp_float8_all_gather, which is not supported yet; set it to false");
+  TITAN_USER_CHECK(!o.enable_fsdp_float8_all_gather || c.recipe->name == "tensorwise",
+                   "quantize.linear.float8.enable_fsdp_float8_all_gather needs the tensorwise recipe (one scale per "
+                   "weight, cast before the all-gather); recipe_name \"", c.recipe->name, "\" scales rows. Set "
+                   "recipe_name = \"tensorwise\" or enable_fsdp_float8_all_gather = false");
+  TITAN_USER_CHECK(!o.precompute_float8_dynamic_scale_for_fsdp || o.enable_fsdp_float8_all_gather,
+                   "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp computes the scales of the FSDP "
+                   "float8 all-gather: set enable_fsdp_float8_all_gather = true as well, or set it to false");
   TITAN_USER_CHECK(tensor_parallel_degree == 1 || !cfg.parallelism.enable_async_tensor_parallel,
                    "float8 linear layers (model.converters \"", config::kFloat8Converter,
                    "\") with parallelism.enable_async_tensor_parallel are not supported yet: async TP's decomposed "
