@@ -30,6 +30,7 @@ struct JobConfig {
   config::ActivationCheckpoint activation_checkpoint;
   config::Compile compile;
   config::Float8Linear float8;  // TOML table [quantize.linear.float8]
+  config::Float8GroupedMM float8_grouped;  // TOML table [quantize.grouped_mm.float8]
   config::Comm comm;
   config::FaultTolerance fault_tolerance;
   config::Experimental experimental;
@@ -52,6 +53,7 @@ struct JobConfig {
     v.section(activation_checkpoint, "activation_checkpoint", "recomputing activations to save memory");
     v.section(compile, "compile", "graph compilation");
     v.section(float8, "quantize.linear.float8", "float8 training of linear layers (older table: [float8])");
+    v.section(float8_grouped, "quantize.grouped_mm.float8", "float8 grouped matmuls of MoE experts");
     v.section(comm, "comm", "collective communication");
     v.section(fault_tolerance, "fault_tolerance", "fault-tolerant training");
     v.section(experimental, "experimental", "extension modules");

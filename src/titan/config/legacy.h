@@ -30,6 +30,7 @@ struct LegacyKey {
 
 // The converter name that enables float8 linear layers (torchtitan >= 0.2; older: "float8").
 inline constexpr const char* kFloat8Converter = "quantize.linear.float8";
+inline constexpr const char* kFloat8GroupedConverter = "quantize.grouped_mm.float8";
 
 const std::vector<LegacyKey>& legacy_keys();
 // The entry for section.key, or nullptr.

@@ -221,4 +221,15 @@ struct Float8Linear {
   bool operator==(const Float8Linear&) const = default;
 };
 
+// TOML table [quantize.grouped_mm.float8]: the MoE experts converted by "quantize.grouped_mm.float8".
+struct Float8GroupedMM {
+  std::vector<std::string> fqns;
+
+  template <class V>
+  void visit(V& v) {
+    v(fqns, "fqns", "MoE modules (by name, e.g. experts) whose grouped matmuls run in float8");
+  }
+  bool operator==(const Float8GroupedMM&) const = default;
+};
+
 }  // namespace titan::config

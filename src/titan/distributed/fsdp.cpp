@@ -79,7 +79,10 @@ struct FSDP::Unit {
   // the unit gathers in param_dtype); full8_numel: its float8 weights' elements.
   int64_t gather_bytes = 0, full8_numel = 0, num_fp8 = 0;
   at::Tensor full8_buf;           // pooled, e4m3, while unsharded
-  at::Tensor precomputed_scales;  // (num_fp8) fp32 from precompute_float8_scales; undefined: from each gather
+  at::Tensor precomputed_scales;  // (num_fp8) fp32 from precompute_float8_scales; undefined: from the gathers
+  // The scales the unit's first gather of a step computed, for its later gathers (the weights change
+  // only in the optimizer step, after the step's last backward, which drops them).
+  at::Tensor step_scales;
   at::Device device{at::kCPU};  // where the unit computes (the modules' device)
   at::Tensor flat_shard;        // fp32, shard_numel, on the device or (offload) the CPU
   at::Tensor flat_grad;         // fp32, same layout; allocated at the first reduction
@@ -123,6 +126,7 @@ struct FSDP::Unit {
 
   // Float8 all-gather: each float8-gathered weight's shard amax, (num_fp8) fp32 on the device.
   at::Tensor local_amaxes() {
+    at::NoGradGuard no_grad;
     std::vector<at::Tensor> amax;
     for (const auto& p : params)
       if (p.fp8) amax.push_back(p.shard.abs().amax());
@@ -152,11 +156,11 @@ struct FSDP::Unit {
   // Float8 all-gather: the shards into one byte buffer (float8 weights cast with their whole-weight
   // scales, the others in param_dtype), all-gathered.
   void start_byte_unshard() {
-    at::Tensor scales = precomputed_scales;
+    at::Tensor scales = precomputed_scales.defined() ? precomputed_scales : step_scales;
     if (!scales.defined()) {
       at::Tensor amax = local_amaxes();
       max_over_ranks(amax, group(), tp_max());
-      scales = e4m3_scales(amax);
+      scales = step_scales = e4m3_scales(amax);
     }
     gather_in_pooled = true;
     gather_in = fsdp->acquire(gather_bytes, at::kByte, device);
@@ -558,6 +562,7 @@ void FSDP::link_units(Unit* root) {
 }
 
 void FSDP::precompute_float8_scales() {
+  at::NoGradGuard no_grad;
   std::vector<at::Tensor> amaxes;
   const std::function<void(at::Tensor&)>* tp_max = nullptr;
   for (auto& u : units_) {
@@ -566,7 +571,6 @@ void FSDP::precompute_float8_scales() {
     if (!tp_max) tp_max = u->tp_max();
   }
   if (amaxes.empty()) return;
-  at::NoGradGuard no_grad;
   TraceRange range(mem::Phase::Communication, "FSDP::precompute_float8_scales");
   at::Tensor amax = at::cat(amaxes);
   Unit::max_over_ranks(amax, shard_, tp_max);
@@ -609,7 +613,10 @@ void FSDP::finish_backward() {
   for (size_t i = inner; i-- > 0;)
     if (!units_[i]->reduced) units_[i]->reduce_grads();
   if (rooted_ && !units_.back()->reduced) units_.back()->reduce_grads();
-  for (auto& u : units_) u->reduced = false;
+  for (auto& u : units_) {
+    u->reduced = false;
+    u->step_scales.reset();  // the optimizer step comes next
+  }
   for (auto& u : units_) u->complete_reduce_scatter();
   for (auto& u : units_) u->complete_all_reduce();
   if (host_copies_pending_) {  // CPU offload from a GPU: the gradients' copies to the host complete

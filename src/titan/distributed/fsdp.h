@@ -32,13 +32,15 @@
 // Float8 all-gather (FSDPOptions::float8_all_gather): in a unit holding float8 linear layers of the
 // tensorwise recipe, each such weight's shard is cast to float8 e4m3 with the scale of the whole
 // weight (448 / its amax, the maximum of every rank's shard amax: one all-reduce of the unit's amaxes
-// over the shard group, and over the tensor-parallel group for TP-split weights), and the unit's
+// over the shard group, and over the tensor-parallel group for TP-split weights; at the unit's first
+// gather of a step, kept for its later gathers until the step's last backward ends), and the unit's
 // all-gather moves these bytes together with its other parameters' param_dtype ones (one collective
 // of bytes). The gathered float8 weight and its scale go to the layer (nn::Float8Weight), which
 // multiplies with them instead of casting its weight, in forward and for grad_input; the layer's
 // param_dtype weight is never materialized, and its gradient is reduced as any other.
 // precompute_float8_scales() computes every unit's scales after an optimizer step with one
-// all-reduce, and the gathers until the next call use them (torchao's
+// all-reduce (per FSDP, and one more over the tp group under TP), and the gathers until the next
+// call use them, off the gathers' path (torchao's
 // precompute_float8_dynamic_scale_for_fsdp). The casts equal the layer's own cast of the gathered
 // weight when param_dtype is fp32; with bf16 the float8 bytes come from the fp32 shard, one
 // rounding fewer.

@@ -194,4 +194,68 @@ at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, const Fl
                                reinterpret_cast<int64_t>(sharding), reinterpret_cast<int64_t>(cast_weight));
 }
 
+namespace {
+
+// Zero rows appended to `t` up to a multiple of `multiple` rows (none when it already is one).
+at::Tensor pad_rows(const at::Tensor& t, int64_t multiple) {
+  const int64_t rows = t.size(0), padded = (rows + multiple - 1) / multiple * multiple;
+  if (padded == rows) return t;
+  return at::cat({t, at::zeros({padded - rows, t.size(1)}, t.options())}, 0);
+}
+
+struct Float8GroupedLinearFn : public torch::autograd::Function<Float8GroupedLinearFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, const at::Tensor& counts,
+                            int64_t recipe) {
+    ctx->save_for_backward({x, w, counts});
+    ctx->saved_data["recipe"] = recipe;
+    const Float8Recipe& r = *reinterpret_cast<const Float8Recipe*>(recipe);
+    at::Tensor y = at::empty({x.size(0), w.size(1)}, x.options());
+    for_each_group(x, counts, [&](int64_t e, int64_t begin, int64_t rows, int64_t multiple) {
+      const at::Tensor out = float8_mm(pad_rows(x.narrow(0, begin, rows), multiple), w[e].t(), r.input, r.weight,
+                                       x.scalar_type(), r, nullptr, nullptr, /*fast_accum=*/true);
+      y.narrow(0, begin, rows).copy_(out.narrow(0, 0, rows));
+    });
+    return y;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &w = saved[1], &counts = saved[2];
+    const Float8Recipe& r = *reinterpret_cast<const Float8Recipe*>(ctx->saved_data["recipe"].toInt());
+    const at::Tensor g = grads[0].contiguous();
+    const bool want_x = ctx->needs_input_grad(0), want_w = ctx->needs_input_grad(1);
+    at::Tensor gx = want_x ? at::zeros_like(x) : at::Tensor();
+    at::Tensor gw = want_w ? at::zeros_like(w) : at::Tensor();
+    for_each_group(x, counts, [&](int64_t e, int64_t begin, int64_t rows, int64_t multiple) {
+      const at::Tensor g_e = pad_rows(g.narrow(0, begin, rows), multiple);
+      if (want_x)
+        gx.narrow(0, begin, rows)
+            .copy_(float8_mm(g_e, w[e], r.grad_output, r.weight_for_grad_input, x.scalar_type(), r).narrow(0, 0, rows));
+      if (want_w)  // the scales over this group's tokens only
+        gw[e].copy_(float8_mm(g_e.t(), pad_rows(x.narrow(0, begin, rows), multiple), r.grad_output_for_grad_weight,
+                              r.input_for_grad_weight, w.scalar_type(), r));
+    });
+    return {gx, gw, at::Tensor(), at::Tensor()};
+  }
+  // f(expert, first row, rows, padding multiple) for every expert with tokens.
+  static void for_each_group(const at::Tensor& x, const at::Tensor& counts_E,
+                             const std::function<void(int64_t, int64_t, int64_t, int64_t)>& f) {
+    const at::Tensor counts = counts_E.to(at::kCPU, at::kLong);  // one read of E counts
+    const int64_t* c = counts.data_ptr<int64_t>();
+    const int64_t multiple = x.is_cuda() ? 16 : 1;  // CUDA's float8 kernels: multiples of 16
+    int64_t begin = 0;
+    for (int64_t e = 0; e < counts.numel(); ++e) {
+      if (c[e] > 0) f(e, begin, c[e], multiple);
+      begin += c[e];
+    }
+  }
+};
+
+}  // namespace
+
+at::Tensor float8_grouped_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& counts_E,
+                                 const Float8Recipe& recipe) {
+  TITAN_ASSERT(x.dim() == 2 && w.dim() == 3 && x.size(1) == w.size(2), "float8_grouped_linear: x (T, K), w (E, N, K)");
+  return Float8GroupedLinearFn::apply(x, w, counts_E, reinterpret_cast<int64_t>(&recipe));
+}
+
 }  // namespace titan::nn

@@ -103,4 +103,15 @@ at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, const Fl
                          const at::Tensor& kept = at::Tensor(), const Float8Sharding* sharding = nullptr,
                          const Float8Weight* cast_weight = nullptr);
 
+// Grouped float8 matmuls of MoE experts (torchao's float8 grouped GEMM for
+// "quantize.grouped_mm.float8"): x (T, K) holds the routed tokens sorted by expert, counts_E[e] rows
+// for expert e; w (E, N, K) stacks the experts' weights. Rows of group e become x_e w[e]ᵀ, each of
+// the three products per group cast as `recipe` says (rowwise: one scale per token row and per
+// (expert, column), and for the weight gradient per column over the group's tokens only: the
+// jagged scales of a grouped GEMM). Differentiable in x and w (w's gradient for an expert without
+// tokens is zero). On CUDA each group is padded with zero rows to a multiple of 16 for the float8
+// kernels (zeros change no amax and no product). The counts are read on the host once per call.
+at::Tensor float8_grouped_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& counts_E,
+                                 const Float8Recipe& recipe);
+
 }  // namespace titan::nn

@@ -2,6 +2,7 @@
 
 #include "titan/common/error.h"
 #include "titan/common/tensor_storage.h"
+#include "titan/nn/float8.h"
 #include "titan/nn/activation_checkpoint.h"
 
 #include <ATen/ATen.h>
@@ -121,9 +122,13 @@ at::Tensor GroupedExpertsImpl::forward(const at::Tensor& x_ND, const at::Tensor&
     const bool autocast = at::autocast::is_autocast_available(dev) && at::autocast::is_autocast_enabled(dev);
     const at::ScalarType dtype = autocast ? at::autocast::get_autocast_dtype(dev) : x_ND.scalar_type();
     const at::Tensor x = x_ND.to(dtype);
-    const at::Tensor h = swiglu(grouped_linear(x, w1.to(dtype), counts_E, grouped_mm),
-                                grouped_linear(x, w3.to(dtype), counts_E, grouped_mm));
-    return grouped_linear(h, w2.to(dtype), counts_E, grouped_mm);
+    // (A meta tensor holds no counts: titan estimate's dry run takes the shapes of the plain path.)
+    const auto linear = [&](const at::Tensor& in, const at::Tensor& w) {
+      return float8 && !in.is_meta() ? float8_grouped_linear(in, w.to(dtype), counts_E, *float8)
+                                     : grouped_linear(in, w.to(dtype), counts_E, grouped_mm);
+    };
+    const at::Tensor h = swiglu(linear(x, w1), linear(x, w3));
+    return linear(h, w2);
   });
 }
 

@@ -75,6 +75,9 @@ class GroupedExpertsImpl : public HookedModule {
   at::Tensor forward(const at::Tensor& x_ND, const at::Tensor& counts_E);
   at::Tensor w1, w2, w3;
   bool grouped_mm = true;
+  // The float8 grouped-matmul recipe (set by the "quantize.grouped_mm.float8" converter; null: the
+  // matmuls run in the compute dtype).
+  std::shared_ptr<const Float8Recipe> float8;
 };
 TORCH_MODULE(GroupedExperts);
 

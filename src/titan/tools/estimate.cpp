@@ -225,6 +225,7 @@ Estimate estimate(const JobConfig& cfg, const EstimateOptions& options) {
   e.device = options.device;
   e.compute_dtype = dtype_name(bf16_compute ? at::kBFloat16 : param_dtype);
   if (plan.float8.recipe) e.compute_dtype += ", float8 linear layers (recipe " + plan.float8.recipe->name + ")";
+  if (plan.float8.grouped_recipe) e.compute_dtype += ", float8 grouped matmuls of MoE experts (rowwise)";
   e.param_dtype = dtype_name(param_dtype);
   e.offload = tr.enable_cpu_offload;
   e.activation_checkpointing = ac_words(plan.ac_mode, plan.ac_every);

@@ -299,7 +299,7 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
                 metrics::format_thousands(model_->num_params()).c_str(), model_->flops_per_token(tr.seq_len),
                 device_.str().c_str(), bf16_autocast_ ? ", bf16 autocast" : "");
   log_info(buf);
-  if (float8_.recipe) log_info(describe(float8_));
+  if (float8_.recipe || float8_.grouped_recipe) log_info(describe(float8_));
   if (dpo.fsdp.float8_all_gather) {
     int64_t gathered = 0;
     for (const auto& dp : data_parallel_)
@@ -308,10 +308,11 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
       precompute_float8_scales_ = cfg_.float8.precompute_float8_dynamic_scale_for_fsdp;
       log_info("float8 all-gather: FSDP gathers " + std::to_string(gathered) + " float8 weights in float8 (" +
                (precompute_float8_scales_ ? "scales precomputed after each optimizer step with one all-reduce"
-                                          : "scales from an all-reduce of their amaxes at each gather") + ")");
+                                          : "scales from an all-reduce of their amaxes at each unit's first gather of a step") + ")");
     } else {
-      log_info("Warning: quantize.linear.float8.enable_fsdp_float8_all_gather has no effect: no FSDP shards the "
-               "float8 layers in this layout (data_parallel_shard_degree is 1)");
+      log_info("Warning: quantize.linear.float8.enable_fsdp_float8_all_gather has no effect: no FSDP unit holds a "
+               "float8 layer in this layout (FSDP shards over data_parallel_shard_degree x context_parallel_degree "
+               "> 1 ranks, or with training.enable_cpu_offload)");
     }
   }
   if (cfg_.model.print_after_conversion) log_info("Model after conversion:\n" + model_description(*model_));

@@ -199,22 +199,12 @@ TEST(ModelFamiliesTrain, AHuggingFaceQwen3OfItsOwnSizeContinuesPretrainingUnderP
   }
 }
 
-// A small Qwen3-MoE (a dense first layer, then two layers of 8 experts, 2 per token) as config.json text.
-nlohmann::json qwen3_moe_config() {
-  return {{"model_type", "qwen3_moe"},  {"hidden_size", 64},      {"intermediate_size", 96},
-          {"num_attention_heads", 4},  {"num_key_value_heads", 2}, {"head_dim", 16},
-          {"num_hidden_layers", 3},    {"vocab_size", 2048},      {"num_experts", 8},
-          {"num_experts_per_tok", 2},  {"moe_intermediate_size", 32}, {"norm_topk_prob", true},
-          {"mlp_only_layers", {0}},    {"rms_norm_eps", 1e-6},    {"rope_theta", 1e6},
-          {"tie_word_embeddings", false}};
-}
-
 TEST(ModelFamiliesTrain, Qwen3MoeUnderEveryLayoutAndItsCheckpointHoldsTheRoutingBiases) {
   // The small Qwen3-MoE from its config.json text: every layout routes the same tokens to the same
   // experts, and every step's routing-bias update counts the tokens of every data-parallel,
   // context-parallel and (under sequence parallelism) tensor-parallel rank (a rank that counted only
   // its own would steer differently from one process).
-  const std::vector<std::string> moe = {"--model.flavor", qwen3_moe_config().dump()};
+  const std::vector<std::string> moe = {"--model.flavor", test::qwen3_moe_config().dump()};
   test::TempDir one_dir;
   std::vector<Layout> runs = layouts();
   // Tensor parallelism: MoE layers replicated, each rank routing its part of the sequence (or, without
@@ -282,7 +272,7 @@ TEST(ModelFamiliesTrain, Qwen3MoeUnderExpertParallelismAndItsCheckpointReshardsA
   // trains as one process does (the routing biases updated every step), and a checkpoint written
   // with experts split over 2 ranks and sharded by FSDP over 2 resumes with them split over 4 and
   // in one process (expert weights are saved by global expert index).
-  const std::vector<std::string> moe = {"--model.flavor", qwen3_moe_config().dump()};
+  const std::vector<std::string> moe = {"--model.flavor", test::qwen3_moe_config().dump()};
   test::TempDir ckpt_dir;
   auto ep = [](int degree) { return std::vector<std::string>{"--parallelism.expert_parallel_degree", std::to_string(degree)}; };
   auto with = [](std::vector<std::string> a, const std::vector<std::string>& b) {
@@ -342,7 +332,7 @@ TEST(ModelFamiliesTrain, Qwen3MoeUnderExpertParallelismAndItsCheckpointReshardsA
     EXPECT_NE(r.exit_code, 0);
     EXPECT_NE(r.output.find(says), std::string::npos) << r.output;
   };
-  nlohmann::json five = qwen3_moe_config();
+  nlohmann::json five = test::qwen3_moe_config();
   five["num_experts"] = 5;
   refused(with({"--model.flavor", five.dump(), "--training.local_batch_size", "4"}, ep(2)),
           "does not divide the model's 5 routed experts");
@@ -356,7 +346,7 @@ TEST(ModelFamiliesTrain, AHuggingFaceQwen3MoeContinuesPretrainingUnderExpertPara
   // with its experts split over 2 ranks, as one process trains it; the last save, in Hugging Face's
   // format, holds the trained weights one tensor per expert.
   test::TempDir dir;
-  nlohmann::json config = qwen3_moe_config();
+  nlohmann::json config = test::qwen3_moe_config();
   std::ofstream(dir / "create.json") << config.dump();
   safetensors::save(dir / "tokens.safetensors", {{"tokens", at::zeros({1, 4}, at::kLong)}});
   auto r = test::run_process({test::python(), kSource + "/tests/reference/hf_reference.py", "create",
@@ -407,7 +397,7 @@ TEST(ModelFamiliesTrain, Qwen3MoeWithTheAuxiliaryLossTrainsAsOneProcess) {
   // (a rank that balanced its own tokens only would train differently). Each micro-batch balances its
   // own tokens: 8 pipeline micro-batches train as one process accumulating 8 micro-batches.
   // The coefficient is large so that the loss's gradient shows in every weight.
-  const std::vector<std::string> aux = {"--model.flavor", qwen3_moe_config().dump(), "--model.moe_aux_loss_coeff", "0.5"};
+  const std::vector<std::string> aux = {"--model.flavor", test::qwen3_moe_config().dump(), "--model.moe_aux_loss_coeff", "0.5"};
   const std::vector<Layout> runs = {
       {"fsdp2", {"--training.local_batch_size", "4"}},
       {"ep2_tp2", {"--parallelism.tensor_parallel_degree", "2", "--training.local_batch_size", "4",

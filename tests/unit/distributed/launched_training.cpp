@@ -58,4 +58,13 @@ int64_t comm_bytes_per_step(const nlohmann::json& j, const std::string& group, c
   return b.at(group).at(op).get<int64_t>() / j.at("steps").get<int64_t>();
 }
 
+nlohmann::json qwen3_moe_config() {
+  return {{"model_type", "qwen3_moe"},  {"hidden_size", 64},      {"intermediate_size", 96},
+          {"num_attention_heads", 4},  {"num_key_value_heads", 2}, {"head_dim", 16},
+          {"num_hidden_layers", 3},    {"vocab_size", 2048},      {"num_experts", 8},
+          {"num_experts_per_tok", 2},  {"moe_intermediate_size", 32}, {"norm_topk_prob", true},
+          {"mlp_only_layers", {0}},    {"rms_norm_eps", 1e-6},    {"rope_theta", 1e6},
+          {"tie_word_embeddings", false}};
+}
+
 }  // namespace titan::test

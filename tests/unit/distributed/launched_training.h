@@ -36,4 +36,8 @@ void expect_same_training(const safetensors::Tensors& ref, const safetensors::Te
 // Bytes per step that rank `j` (a dumped comm record) moved on mesh dimension `group` by `op`.
 int64_t comm_bytes_per_step(const nlohmann::json& j, const std::string& group, const std::string& op);
 
+// A small Qwen3-MoE (a dense first layer, then two layers of 8 experts, 2 per token) as config.json
+// text, for --model.flavor.
+nlohmann::json qwen3_moe_config();
+
 }  // namespace titan::test

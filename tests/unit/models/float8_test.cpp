@@ -167,6 +167,51 @@ TEST(Float8Linear, TensorwiseScaleFollowsTheFormula) {
   EXPECT_TRUE(at::equal(z.data.to(at::kFloat), at::zeros({2, 2})));
 }
 
+// MoE experts' grouped float8 matmuls: every expert's block of rows is that expert's rowwise float8
+// linear layer (checked against the reference above), with the weight gradient's scales over the
+// expert's own tokens (the jagged scales of a grouped GEMM). So the grouped layer's output and both
+// gradients equal, bit for bit, each expert's float8 layer applied to its own rows alone; an expert
+// without tokens gets a zero gradient. Against the same with one scale over all experts' tokens the
+// weight gradients differ (the scales really are per group).
+TEST(Float8Linear, GroupedExpertsAreEachExpertsOwnRowwiseLayer) {
+  const nn::Float8Recipe rowwise = nn::Float8Recipe::named("rowwise");
+  const int64_t E = 4, K = 32, N = 48;
+  const std::vector<int64_t> counts = {5, 0, 17, 10};  // an expert without tokens
+  const int64_t T = 32;
+  const LayerData d = spread_layer(7, T, K, N);
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(11);
+  // Experts' weights of very different magnitudes.
+  const at::Tensor w = (at::randn({E, N, K}, gen) * at::exp(2 * at::randn({E, N, 1}, gen))).requires_grad_(true);
+  const at::Tensor x = d.x.clone().requires_grad_(true);
+  const at::Tensor y = nn::float8_grouped_linear(x, w, at::tensor(counts), rowwise);
+  y.backward(d.gy);
+
+  int64_t begin = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    SCOPED_TRACE("expert " + std::to_string(e));
+    if (counts[e] == 0) {
+      EXPECT_TRUE(at::equal(w.grad()[e], at::zeros({N, K}))) << "an expert without tokens has no gradient";
+      continue;
+    }
+    const at::Tensor xe = d.x.narrow(0, begin, counts[e]).clone().requires_grad_(true);
+    const at::Tensor we = w.detach()[e].clone().requires_grad_(true);
+    const at::Tensor ye = nn::float8_linear(xe, we, rowwise);
+    ye.backward(d.gy.narrow(0, begin, counts[e]));
+    EXPECT_TRUE(at::equal(y.narrow(0, begin, counts[e]), ye));
+    EXPECT_TRUE(at::equal(x.grad().narrow(0, begin, counts[e]), xe.grad()));
+    EXPECT_TRUE(at::equal(w.grad()[e], we.grad()));
+    begin += counts[e];
+  }
+  // Expert 2's weight gradient with the input's scales taken over every token instead (the output
+  // gradient zero outside its rows, so the product is the same sum): not the grouped layer's.
+  const at::Tensor mask = at::zeros({T, 1});
+  mask.narrow(0, 5, 17).fill_(1);
+  const at::Tensor gw_all_tokens = nn::float8_mm((d.gy * mask).t(), d.x, rowwise.grad_output_for_grad_weight,
+                                                 rowwise.input_for_grad_weight, at::kFloat, rowwise);
+  EXPECT_FALSE(at::equal(gw_all_tokens, w.grad()[2]));
+  EXPECT_TRUE(at::allclose(gw_all_tokens, w.grad()[2], 0.2, 1e-3 * w.grad()[2].abs().max().item<double>()));
+}
+
 TEST(Float8Linear, UnknownRecipeIsNamed) {
   const std::string e = test::error_of([] { nn::Float8Recipe::named("blockwise"); });
   EXPECT_NE(e.find("recipe_name \"blockwise\" is not a float8 recipe: choose tensorwise"), std::string::npos) << e;

@@ -3,6 +3,7 @@
 #include "titan/common/error.h"
 #include "titan/config/legacy.h"
 #include "titan/nn/layers.h"
+#include "titan/nn/moe.h"
 
 #include <algorithm>
 #include <sstream>
@@ -32,21 +33,31 @@ std::string first_of(const std::vector<std::string>& names, size_t shown = 8) {
 
 Float8Conversion float8_conversion(const JobConfig& cfg, int64_t tensor_parallel_degree) {
   Float8Conversion c;
-  bool float8 = false;
+  bool float8 = false, grouped = false;
   for (const std::string& name : cfg.model.converters) {
     if (name == config::kFloat8Converter || name == "float8") {
       float8 = true;
       continue;
     }
-    TITAN_USER_CHECK(name != "quantize.grouped_mm.float8", "model.converters \"", name,
-                     "\" (float8 grouped matmuls of MoE experts) is not supported yet: the experts train in the "
-                     "compute dtype; remove it (\"", config::kFloat8Converter, "\" converts the linear layers)");
+    if (name == config::kFloat8GroupedConverter) {
+      grouped = true;
+      continue;
+    }
     TITAN_USER_CHECK(name.find("mx") == std::string::npos,
                      "model.converters \"", name, "\": MX formats (MXFP8, MXFP4) are not supported; they need "
                      "Blackwell GPUs' block-scaled matmuls. Use \"", config::kFloat8Converter, "\" (float8 with "
                      "[quantize.linear.float8]) or remove the converter");
     throw UserError("model.converters \"" + name + "\" is not a model converter; the one titan has is \"" +
                     config::kFloat8Converter + "\" (float8 linear layers, set with [quantize.linear.float8])");
+  }
+  if (grouped) {
+    // torchao's MoE training recipe: rowwise e4m3 with power-of-2 scales for all three products.
+    c.grouped_recipe = std::make_shared<const nn::Float8Recipe>(nn::Float8Recipe::named("rowwise"));
+    c.grouped_fqns = cfg.float8_grouped.fqns;
+    c.grouped_fqns.erase(std::remove(c.grouped_fqns.begin(), c.grouped_fqns.end(), std::string()), c.grouped_fqns.end());
+    TITAN_USER_CHECK(!c.grouped_fqns.empty(), "model.converters \"", config::kFloat8GroupedConverter,
+                     "\" converts the MoE modules named in quantize.grouped_mm.float8.fqns, which is empty: set it, "
+                     "e.g. fqns = [\"experts\"] (--quantize.grouped_mm.float8.fqns experts)");
   }
   const config::Float8Linear& o = cfg.float8;
   if (!float8) return c;
@@ -70,11 +81,41 @@ Float8Conversion float8_conversion(const JobConfig& cfg, int64_t tensor_parallel
   return c;
 }
 
+namespace {
+
+// The "quantize.grouped_mm.float8" converter: MoE experts whose name contains an entry of fqns.
+void convert_grouped_experts(LanguageModelImpl& model, const Float8Conversion& c, Float8Conversion& out,
+                             bool require_some) {
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) {
+    auto* experts = dynamic_cast<nn::GroupedExpertsImpl*>(item.value().get());
+    if (!experts) continue;
+    const std::string& name = item.key();
+    if (std::none_of(c.grouped_fqns.begin(), c.grouped_fqns.end(),
+                     [&](const std::string& f) { return name.find(f) != std::string::npos; }))
+      continue;
+    const int64_t hidden = experts->w1.size(1), dim = experts->w1.size(2);
+    TITAN_USER_CHECK(hidden % 16 == 0 && dim % 16 == 0, "model.converters \"", config::kFloat8GroupedConverter,
+                     "\": the experts ", name, " (dim ", dim, ", hidden ", hidden, ") need multiples of 16 for float8 "
+                     "grouped matmuls; leave them out of quantize.grouped_mm.float8.fqns");
+    experts->float8 = c.grouped_recipe;
+    out.grouped_converted.push_back(name);
+  }
+  if (!require_some) return;
+  TITAN_USER_CHECK(!out.grouped_converted.empty(), "model.converters \"", config::kFloat8GroupedConverter,
+                   "\" converted no MoE experts: ",
+                   model.moe_layers().empty() ? std::string("the model has no mixture-of-experts layer")
+                                              : "no experts' name contains an entry of quantize.grouped_mm.float8.fqns",
+                   ". Set fqns = [\"experts\"], or drop the converter");
+}
+
+}  // namespace
+
 void convert_to_float8(LanguageModelImpl& model, Float8Conversion& c, const config::Float8Linear& options,
                        bool record, bool require_some) {
-  if (!c.recipe) return;
   Float8Conversion local;
   Float8Conversion& out = record ? c : local;
+  if (c.grouped_recipe) convert_grouped_experts(model, c, out, require_some);
+  if (!c.recipe) return;
   const bool auto_filter = std::find(options.filter_fqns.begin(), options.filter_fqns.end(), kAutoFilter) !=
                            options.filter_fqns.end();
   for (const auto& item : model.named_modules("", /*include_self=*/false)) {
@@ -125,17 +166,22 @@ std::string model_description(const LanguageModelImpl& model) {
     }
     if (const auto* linear = dynamic_cast<const nn::LinearImpl*>(item.value().get()); linear && linear->float8)
       os << " float8 " << linear->float8->name << (linear->float8->emulate ? " (emulated)" : "");
+    if (const auto* experts = dynamic_cast<const nn::GroupedExpertsImpl*>(item.value().get()); experts && experts->float8)
+      os << " float8 grouped " << experts->float8->name;
     os << "\n";
   }
   return os.str();
 }
 
 std::string describe(const Float8Conversion& c) {
-  if (!c.recipe) return "";
   std::ostringstream os;
-  os << "float8 linear layers (recipe " << c.recipe->name << (c.recipe->emulate ? ", emulated" : "") << "): "
-     << c.converted.size() << " converted";
-  if (!c.skipped.empty()) os << "; kept in high precision: " << first_of(c.skipped);
+  if (c.recipe) {
+    os << "float8 linear layers (recipe " << c.recipe->name << (c.recipe->emulate ? ", emulated" : "") << "): "
+       << c.converted.size() << " converted";
+    if (!c.skipped.empty()) os << "; kept in high precision: " << first_of(c.skipped);
+  }
+  if (c.grouped_recipe)
+    os << (c.recipe ? "; " : "") << "float8 grouped matmuls (rowwise) of MoE experts: " << first_of(c.grouped_converted, 3);
   return os.str();
 }
 

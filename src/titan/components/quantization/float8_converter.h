@@ -1,7 +1,8 @@
 // model.converters (torchtitan's model converters), applied to a built model before it is
 // parallelized: "quantize.linear.float8" (older name "float8") turns Linear layers into float8
-// ones under [quantize.linear.float8]'s recipe (nn/float8.h, docs/float8.md). MX formats and any
-// other name are refused.
+// ones under [quantize.linear.float8]'s recipe (nn/float8.h, docs/float8.md);
+// "quantize.grouped_mm.float8" runs the grouped matmuls of the MoE experts named in
+// [quantize.grouped_mm.float8] fqns in float8 (rowwise). MX formats and any other name are refused.
 #pragma once
 
 #include "titan/config/job_config.h"
@@ -18,6 +19,10 @@ struct Float8Conversion {
   std::shared_ptr<const nn::Float8Recipe> recipe;  // null: no float8 converter
   std::vector<std::string> converted;              // Linear layers now float8, by name
   std::vector<std::string> skipped;                // "name (why)": filter_fqns, or dims not multiples of 16
+  // "quantize.grouped_mm.float8": the MoE experts' recipe (null: no such converter), which experts
+  // (name substrings, quantize.grouped_mm.float8.fqns) and those converted.
+  std::shared_ptr<const nn::Float8Recipe> grouped_recipe;
+  std::vector<std::string> grouped_fqns, grouped_converted;
 };
 
 // The run's float8 recipe from model.converters and [quantize.linear.float8] (null recipe without
