@@ -7,6 +7,8 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/autograd.h>
 
+#include <optional>
+
 namespace titan::nn {
 
 Float8Recipe Float8Recipe::named(const std::string& name, bool emulate) {
@@ -64,7 +66,8 @@ Float8Operand float8_cast(const at::Tensor& t, const Float8Cast& cast, int64_t k
 
 at::Tensor float8_mm(const at::Tensor& a, const at::Tensor& b, const Float8Cast& ca, const Float8Cast& cb,
                      at::ScalarType out_dtype, const Float8Recipe& recipe, const std::function<void(at::Tensor&)>* max_a,
-                     const std::function<void(at::Tensor&)>* max_b, bool fast_accum, const Float8Operand* b_cast) {
+                     const std::function<void(at::Tensor&)>* max_b, bool fast_accum, const Float8Operand* b_cast,
+                     const Float8Operand* a_cast) {
   const bool high_a = ca.type == Float8Type::HighPrecision, high_b = cb.type == Float8Type::HighPrecision;
   TITAN_ASSERT(high_a == high_b, "float8_mm: both operands are float8 or both high precision");
   // The products below run in the dtypes chosen here, not autocast's (an emulated product in fp32).
@@ -73,7 +76,7 @@ at::Tensor float8_mm(const at::Tensor& a, const at::Tensor& b, const Float8Cast&
     const at::ScalarType dtype = a.scalar_type();
     return at::mm(a, b.to(dtype)).to(out_dtype);
   }
-  const Float8Operand fa = float8_cast(a, ca, 1, recipe.round_scales_to_power_of_2, max_a);
+  const Float8Operand fa = a_cast ? *a_cast : float8_cast(a, ca, 1, recipe.round_scales_to_power_of_2, max_a);
   const Float8Operand fb = b_cast ? *b_cast : float8_cast(b, cb, 0, recipe.round_scales_to_power_of_2, max_b);
   at::NoGradGuard no_grad;
   const at::Tensor inv_a = fa.scale.reciprocal(), inv_b = fb.scale.reciprocal();
@@ -162,19 +165,32 @@ struct Float8LinearFn : public torch::autograd::Function<Float8LinearFn> {
     const auto* cast_weight = reinterpret_cast<const Float8Weight*>(ctx->saved_data["cast_weight"].toInt());
     const int64_t K = x.size(-1), N = w.size(0);
     const at::Tensor g = grads[0].reshape({-1, N});
+    const bool want_x = ctx->needs_input_grad(0), want_w = ctx->needs_input_grad(1);
+    // The tensorwise recipe casts the output gradient alike for both products (one scale over the
+    // whole tensor, taken over the same ranks): cast once, used transposed for grad_weight.
+    const auto tensorwise = [](const Float8Cast& c) {
+      return c.type != Float8Type::HighPrecision && c.scaling == Float8Scaling::Tensorwise;
+    };
+    std::optional<Float8Operand> g_cast, g_t_cast;
+    if (want_x && want_w && tensorwise(r.grad_output) && tensorwise(r.grad_output_for_grad_weight) &&
+        r.grad_output.type == r.grad_output_for_grad_weight.type) {
+      g_cast = float8_cast(g, r.grad_output, 1, r.round_scales_to_power_of_2, max_for(s, "MN", 'N', r.grad_output));
+      g_t_cast = Float8Operand{g_cast->data.t(), g_cast->scale};
+    }
     at::Tensor gx, gw;
-    if (ctx->needs_input_grad(0)) {
+    if (want_x) {
       // The tensorwise recipe casts the weight for grad_input as for the output: a weight cast
       // beforehand serves both.
       const Float8Operand cast = cast_weight ? checked(*cast_weight) : Float8Operand{};
       gx = float8_mm(g, cast_weight ? at::Tensor() : w, r.grad_output, r.weight_for_grad_input, x.scalar_type(), r,
                      max_for(s, "MN", 'N', r.grad_output), max_for(s, "NK", 'N', r.weight_for_grad_input), false,
-                     cast_weight ? &cast : nullptr)
+                     cast_weight ? &cast : nullptr, g_cast ? &*g_cast : nullptr)
                .view(x.sizes());
     }
-    if (ctx->needs_input_grad(1))
+    if (want_w)
       gw = float8_mm(g.t(), x.reshape({-1, K}), r.grad_output_for_grad_weight, r.input_for_grad_weight, w.scalar_type(),
-                     r, max_for(s, "MN", 'M', r.grad_output_for_grad_weight), max_for(s, "MK", 'M', r.input_for_grad_weight));
+                     r, max_for(s, "MN", 'M', r.grad_output_for_grad_weight), max_for(s, "MK", 'M', r.input_for_grad_weight),
+                     false, nullptr, g_t_cast ? &*g_t_cast : nullptr);
     return {gx, gw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };

@@ -86,12 +86,12 @@ Float8Operand float8_cast(const at::Tensor& t, const Float8Cast& cast, int64_t k
 // `fast_accum`: CUDA's faster, less precise accumulation (torchao uses it for the forward's product
 // only; the CPU ignores it). (Shapes where a float8 operand's dims are not multiples of 16 are the
 // caller's to avoid: CUDA's kernels need them.)
-// `b_cast`: b already cast (its data (K, N) and scale), used instead of casting b.
+// `a_cast`, `b_cast`: an operand already cast (its data and scale), used instead of casting it.
 at::Tensor float8_mm(const at::Tensor& a, const at::Tensor& b, const Float8Cast& ca, const Float8Cast& cb,
                      at::ScalarType out_dtype, const Float8Recipe& recipe,
                      const std::function<void(at::Tensor&)>* max_a = nullptr,
                      const std::function<void(at::Tensor&)>* max_b = nullptr, bool fast_accum = false,
-                     const Float8Operand* b_cast = nullptr);
+                     const Float8Operand* b_cast = nullptr, const Float8Operand* a_cast = nullptr);
 
 // x (..., K) Wᵀ for W (N, K) under `recipe`, differentiable in x and W (gradients in their dtypes).
 // Under autocast, x is first cast to the autocast dtype (the output's). With `kept` defined (an
