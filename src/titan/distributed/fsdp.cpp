@@ -80,8 +80,8 @@ struct FSDP::Unit {
   int64_t gather_bytes = 0, full8_numel = 0, num_fp8 = 0;
   at::Tensor full8_buf;           // pooled, e4m3, while unsharded
   at::Tensor precomputed_scales;  // (num_fp8) fp32 from precompute_float8_scales; undefined: from the gathers
-  // The scales the unit's first gather of a step computed, for its later gathers (the weights change
-  // only in the optimizer step, after the step's last backward, which drops them).
+  // The scales the unit's first gather of a forward and backward computed, for its later gathers (the
+  // weights change only in the optimizer step, after a synced backward, which drops them).
   at::Tensor step_scales;
   at::Device device{at::kCPU};  // where the unit computes (the modules' device)
   at::Tensor flat_shard;        // fp32, shard_numel, on the device or (offload) the CPU
@@ -615,7 +615,7 @@ void FSDP::finish_backward() {
   if (rooted_ && !units_.back()->reduced) units_.back()->reduce_grads();
   for (auto& u : units_) {
     u->reduced = false;
-    u->step_scales.reset();  // the optimizer step comes next
+    u->step_scales.reset();  // an optimizer step may come next
   }
   for (auto& u : units_) u->complete_reduce_scatter();
   for (auto& u : units_) u->complete_all_reduce();

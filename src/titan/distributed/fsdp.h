@@ -33,7 +33,7 @@
 // tensorwise recipe, each such weight's shard is cast to float8 e4m3 with the scale of the whole
 // weight (448 / its amax, the maximum of every rank's shard amax: one all-reduce of the unit's amaxes
 // over the shard group, and over the tensor-parallel group for TP-split weights; at the unit's first
-// gather of a step, kept for its later gathers until the step's last backward ends), and the unit's
+// gather, kept for its later gathers until a backward with gradient sync ends), and the unit's
 // all-gather moves these bytes together with its other parameters' param_dtype ones (one collective
 // of bytes). The gathered float8 weight and its scale go to the layer (nn::Float8Weight), which
 // multiplies with them instead of casting its weight, in forward and for grad_input; the layer's

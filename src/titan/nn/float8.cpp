@@ -7,6 +7,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/autograd.h>
 
+#include <numeric>
 #include <optional>
 
 namespace titan::nn {
@@ -219,59 +220,65 @@ at::Tensor pad_rows(const at::Tensor& t, int64_t multiple) {
   return at::cat({t, at::zeros({padded - rows, t.size(1)}, t.options())}, 0);
 }
 
+// f(expert, first row, rows) for every expert with tokens.
+void for_each_group(const std::vector<int64_t>& counts, const std::function<void(int64_t, int64_t, int64_t)>& f) {
+  int64_t begin = 0;
+  for (size_t e = 0; e < counts.size(); ++e) {
+    if (counts[e] > 0) f(static_cast<int64_t>(e), begin, counts[e]);
+    begin += counts[e];
+  }
+}
+
 struct Float8GroupedLinearFn : public torch::autograd::Function<Float8GroupedLinearFn> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, const at::Tensor& counts,
-                            int64_t recipe) {
-    ctx->save_for_backward({x, w, counts});
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, std::vector<int64_t> counts,
+                            int64_t recipe, int64_t padding) {
+    ctx->save_for_backward({x, w});
+    ctx->saved_data["counts"] = counts;
+    ctx->saved_data["padding"] = padding;
     ctx->saved_data["recipe"] = recipe;
     const Float8Recipe& r = *reinterpret_cast<const Float8Recipe*>(recipe);
     at::Tensor y = at::empty({x.size(0), w.size(1)}, x.options());
-    for_each_group(x, counts, [&](int64_t e, int64_t begin, int64_t rows, int64_t multiple) {
-      const at::Tensor out = float8_mm(pad_rows(x.narrow(0, begin, rows), multiple), w[e].t(), r.input, r.weight,
-                                       x.scalar_type(), r, nullptr, nullptr, /*fast_accum=*/true);
-      y.narrow(0, begin, rows).copy_(out.narrow(0, 0, rows));
+    for_each_group(counts, [&](int64_t e, int64_t begin, int64_t rows) {
+      y.narrow(0, begin, rows)
+          .copy_(float8_mm(x.narrow(0, begin, rows), w[e].t(), r.input, r.weight, x.scalar_type(), r, nullptr, nullptr,
+                           /*fast_accum=*/true));
     });
     return y;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const at::Tensor &x = saved[0], &w = saved[1], &counts = saved[2];
+    const at::Tensor &x = saved[0], &w = saved[1];
+    const std::vector<int64_t> counts = ctx->saved_data["counts"].toIntVector();
     const Float8Recipe& r = *reinterpret_cast<const Float8Recipe*>(ctx->saved_data["recipe"].toInt());
     const at::Tensor g = grads[0].contiguous();
     const bool want_x = ctx->needs_input_grad(0), want_w = ctx->needs_input_grad(1);
     at::Tensor gx = want_x ? at::zeros_like(x) : at::Tensor();
     at::Tensor gw = want_w ? at::zeros_like(w) : at::Tensor();
-    for_each_group(x, counts, [&](int64_t e, int64_t begin, int64_t rows, int64_t multiple) {
-      const at::Tensor g_e = pad_rows(g.narrow(0, begin, rows), multiple);
+    // CUDA's float8 kernels need the summed dim in multiples of 16: the weight gradient sums over the
+    // group's tokens, padded with zero rows (zeros change no amax and no sum).
+    int64_t multiple = ctx->saved_data["padding"].toInt();
+    if (multiple == 0) multiple = g.is_cuda() ? 16 : 1;
+    for_each_group(counts, [&](int64_t e, int64_t begin, int64_t rows) {
+      const at::Tensor g_e = g.narrow(0, begin, rows);
       if (want_x)
-        gx.narrow(0, begin, rows)
-            .copy_(float8_mm(g_e, w[e], r.grad_output, r.weight_for_grad_input, x.scalar_type(), r).narrow(0, 0, rows));
+        gx.narrow(0, begin, rows).copy_(float8_mm(g_e, w[e], r.grad_output, r.weight_for_grad_input, x.scalar_type(), r));
       if (want_w)  // the scales over this group's tokens only
-        gw[e].copy_(float8_mm(g_e.t(), pad_rows(x.narrow(0, begin, rows), multiple), r.grad_output_for_grad_weight,
-                              r.input_for_grad_weight, w.scalar_type(), r));
+        gw[e].copy_(float8_mm(pad_rows(g_e, multiple).t(), pad_rows(x.narrow(0, begin, rows), multiple),
+                              r.grad_output_for_grad_weight, r.input_for_grad_weight, w.scalar_type(), r));
     });
-    return {gx, gw, at::Tensor(), at::Tensor()};
-  }
-  // f(expert, first row, rows, padding multiple) for every expert with tokens.
-  static void for_each_group(const at::Tensor& x, const at::Tensor& counts_E,
-                             const std::function<void(int64_t, int64_t, int64_t, int64_t)>& f) {
-    const at::Tensor counts = counts_E.to(at::kCPU, at::kLong);  // one read of E counts
-    const int64_t* c = counts.data_ptr<int64_t>();
-    const int64_t multiple = x.is_cuda() ? 16 : 1;  // CUDA's float8 kernels: multiples of 16
-    int64_t begin = 0;
-    for (int64_t e = 0; e < counts.numel(); ++e) {
-      if (c[e] > 0) f(e, begin, c[e], multiple);
-      begin += c[e];
-    }
+    return {gx, gw, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
-at::Tensor float8_grouped_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& counts_E,
-                                 const Float8Recipe& recipe) {
+at::Tensor float8_grouped_linear(const at::Tensor& x, const at::Tensor& w, const std::vector<int64_t>& counts,
+                                 const Float8Recipe& recipe, int64_t padding) {
   TITAN_ASSERT(x.dim() == 2 && w.dim() == 3 && x.size(1) == w.size(2), "float8_grouped_linear: x (T, K), w (E, N, K)");
-  return Float8GroupedLinearFn::apply(x, w, counts_E, reinterpret_cast<int64_t>(&recipe));
+  TITAN_ASSERT(static_cast<int64_t>(counts.size()) == w.size(0) &&
+                   std::accumulate(counts.begin(), counts.end(), int64_t{0}) == x.size(0),
+               "float8_grouped_linear: the expert counts do not cover x's rows");
+  return Float8GroupedLinearFn::apply(x, w, counts, reinterpret_cast<int64_t>(&recipe), padding);
 }
 
 }  // namespace titan::nn

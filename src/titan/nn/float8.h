@@ -28,6 +28,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace titan::nn {
 
@@ -109,9 +110,11 @@ at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, const Fl
 // the three products per group cast as `recipe` says (rowwise: one scale per token row and per
 // (expert, column), and for the weight gradient per column over the group's tokens only: the
 // jagged scales of a grouped GEMM). Differentiable in x and w (w's gradient for an expert without
-// tokens is zero). On CUDA each group is padded with zero rows to a multiple of 16 for the float8
-// kernels (zeros change no amax and no product). The counts are read on the host once per call.
-at::Tensor float8_grouped_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& counts_E,
-                                 const Float8Recipe& recipe);
+// tokens is zero). On CUDA the weight gradient's product sums over a group's tokens padded with zero
+// rows to a multiple of 16 for the float8 kernels (zeros change no amax and no product). `counts`:
+// the groups' row counts, on the host (read once per MoE layer's forward by its caller). `padding`:
+// that multiple of rows instead (0: 16 on CUDA, none elsewhere; a test pads on the CPU).
+at::Tensor float8_grouped_linear(const at::Tensor& x, const at::Tensor& w, const std::vector<int64_t>& counts,
+                                 const Float8Recipe& recipe, int64_t padding = 0);
 
 }  // namespace titan::nn

@@ -122,9 +122,15 @@ at::Tensor GroupedExpertsImpl::forward(const at::Tensor& x_ND, const at::Tensor&
     const bool autocast = at::autocast::is_autocast_available(dev) && at::autocast::is_autocast_enabled(dev);
     const at::ScalarType dtype = autocast ? at::autocast::get_autocast_dtype(dev) : x_ND.scalar_type();
     const at::Tensor x = x_ND.to(dtype);
-    // (A meta tensor holds no counts: titan estimate's dry run takes the shapes of the plain path.)
+    // Float8: the counts read on the host once for the three products and their backward. (A meta
+    // tensor holds no counts: titan estimate's dry run takes the shapes of the plain path.)
+    std::vector<int64_t> counts;
+    if (float8 && !x.is_meta()) {
+      const at::Tensor c = counts_E.to(at::kCPU, at::kLong).contiguous();
+      counts.assign(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+    }
     const auto linear = [&](const at::Tensor& in, const at::Tensor& w) {
-      return float8 && !in.is_meta() ? float8_grouped_linear(in, w.to(dtype), counts_E, *float8)
+      return float8 && !in.is_meta() ? float8_grouped_linear(in, w.to(dtype), counts, *float8)
                                      : grouped_linear(in, w.to(dtype), counts_E, grouped_mm);
     };
     const at::Tensor h = swiglu(linear(x, w1), linear(x, w3));

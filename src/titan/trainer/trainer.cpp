@@ -308,7 +308,7 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
       precompute_float8_scales_ = cfg_.float8.precompute_float8_dynamic_scale_for_fsdp;
       log_info("float8 all-gather: FSDP gathers " + std::to_string(gathered) + " float8 weights in float8 (" +
                (precompute_float8_scales_ ? "scales precomputed after each optimizer step with one all-reduce"
-                                          : "scales from an all-reduce of their amaxes at each unit's first gather of a step") + ")");
+                                          : "scales from an all-reduce of their amaxes at each unit's first gather of a micro-batch") + ")");
     } else {
       log_info("Warning: quantize.linear.float8.enable_fsdp_float8_all_gather has no effect: no FSDP unit holds a "
                "float8 layer in this layout (FSDP shards over data_parallel_shard_degree x context_parallel_degree "

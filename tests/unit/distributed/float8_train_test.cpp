@@ -141,8 +141,8 @@ TEST(Float8Training, TensorParallelLayersCastAsOneDevice) {
 // recomputed in backward from the re-gathered float8 weight), and PP + FSDP (units kept gathered
 // across micro-batches). The bytes: every float8 weight element moves 1 byte instead of 4 (on a GPU,
 // instead of bf16's 2), the rest of each unit as before, one all-gather per unit as before; the
-// scales cost one all-reduce per unit and step (at its first gather; the backward's gather reuses
-// them), or with precomputation one per step after the first.
+// scales cost one all-reduce per unit and micro-batch (at its first gather; the backward's gather
+// reuses them), or with precomputation one per step after the first.
 TEST(Float8Training, FsdpFloat8AllGatherMovesOneBytePerWeightElementAndTrainsAsTheLayersOwnCasts) {
   constexpr int kSteps = 4;
   const std::vector<std::string> all_gather = {"--quantize.linear.float8.enable_fsdp_float8_all_gather"};
@@ -264,6 +264,45 @@ TEST(Float8Training, MoeExpertsInFloat8TrackFp32AndTrainUnderExpertParallelismAs
   const double worst = ((have - want) / want).abs().max().item<double>();
   EXPECT_LT(worst, 1e-4) << have << want;
   std::printf("[float8 MoE experts, EP 2] largest relative loss difference to one process: %.2e\n", worst);
+}
+
+// Checkpoints hold the high-precision weights: a float8 run stopped at step 3 and resumed under
+// float8 trains as the uninterrupted float8 run did (losses within 1e-5, the weights within 1e-6),
+// and resumed without float8 (or a run saved without float8 resumed under it) continues from the
+// same weights: its losses stay within float8's 1% of the float8 run's.
+TEST(Float8Training, CheckpointsHoldHighPrecisionWeightsAndResumeWithOrWithoutFloat8) {
+  const std::vector<std::string> ckpt = {"--lr_scheduler.total_steps", "6", "--checkpoint.enable", "--checkpoint.interval",
+                                         "3", "--checkpoint.last_save_model_only", "false"};
+  auto args = [&](const std::string& dump, int steps, bool f8) {
+    std::vector<std::string> extra = ckpt;
+    if (f8) {
+      const std::vector<std::string> c = float8("tensorwise");
+      extra.insert(extra.end(), c.begin(), c.end());
+    }
+    return train_args(dump, steps, extra);
+  };
+  test::TempDir straight_dir;
+  const test::LaunchedRun straight = test::run_titan(1, args(straight_dir.path(), 6, true), straight_dir);
+  ASSERT_EQ(straight.exit_code, 0);
+  for (const auto& [first, then] : std::vector<std::pair<bool, bool>>{{true, true}, {true, false}, {false, true}}) {
+    SCOPED_TRACE(std::string("saved ") + (first ? "under float8" : "without float8") + ", resumed " +
+                 (then ? "under float8" : "without"));
+    test::TempDir dir;
+    ASSERT_EQ(test::run_titan(1, args(dir.path(), 3, first), dir).exit_code, 0);
+    const test::LaunchedRun resumed = test::run_titan(1, args(dir.path(), 6, then), dir);
+    ASSERT_EQ(resumed.exit_code, 0);
+    EXPECT_NE(resumed.output.find("resumed from"), std::string::npos) << resumed.output;
+    EXPECT_NE(resumed.output.find("continuing at step 4"), std::string::npos) << resumed.output;
+    const at::Tensor have = resumed.weights.at("__losses__"), want = straight.weights.at("__losses__").slice(0, 3);
+    ASSERT_EQ(have.numel(), 3);
+    if (first && then) {
+      test::expect_same_training(straight.weights, resumed.weights, 1e-6, 4);
+    } else {
+      const double worst = ((have - want) / want).abs().max().item<double>();
+      EXPECT_LT(worst, 0.01) << have << want;
+      EXPECT_GT(worst, 1e-7) << "a run without float8 equals the float8 run";
+    }
+  }
 }
 
 TEST(Float8Training, BadConvertersAndOptionsAreRefusedAtStartUp) {

@@ -172,8 +172,11 @@ TEST(Float8Linear, TensorwiseScaleFollowsTheFormula) {
 // expert's own tokens (the jagged scales of a grouped GEMM). So the grouped layer's output and both
 // gradients equal, bit for bit, each expert's float8 layer applied to its own rows alone; an expert
 // without tokens gets a zero gradient. Against the same with one scale over all experts' tokens the
-// weight gradients differ (the scales really are per group).
+// weight gradients differ (the scales really are per group). The same with every group padded with
+// zero rows to 16 for the weight gradient's product, as on CUDA.
 TEST(Float8Linear, GroupedExpertsAreEachExpertsOwnRowwiseLayer) {
+ for (const int64_t padding : {0, 16}) {
+  SCOPED_TRACE("padding " + std::to_string(padding));
   const nn::Float8Recipe rowwise = nn::Float8Recipe::named("rowwise");
   const int64_t E = 4, K = 32, N = 48;
   const std::vector<int64_t> counts = {5, 0, 17, 10};  // an expert without tokens
@@ -183,7 +186,7 @@ TEST(Float8Linear, GroupedExpertsAreEachExpertsOwnRowwiseLayer) {
   // Experts' weights of very different magnitudes.
   const at::Tensor w = (at::randn({E, N, K}, gen) * at::exp(2 * at::randn({E, N, 1}, gen))).requires_grad_(true);
   const at::Tensor x = d.x.clone().requires_grad_(true);
-  const at::Tensor y = nn::float8_grouped_linear(x, w, at::tensor(counts), rowwise);
+  const at::Tensor y = nn::float8_grouped_linear(x, w, counts, rowwise, padding);
   y.backward(d.gy);
 
   int64_t begin = 0;
@@ -210,6 +213,7 @@ TEST(Float8Linear, GroupedExpertsAreEachExpertsOwnRowwiseLayer) {
                                                  rowwise.input_for_grad_weight, at::kFloat, rowwise);
   EXPECT_FALSE(at::equal(gw_all_tokens, w.grad()[2]));
   EXPECT_TRUE(at::allclose(gw_all_tokens, w.grad()[2], 0.2, 1e-3 * w.grad()[2].abs().max().item<double>()));
+ }
 }
 
 TEST(Float8Linear, UnknownRecipeIsNamed) {

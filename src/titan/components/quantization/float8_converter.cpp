@@ -47,12 +47,14 @@ Float8Conversion float8_conversion(const JobConfig& cfg, int64_t tensor_parallel
                      "model.converters \"", name, "\": MX formats (MXFP8, MXFP4) are not supported; they need "
                      "Blackwell GPUs' block-scaled matmuls. Use \"", config::kFloat8Converter, "\" (float8 with "
                      "[quantize.linear.float8]) or remove the converter");
-    throw UserError("model.converters \"" + name + "\" is not a model converter; the one titan has is \"" +
-                    config::kFloat8Converter + "\" (float8 linear layers, set with [quantize.linear.float8])");
+    throw UserError("model.converters \"" + name + "\" is not a model converter; titan has \"" +
+                    config::kFloat8Converter + "\" (float8 linear layers, set with [quantize.linear.float8]) and \"" +
+                    config::kFloat8GroupedConverter + "\" (float8 MoE experts, [quantize.grouped_mm.float8])");
   }
   if (grouped) {
     // torchao's MoE training recipe: rowwise e4m3 with power-of-2 scales for all three products.
-    c.grouped_recipe = std::make_shared<const nn::Float8Recipe>(nn::Float8Recipe::named("rowwise"));
+    // quantize.linear.float8.emulate (titan's extension) emulates these products as well.
+    c.grouped_recipe = std::make_shared<const nn::Float8Recipe>(nn::Float8Recipe::named("rowwise", cfg.float8.emulate));
     c.grouped_fqns = cfg.float8_grouped.fqns;
     c.grouped_fqns.erase(std::remove(c.grouped_fqns.begin(), c.grouped_fqns.end(), std::string()), c.grouped_fqns.end());
     TITAN_USER_CHECK(!c.grouped_fqns.empty(), "model.converters \"", config::kFloat8GroupedConverter,
