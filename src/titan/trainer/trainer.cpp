@@ -116,6 +116,10 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
 
   // ---- processes, mesh, device, seed, determinism, precision
   fault::check_environment();
+  // One run per dump folder, held by rank 0 from before the other ranks meet it (a refused run
+  // stops there; the launcher stops the other ranks).
+  if (dist::launch_env_from_environment().rank == 0)
+    dump_lock_ = std::make_unique<FolderLock>(cfg_.job.dump_folder, "job.dump_folder");
   set_up_distributed();
   const uint64_t seed = static_cast<uint64_t>(cfg_.debug.seed.value_or(0));
   at::manual_seed(seed);

@@ -10,6 +10,7 @@
 #include "titan/components/optimizer/lr_scheduler.h"
 #include "titan/components/optimizer/optimizer.h"
 #include "titan/components/quantization/float8_converter.h"
+#include "titan/common/folder_lock.h"
 #include "titan/components/tokenizer/tokenizer.h"
 #include "titan/config/job_config.h"
 #include "titan/distributed/context_parallel.h"
@@ -156,6 +157,7 @@ class Trainer {
 
   JobConfig cfg_;
   dist::LaunchEnv env_;
+  std::unique_ptr<FolderLock> dump_lock_;  // rank 0: one run per job.dump_folder
   std::unique_ptr<dist::ParallelDims> dims_;
   c10::intrusive_ptr<c10d::Store> store_;
   std::unique_ptr<dist::Mesh> mesh_;

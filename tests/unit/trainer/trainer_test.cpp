@@ -2,6 +2,7 @@
 // torchtitan's own TOML files (both generations) run through the titan binary.
 #include "test_util.h"
 
+#include "titan/common/folder_lock.h"
 #include "titan/config/job_config.h"
 #include "titan/trainer/trainer.h"
 
@@ -9,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
@@ -156,6 +158,33 @@ TEST(TitanTrain, UnsupportedFeaturesAndBadInputAreClearErrors) {
                          "--model.hf_assets_path", dir / "nothing-here"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("nothing-here"), std::string::npos) << r.output;
+}
+
+// One run per dump folder: while a process holds the folder's lock, `titan train` into it is refused
+// at start-up naming the holder (this process), before it writes anything; a lock in the same
+// process is refused too. Released (as the kernel releases it when a holder dies), the lock file
+// left behind is no obstacle: the next run trains and holds it.
+TEST(TitanTrain, ADumpFolderInUseIsRefusedAndALeftoverLockIsNot) {
+  test::TempDir dir;
+  const std::vector<std::string> train = {kTitan, "train", "--job.config_file", kSource + "/configs/llama3_debugmodel.toml",
+                                          "--job.dump_folder", dir.path(), "--training.steps", "1",
+                                          "--training.seq_len", "32"};
+  {
+    FolderLock held(dir.path(), "job.dump_folder");
+    const std::string holder = "process " + std::to_string(::getpid());
+    auto r = test::run_process(train);
+    EXPECT_NE(r.exit_code, 0);
+    EXPECT_NE(r.output.find("job.dump_folder " + dir.path() + " is in use by another run (host "), std::string::npos)
+        << r.output;
+    EXPECT_NE(r.output.find(holder + ")"), std::string::npos) << r.output;
+    EXPECT_FALSE(std::filesystem::exists(dir / "config.toml")) << "the refused run wrote into the folder";
+    const std::string again = test::error_of([&] { FolderLock second(dir.path(), "job.dump_folder"); });
+    EXPECT_NE(again.find("is in use by another run"), std::string::npos) << again;
+  }
+  ASSERT_TRUE(std::filesystem::exists(dir / ".titan.lock"));
+  auto r = test::run_process(train);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(std::filesystem::exists(dir / "config.toml"));
 }
 
 TEST(TitanTrain, NoConfigFileTrainsWithTorchtitansDefaults) {
