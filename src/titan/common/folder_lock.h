@@ -1,6 +1,8 @@
 // One run per output folder: an exclusive lock (flock) on a lock file inside the folder, held for
 // the lock's lifetime. The kernel releases it when the process ends, however it ends, so a crash
-// never leaves a stale lock (the file stays, unlocked, and the next run takes it).
+// never leaves a stale lock (the file stays, unlocked, and the next run takes it). Within one
+// process, locks of one folder share the process's lock (released with the last of them): it keeps
+// other processes out.
 #pragma once
 
 #include <string>
@@ -19,8 +21,7 @@ class FolderLock {
   const std::string& path() const { return path_; }
 
  private:
-  std::string path_;
-  int fd_ = -1;
+  std::string path_;  // the lock file
 };
 
 }  // namespace titan
