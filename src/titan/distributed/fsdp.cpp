@@ -41,9 +41,8 @@ int64_t row_elems(const std::vector<int64_t>& shape) {
 
 int64_t round_up(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
 
-// float8 e4m3's largest value and its tensorwise scale from an amax, as nn::float8_cast computes them.
-constexpr double kE4M3Max = 448.0;
-at::Tensor e4m3_scales(const at::Tensor& amax) { return (kE4M3Max / amax.to(at::kDouble).clamp_min(1e-12)).to(at::kFloat); }
+// The tensorwise recipe's weight scales from whole-weight amaxes (nn::float8_cast's formula).
+at::Tensor e4m3_scales(const at::Tensor& amax) { return nn::float8_scale(amax, nn::Float8Type::E4M3, false); }
 
 // A tensor of `shape` and `options` without memory (its storage is borrowed while in use).
 at::Tensor holder(const std::vector<int64_t>& shape, const at::TensorOptions& options) {
@@ -171,7 +170,7 @@ struct FSDP::Unit {
       if (p.fp8) {
         const at::Tensor scale = scales[i++];
         p.fp8->scale.copy_(scale);
-        dst.copy_((shard.to(at::kFloat) * scale).clamp(-kE4M3Max, kE4M3Max).to(at::kFloat8_e4m3fn));
+        dst.copy_(nn::float8_data(shard, scale, nn::Float8Type::E4M3));
       } else {
         dst.copy_(shard);
       }

@@ -47,22 +47,29 @@ double max_of(Float8Type t) { return t == Float8Type::E4M3 ? 448.0 : 57344.0; }
 
 }  // namespace
 
+at::Tensor float8_scale(const at::Tensor& amax, Float8Type type, bool round_scales_to_power_of_2) {
+  // In fp64 (torchao's order), stored in fp32.
+  at::Tensor scale = (max_of(type) / amax.to(at::kDouble).clamp_min(1e-12)).to(at::kFloat);
+  return round_scales_to_power_of_2 ? at::exp2(at::floor(at::log2(scale))) : scale;
+}
+
+at::Tensor float8_data(const at::Tensor& t, const at::Tensor& scale, Float8Type type) {
+  const double fp8_max = max_of(type);
+  return (t.to(at::kFloat) * scale).clamp(-fp8_max, fp8_max).to(scalar_type(type));
+}
+
 Float8Operand float8_cast(const at::Tensor& t, const Float8Cast& cast, int64_t k_dim, bool round_scales_to_power_of_2,
                           const std::function<void(at::Tensor&)>* max_over_ranks) {
   TITAN_ASSERT(cast.type != Float8Type::HighPrecision, "float8_cast: a high-precision operand is not cast");
   TITAN_ASSERT(t.dim() == 2, "float8_cast: a matmul operand is 2-D");
   at::NoGradGuard no_grad;
-  const double fp8_max = max_of(cast.type);
   at::Tensor amax = cast.scaling == Float8Scaling::Tensorwise ? t.abs().amax() : t.abs().amax(k_dim, /*keepdim=*/true);
   if (max_over_ranks) {
     amax = amax.to(at::kFloat).contiguous();  // (exact: an amax is one of the tensor's values)
     (*max_over_ranks)(amax);
   }
-  // In fp64 (torchao's order), stored in fp32.
-  at::Tensor scale = (fp8_max / amax.to(at::kDouble).clamp_min(1e-12)).to(at::kFloat);
-  if (round_scales_to_power_of_2) scale = at::exp2(at::floor(at::log2(scale)));
-  const at::Tensor data = (t.to(at::kFloat) * scale).clamp(-fp8_max, fp8_max).to(scalar_type(cast.type));
-  return {data, scale};
+  const at::Tensor scale = float8_scale(amax, cast.type, round_scales_to_power_of_2);
+  return {float8_data(t, scale, cast.type), scale};
 }
 
 at::Tensor float8_mm(const at::Tensor& a, const at::Tensor& b, const Float8Cast& ca, const Float8Cast& cb,

@@ -72,6 +72,12 @@ struct Float8Weight {
   at::Tensor data, scale;
 };
 
+// The cast's two steps, for a caller that reduces amaxes its own way (FSDP's float8 all-gather):
+// the scale from an amax (fp64, stored fp32, optionally a power of 2), and the float8 data of `t`
+// under a scale that broadcasts against it.
+at::Tensor float8_scale(const at::Tensor& amax, Float8Type type, bool round_scales_to_power_of_2);
+at::Tensor float8_data(const at::Tensor& t, const at::Tensor& scale, Float8Type type);
+
 // One operand cast as above: `data` float8 (the operand's shape), `scale` fp32 (a scalar
 // (tensorwise) or the operand's shape with K reduced to 1 (axiswise)). `k_dim` is the dimension
 // summed by the matmul (1 for A, 0 for B). `max_over_ranks`, when given, completes the amax across
