@@ -125,6 +125,11 @@ int main(int argc, char** argv) {
       return 2;
     }
     if (titan::help_requested(args)) {
+      const std::string topic = titan::help_topic(args);
+      if (!topic.empty()) {  // one section or key prefix: `titan train --help training`
+        std::cout << titan::config_help(topic);
+        return 0;
+      }
       if (command == "estimate")
         std::cout << kEstimateUsage;
       else
@@ -136,6 +141,8 @@ int main(int argc, char** argv) {
     if (command == "estimate") return run_estimate(args);
     const titan::JobConfig cfg = titan::parse_config(args);
     return titan::run_training(cfg);
+  } catch (const titan::Preempted&) {  // rank 0 logged the stop step and its checkpoint
+    return titan::kExitPreempted;
   } catch (const titan::RunStopped& e) {
     std::fprintf(stderr, "titan %s: error: %s\n", command.c_str(), e.what());
     return titan::kExitStopped;

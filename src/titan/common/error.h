@@ -24,6 +24,14 @@ struct RunStopped : UserError {
 };
 constexpr int kExitStopped = 65;  // sysexits' EX_DATAERR
 
+// A run that stopped on a preemption signal (job.preemption_signals) after the step all ranks agreed
+// on, with its checkpoint saved when checkpointing is on: the process exits with kExitPreempted,
+// which `titan launch --max-restarts` does not count as a failure. Rank 0 has logged what happened.
+struct Preempted : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+constexpr int kExitPreempted = 75;  // sysexits' EX_TEMPFAIL: run the same command again to resume
+
 struct InternalError : std::logic_error {
   using std::logic_error::logic_error;
 };

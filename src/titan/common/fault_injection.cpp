@@ -24,6 +24,7 @@ struct Fault {
   int64_t step = -1;
   int rank = 0;      // -1: any
   int attempt = 0;   // -1: any
+  int seconds = 5;   // sleep
 };
 
 int env_int(const char* name) {
@@ -32,7 +33,7 @@ int env_int(const char* name) {
 }
 
 std::vector<Fault> parse(const std::string& spec) {
-  static const std::set<std::string> actions = {"kill", "stop", "nan", "oom"};
+  static const std::set<std::string> actions = {"kill", "stop", "nan", "oom", "term", "sleep"};
   static const std::set<std::string> points = {"data",   "forward",         "loss",
                                                "backward", "optimizer",     "checkpoint_data",
                                                "checkpoint_index", "checkpoint_rename"};
@@ -58,7 +59,7 @@ std::vector<Fault> parse(const std::string& spec) {
         return std::stoi(v);
       };
       if (k == "action") {
-        TITAN_USER_CHECK(actions.count(v), "TITAN_FAULT_INJECT: unknown action '", v, "' (kill, stop, nan or oom)", usage);
+        TITAN_USER_CHECK(actions.count(v), "TITAN_FAULT_INJECT: unknown action '", v, "' (kill, stop, nan, oom, term or sleep)", usage);
         f.action = v;
       } else if (k == "point") {
         TITAN_USER_CHECK(points.count(v), "TITAN_FAULT_INJECT: unknown point '", v,
@@ -72,8 +73,10 @@ std::vector<Fault> parse(const std::string& spec) {
         f.rank = number(true);
       } else if (k == "attempt") {
         f.attempt = number(true);
+      } else if (k == "seconds") {
+        f.seconds = number(false);
       } else {
-        TITAN_USER_CHECK(false, "TITAN_FAULT_INJECT: unknown key '", k, "' (action, point, step, rank, attempt)", usage);
+        TITAN_USER_CHECK(false, "TITAN_FAULT_INJECT: unknown key '", k, "' (action, point, step, rank, attempt, seconds)", usage);
       }
     }
     TITAN_USER_CHECK(!f.action.empty() && have_step, "TITAN_FAULT_INJECT: '", entry, "' needs action and step", usage);
@@ -116,6 +119,13 @@ std::optional<Fault> find(const char* point, int64_t step) {
   return std::nullopt;
 }
 
+std::vector<Fault> find_all(const char* point, int64_t step) {
+  std::vector<Fault> out;
+  for (const Fault& f : plan())
+    if (f.step == step && f.point == point) out.push_back(f);
+  return out;
+}
+
 }  // namespace
 
 void check_environment() { (void)plan(); }
@@ -125,18 +135,30 @@ bool enabled() { return !plan().empty(); }
 void point(const char* name, int64_t step) {
   const char* env = std::getenv("TITAN_FAULT_INJECT");
   if (!env || !*env) return;
-  const auto f = find(name, step);
-  if (!f || f->action == "nan") return;
-  if (f->action == "oom") {
-    TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory (fault injection at ", name, " of step ", step,
-                     ": TITAN_FAULT_INJECT)");
+  for (const Fault& f : find_all(name, step)) {  // in the order given
+    if (f.action == "nan") continue;
+    if (f.action == "oom") {
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory (fault injection at ", name, " of step ", step,
+                       ": TITAN_FAULT_INJECT)");
+    }
+    if (f.action == "sleep") {
+      std::fprintf(stderr, "fault injection: rank %d sleeps %d s at %s of step %lld\n", env_int("RANK"), f.seconds, name,
+                   static_cast<long long>(step));
+      std::fflush(stderr);
+      unsigned left = static_cast<unsigned>(f.seconds);
+      while (left > 0) left = ::sleep(left);  // a handled signal interrupts it: the sleep goes on
+      continue;
+    }
+    const int sig = f.action == "kill" ? SIGKILL : f.action == "stop" ? SIGSTOP : SIGTERM;
+    std::fprintf(stderr, "fault injection: rank %d sends itself %s at %s of step %lld\n", env_int("RANK"),
+                 sig == SIGKILL ? "SIGKILL" : sig == SIGSTOP ? "SIGSTOP" : "SIGTERM", name, static_cast<long long>(step));
+    std::fflush(stderr);
+    std::fflush(stdout);
+    if (sig == SIGTERM)
+      ::raise(sig);  // handled in this thread before raise returns (a preemption notice at this point)
+    else
+      ::kill(::getpid(), sig);
   }
-  const int sig = f->action == "kill" ? SIGKILL : SIGSTOP;
-  std::fprintf(stderr, "fault injection: rank %d sends itself %s at %s of step %lld\n", env_int("RANK"),
-               sig == SIGKILL ? "SIGKILL" : "SIGSTOP", name, static_cast<long long>(step));
-  std::fflush(stderr);
-  std::fflush(stdout);
-  ::kill(::getpid(), sig);
 }
 
 bool nan_loss(int64_t step) {

@@ -8,7 +8,10 @@
 //            stop: SIGSTOP (a rank that stops answering, as a hung one does);
 //            nan:  the loss of that rank becomes NaN (point loss);
 //            oom:  throws the out-of-memory error the CUDA caching allocator throws (c10::OutOfMemoryError),
-//                  so the out-of-memory path (its memory snapshot and message) runs on any machine.
+//                  so the out-of-memory path (its memory snapshot and message) runs on any machine;
+//            term: SIGTERM, as a scheduler's preemption notice (handled in the calling thread, so the
+//                  step at which it arrives is exact);
+//            sleep: the rank pauses `seconds` (default 5) there: a slow step or save.
 //   point    data (before the micro-batch is read), forward (after the model's forward), loss,
 //            backward (inside backward, before the model's first gradient), optimizer (after the
 //            gradient norm, before the update), checkpoint_data (half of a checkpoint file written),
@@ -17,6 +20,8 @@
 //            (the background one under checkpoint.async_mode).
 //   step     the training step (1-based) at which it fires; for checkpoint points, the step saved.
 //   rank     the global rank it fires on (default 0), or "any".
+//   seconds  how long a sleep lasts.
+//   Several entries at one point and step are carried out in the order given.
 //   attempt  the restart attempt (TORCHELASTIC_RESTART_COUNT, 0 for the first) it fires in (default
 //            0, so that a restarted job does not fail again), or "any".
 //

@@ -2,6 +2,8 @@
 #include "titan/config/field.h"
 #include "titan/config/job_config.h"
 #include "titan/config/legacy.h"
+#include "titan/config/suggest.h"
+#include "titan/common/error.h"
 
 #include <sstream>
 #include <variant>
@@ -63,28 +65,69 @@ std::string to_toml(const JobConfig& cfg) {
   return os.str();
 }
 
-std::string config_help() {
+namespace {
+
+void field_help(std::ostringstream& os, const FieldRef& f) {
+  os << "  --" << f.path() << " " << metavar(f) << "  (default: " << config::format_value(f.value) << ")\n";
+  os << "      " << f.help;
+  if (!f.choices.empty()) {
+    os << "; one of:";
+    for (const auto& c : f.choices) os << " \"" << c << "\"";
+  }
+  os << "\n";
+}
+
+}  // namespace
+
+std::string config_help(const std::string& topic_arg) {
   JobConfig defaults;
   const auto fields = config::fields_of(defaults);
   std::ostringstream os;
+  // A topic: a section ("training", "[training]"), a key or key prefix ("training.seq",
+  // "--training.seq_len"), else the keys whose path contains it ("seq_len").
+  std::string topic = topic_arg;
+  if (topic.rfind("--", 0) == 0) topic = topic.substr(2);
+  if (topic.size() > 2 && topic.front() == '[' && topic.back() == ']') topic = topic.substr(1, topic.size() - 2);
+  if (!topic_arg.empty()) {
+    std::vector<const FieldRef*> chosen;
+    for (const auto& f : fields)
+      if (f.section == topic || f.path().rfind(topic, 0) == 0) chosen.push_back(&f);
+    if (chosen.empty())
+      for (const auto& f : fields)
+        if (f.path().find(topic) != std::string::npos) chosen.push_back(&f);
+    if (chosen.empty()) {
+      std::vector<std::string> names;
+      for (const auto& s : config::sections()) names.push_back(s.name);
+      for (const auto& f : fields) names.push_back(f.path());
+      const auto near = config::nearest(topic, names);
+      std::string list;
+      for (const auto& s : config::sections()) list += (list.empty() ? "" : ", ") + s.name;
+      throw UserError("--help " + topic_arg + ": no section or option matches" +
+                      (near ? " (did you mean " + *near + "?)" : "") + "; the sections are " + list +
+                      ". --help alone lists every option");
+    }
+    std::string section;
+    for (const FieldRef* f : chosen) {
+      if (f->section != section) {
+        section = f->section;
+        for (const auto& s : config::sections())
+          if (s.name == section) os << (os.tellp() > 0 ? "\n" : "") << "[" << s.name << "]  " << s.help << "\n";
+      }
+      field_help(os, *f);
+    }
+    return os.str();
+  }
   os << "Options: --section.key VALUE or --section.key=VALUE (later ones win). Booleans may be bare\n"
         "(--compile.enable) or take true/false; --section.no_key sets one to false. Lists are\n"
         "comma-separated (--compile.components model,loss); lists of lists separate the lists with ';'\n"
         "(--parallelism.module_fqns_per_model_part \"tok_embeddings,layers.0;layers.1,norm,output\").\n"
         "--job.config_file FILE reads a TOML file with the same keys under [section] tables; the command\n"
-        "line overrides the file, the file the defaults.\n";
+        "line overrides the file, the file the defaults. --help SECTION (or a key prefix, e.g.\n"
+        "--help training.seq) shows only those options.\n";
   for (const auto& s : config::sections()) {
     os << "\n[" << s.name << "]  " << s.help << "\n";
-    for (const auto& f : fields) {
-      if (f.section != s.name) continue;
-      os << "  --" << f.path() << " " << metavar(f) << "  (default: " << config::format_value(f.value) << ")\n";
-      os << "      " << f.help;
-      if (!f.choices.empty()) {
-        os << "; one of:";
-        for (const auto& c : f.choices) os << " \"" << c << "\"";
-      }
-      os << "\n";
-    }
+    for (const auto& f : fields)
+      if (f.section == s.name) field_help(os, f);
   }
   os << "\nOlder torchtitan spellings, accepted in files and on the command line:\n";
   for (const auto& l : config::legacy_keys())

@@ -78,12 +78,16 @@ JobConfig parse_config_text(const std::string& toml_text, const std::string& sou
 // absent, UserError when it has no value. What remains goes to parse_config.
 bool take_option(std::vector<std::string>& args, const std::string& name, std::string& value);
 
-// True when the arguments ask for help (--help or -h); callers then print config_help().
+// True when the arguments ask for help (--help or -h); callers then print config_help(help_topic(args)).
 bool help_requested(const std::vector<std::string>& args);
+// What the help is asked about: the argument after --help / -h when it is not an option
+// (`--help training`), or --help=TOPIC; "" for all.
+std::string help_topic(const std::vector<std::string>& args);
 
 // Every option grouped by table: name, type, default, help, allowed values; then the older
-// spellings that are still accepted.
-std::string config_help();
+// spellings that are still accepted. With a topic, only the options of that section, key or key
+// prefix (else those whose name contains it); UserError naming the sections when none matches.
+std::string config_help(const std::string& topic = "");
 
 // The resolved config as a TOML document that parses back to the same config (unset optional
 // values are written as comments).

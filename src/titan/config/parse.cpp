@@ -99,7 +99,7 @@ std::optional<std::string> config_file_argument(const std::vector<std::string>& 
 void apply_command_line(const std::vector<std::string>& args, Layer& layer) {
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
-    TITAN_ASSERT(arg != "--help" && arg != "-h", "check help_requested() before parse_config()");
+    TITAN_ASSERT(arg != "--help" && arg != "-h" && arg.rfind("--help=", 0) != 0, "check help_requested() before parse_config()");
     TITAN_USER_CHECK(arg.rfind("--", 0) == 0 && arg.size() > 2, "unexpected argument '", arg,
                      "': options look like --section.key value or --section.key=value (see --help)");
     std::string name = arg.substr(2);
@@ -169,8 +169,18 @@ bool take_option(std::vector<std::string>& args, const std::string& name, std::s
 
 bool help_requested(const std::vector<std::string>& args) {
   for (const auto& a : args)
-    if (a == "--help" || a == "-h") return true;
+    if (a == "--help" || a == "-h" || a.rfind("--help=", 0) == 0) return true;
   return false;
+}
+
+std::string help_topic(const std::vector<std::string>& args) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i].rfind("--help=", 0) == 0) return args[i].substr(7);
+    if ((args[i] == "--help" || args[i] == "-h") && i + 1 < args.size() && !args[i + 1].empty() &&
+        args[i + 1][0] != '-')
+      return args[i + 1];
+  }
+  return "";
 }
 
 

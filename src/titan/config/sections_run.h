@@ -19,6 +19,8 @@ struct Job {
   bool print_config = false;
   std::string save_config_file;  // empty: not saved
   std::string custom_config_module;
+  std::vector<std::string> preemption_signals = {"SIGTERM", "SIGUSR1"};
+  int64_t preemption_grace_seconds = 0;  // 0: no deadline of titan's own
 
   template <class V>
   void visit(V& v) {
@@ -28,6 +30,13 @@ struct Job {
     v(print_config, "print_config", "print the resolved config at start-up");
     v(save_config_file, "save_config_file", "write the resolved config to this file inside dump_folder");
     v(custom_config_module, "custom_config_module", "module that extends the config with more sections");
+    v(preemption_signals, "preemption_signals",
+      "signals that preempt the run: the step in flight finishes, every rank stops at the same step, a "
+      "checkpoint of it is saved (with checkpoint.enable) and titan exits with code 75; a second signal exits at "
+      "once (SLURM: #SBATCH --signal=USR1@120; [] turns this off)");
+    v(preemption_grace_seconds, "preemption_grace_seconds",
+      "after a preemption signal, exit at once if the run has not stopped within this many seconds (0: no limit "
+      "of titan's own; the scheduler's kill comes anyway)");
   }
   bool operator==(const Job&) const = default;
 };

@@ -1,5 +1,6 @@
 // Sanity checks of a resolved config that hold whatever features are enabled.
 #include "titan/common/error.h"
+#include "titan/common/preemption.h"
 #include "titan/config/job_config.h"
 
 #include <algorithm>
@@ -42,6 +43,9 @@ void validate_config(const JobConfig& cfg) {
                    "training.global_batch_size (", t.global_batch_size, ") must be a multiple of "
                    "training.local_batch_size (", t.local_batch_size, ")");
   TITAN_USER_CHECK(t.max_norm > 0, "training.max_norm must be positive, got ", t.max_norm);
+  for (const std::string& name : cfg.job.preemption_signals) (void)preemption_signal_number(name);
+  TITAN_USER_CHECK(cfg.job.preemption_grace_seconds >= 0, "job.preemption_grace_seconds must be >= 0 (0: no limit), got ",
+                   cfg.job.preemption_grace_seconds);
 
   if (cfg.model.moe_aux_loss_coeff)
     TITAN_USER_CHECK(*cfg.model.moe_aux_loss_coeff >= 0 && std::isfinite(*cfg.model.moe_aux_loss_coeff),

@@ -55,7 +55,7 @@ std::vector<int> parse_rank_list(const std::string& what, const std::string& v) 
 
 const char* kValueOptions[] = {"--nproc-per-node", "--nnodes",          "--node-rank",       "--master-addr",
                                "--master-port",    "--local-ranks-filter", "--timeout-seconds", "--grace-seconds",
-                               "--max-restarts"};
+                               "--max-restarts", "--preemption-grace-seconds"};
 
 }  // namespace
 
@@ -72,13 +72,20 @@ std::string launch_help() {
          "  --standalone              one node on localhost with a free port\n"
          "  --local-ranks-filter L    show the output of these local ranks only, e.g. 0 or 0,3, or all\n"
          "                            (default: env LOG_RANK, else all)\n"
-         "  --timeout-seconds S       stop all workers and fail after S seconds (default: no limit)\n"
-         "  --grace-seconds G         wait G seconds after SIGTERM before SIGKILL when stopping workers (default 5)\n"
+         "  --timeout-seconds S       after S seconds, send the workers SIGTERM (they save a checkpoint and stop,\n"
+         "                            see job.preemption_signals) and exit 124 (default: no limit)\n"
+         "  --grace-seconds G         after a worker failed, wait G seconds after stopping the others (SIGINT)\n"
+         "                            before SIGKILL (default 5)\n"
+         "  --preemption-grace-seconds P\n"
+         "                            after SIGTERM, SIGUSR1 or SIGUSR2 to the launcher (forwarded to the workers,\n"
+         "                            which save a checkpoint and exit 75) or the timeout, wait up to P seconds\n"
+         "                            before SIGKILL (default 120); a second signal kills the workers at once\n"
          "  --max-restarts N          after a failure, restart all workers up to N times (default 0); a training\n"
          "                            job resumes from its latest complete checkpoint (checkpoint.enable = true).\n"
          "                            With several nodes, give every launcher the same N\n"
-         "When a worker fails, the launcher prints its last lines, stops the others and, with no restart left,\n"
-         "exits non-zero.\n";
+         "When a worker fails, the launcher prints its error (once for ranks that fail alike) or last lines,\n"
+         "stops the others and, with no restart left, exits non-zero. Workers that stop for preemption (exit\n"
+         "code 75) are not a failure: the launcher waits for all of them, restarts nothing and exits 75.\n";
 }
 
 LaunchOptions parse_launch_options(const std::vector<std::string>& args) {
@@ -138,6 +145,8 @@ LaunchOptions parse_launch_options(const std::vector<std::string>& args) {
       o.timeout_seconds = parse_seconds(name, value);
     } else if (name == "--grace-seconds") {
       o.grace_seconds = parse_seconds(name, value);
+    } else if (name == "--preemption-grace-seconds") {
+      o.preemption_grace_seconds = parse_seconds(name, value);
     } else if (name == "--max-restarts") {
       o.max_restarts = parse_count(name, value, 0);
     }

@@ -66,6 +66,14 @@ void write_all(int fd, const std::string& s) {
 
 void say(const std::string& msg) { write_all(2, "titan launch: " + msg + "\n"); }
 
+// The first line of the error a titan command prints when it fails: "titan train: error: ...",
+// "titan train: error from LibTorch: ...".
+bool is_error_line(const std::string& line) {
+  if (line.rfind("titan ", 0) != 0) return false;
+  const size_t colon = line.find(':', 6);  // after the command's name, which has no space
+  return colon != std::string::npos && line.find(' ', 6) > colon && line.compare(colon, 7, ": error") == 0;
+}
+
 struct Stream {
   int fd = -1;        // read end of the worker's pipe; -1 once at EOF
   int out_fd = 1;     // where its lines go: the launcher's stdout or stderr
@@ -81,10 +89,19 @@ struct Worker {
   int term_signal = 0;     // the signal that killed it (0: none)
   Stream streams[2];
   std::deque<std::string> tail;  // its last lines, shown or not
+  // The error titan printed before exiting ("titan train: error: ..." to the end of its output): held
+  // back from the stream and said in the launcher's report, once for the ranks that fail alike.
+  std::string error;
+  bool error_said = false;
 
   void emit(const std::string& line, int out_fd) {
     const std::string prefixed = "[rank " + std::to_string(rank) + "]: " + line;
-    if (shown) write_all(out_fd, prefixed + "\n");
+    if (error.empty() && is_error_line(line)) error_said = false;
+    if (!error.empty() || is_error_line(line)) {
+      error += line + "\n";
+    } else if (shown) {
+      write_all(out_fd, prefixed + "\n");
+    }
     tail.push_back(prefixed);
     if (tail.size() > kTailLines) tail.pop_front();
   }
@@ -170,7 +187,7 @@ void spawn(Worker& w, const std::string& exe, std::vector<std::string> argv, std
     if (getppid() != parent) _exit(1);      // ... even if it died before prctl
     struct sigaction dfl {};
     dfl.sa_handler = SIG_DFL;
-    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE}) sigaction(sig, &dfl, nullptr);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2, SIGCHLD, SIGPIPE}) sigaction(sig, &dfl, nullptr);
     if (devnull >= 0) dup2(devnull, 0);
     dup2(out[1], 1);
     dup2(err[1], 2);
@@ -187,6 +204,67 @@ void spawn(Worker& w, const std::string& exe, std::vector<std::string> argv, std
   w.streams[0] = Stream{out[0], 1, {}};
   w.streams[1] = Stream{err[0], 2, {}};
   for (int fd : {out[0], err[0]}) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+}
+
+std::string format_seconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", s);
+  return buf;
+}
+
+std::string rank_list(const std::vector<Worker*>& ws) {
+  std::string out = ws.size() == 1 ? "rank " : "ranks ";
+  for (size_t i = 0; i < ws.size(); ++i) out += (i ? ", " : "") + std::to_string(ws[i]->rank);
+  return out;
+}
+
+// Names the failed workers with their exit: a titan error once for all the ranks that printed it
+// alike (a config that does not fit the world fails every rank the same way), else each one's last lines.
+void report_failures(const std::vector<Worker*>& failed, std::vector<Worker>& all) {
+  std::vector<std::vector<Worker*>> groups;  // by (error text, how), in rank order of first appearance
+  for (Worker* w : failed) {
+    auto said = std::find_if(all.begin(), all.end(), [&](const Worker& o) {
+      return o.error_said && !w->error.empty() && o.error == w->error;
+    });
+    if (said != all.end()) {  // said already for another rank
+      say("rank " + std::to_string(w->rank) + " (pid " + std::to_string(w->pid) + ") " + w->how() +
+          ", with the same error as rank " + std::to_string(said->rank));
+      w->error_said = true;
+      continue;
+    }
+    auto same = std::find_if(groups.begin(), groups.end(), [&](const std::vector<Worker*>& g) {
+      return !w->error.empty() && g.front()->error == w->error && g.front()->how() == w->how();
+    });
+    if (same != groups.end())
+      same->push_back(w);
+    else
+      groups.push_back({w});
+  }
+  for (const auto& g : groups) {
+    Worker& first = *g.front();
+    std::string pids;
+    for (size_t i = 0; i < g.size(); ++i) pids += (i ? ", " : "") + std::to_string(g[i]->pid);
+    if (!first.error.empty()) {
+      std::string text;
+      for (size_t start = 0; start < first.error.size();) {
+        const size_t nl = first.error.find('\n', start);
+        text += "  " + first.error.substr(start, nl - start) + "\n";
+        start = nl + 1;
+      }
+      say(rank_list(g) + " (pid " + pids + ") " + first.how() + ":");
+      write_all(2, text);
+      for (Worker* w : g) w->error_said = true;
+      continue;
+    }
+    for (Worker* w : g) {
+      say("rank " + std::to_string(w->rank) + " (pid " + std::to_string(w->pid) + ") " + w->how());
+      if (!w->tail.empty()) {
+        std::string lines;
+        for (const auto& l : w->tail) lines += "  " + l + "\n";
+        write_all(2, "titan launch: last lines of rank " + std::to_string(w->rank) + ":\n" + lines);
+      }
+    }
+  }
 }
 
 void signal_groups(std::vector<Worker>& workers, int sig) {
@@ -274,7 +352,7 @@ int launch_workers(const LaunchOptions& o) {
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) sigaction(sig, &sa, nullptr);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2, SIGCHLD}) sigaction(sig, &sa, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
   std::map<std::string, std::string> common = {
@@ -286,7 +364,8 @@ int launch_workers(const LaunchOptions& o) {
   if (o.nproc_per_node > 1 && !std::getenv("OMP_NUM_THREADS")) common["OMP_NUM_THREADS"] = "1";
 
   const auto start = Clock::now();
-  const auto grace = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(o.grace_seconds));
+  auto seconds = [](double s) { return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s)); };
+  const auto grace = seconds(o.grace_seconds), preemption_grace = seconds(o.preemption_grace_seconds);
   // Other nodes' launchers to agree with on failures and restarts (only when restarts are allowed).
   c10d::Store* coord = o.nnodes > 1 && o.max_restarts > 0 ? store.get() : nullptr;
 
@@ -313,13 +392,16 @@ int launch_workers(const LaunchOptions& o) {
     Attempt outcome;
     bool stopping = false, killed = false, local_done = false;
     Clock::time_point kill_at{}, done_at{};
+    // After a failure: SIGINT, which titan does not handle (SIGTERM would ask it to save first, and a
+    // job with a failed rank cannot finish its step).
     auto stop = [&](Attempt::Kind kind, int code) {
       stopping = true;
       outcome.kind = kind;
       outcome.code = code;
       kill_at = Clock::now() + grace;
-      signal_groups(workers, SIGTERM);
+      signal_groups(workers, SIGINT);
     };
+    bool preempting = false;  // the workers were asked to save and stop, or began to by themselves
 
     while (true) {
       std::vector<pollfd> fds{{g_signal_pipe[0], POLLIN, 0}};
@@ -337,12 +419,17 @@ int launch_workers(const LaunchOptions& o) {
       unsigned char sig;
       while (read(g_signal_pipe[0], &sig, 1) == 1) {
         if (sig == SIGCHLD) continue;  // only wakes the loop
+        const bool preemption = sig == SIGTERM || sig == SIGUSR1 || sig == SIGUSR2;
         if (!stopping || outcome.kind != Attempt::kInterrupted) {
-          say("received " + signal_name(sig) + ", stopping the workers");
+          say("received " + signal_name(sig) +
+              (preemption ? ", forwarding it to the workers (they save a checkpoint and stop; up to " +
+                                format_seconds(o.preemption_grace_seconds) + " s, --preemption-grace-seconds)"
+                          : ", stopping the workers"));
           stopping = true;
+          preempting = preempting || preemption;
           outcome.kind = Attempt::kInterrupted;
           outcome.code = 128 + sig;
-          kill_at = Clock::now() + grace;
+          kill_at = Clock::now() + (preemption ? preemption_grace : grace);
           signal_groups(workers, sig);
         } else if (!killed) {
           say("received " + signal_name(sig) + " again, killing the workers");
@@ -361,23 +448,27 @@ int launch_workers(const LaunchOptions& o) {
         w.exited = true;
         (info.si_code == CLD_EXITED ? w.exit_status : w.term_signal) = info.si_status;
         w.pump_all();
-        if (w.failed() && !stopping) failures.push_back(&w);
+        const bool preempted = w.term_signal == 0 && w.exit_status == kExitPreempted;
+        if (preempted && !preempting && (!stopping || outcome.kind == Attempt::kInterrupted)) {
+          // Not a failure: the ranks agreed to stop after a step and saved it; the others follow.
+          say("rank " + std::to_string(w.rank) + " stopped for preemption (exit code " + std::to_string(kExitPreempted) +
+              "); waiting for the other workers, restarting nothing");
+          preempting = stopping = true;
+          outcome.kind = Attempt::kInterrupted;
+          outcome.code = kExitPreempted;
+          kill_at = Clock::now() + preemption_grace;
+        } else if (w.failed() && !stopping) {
+          failures.push_back(&w);
+        }
       }
       if (!failures.empty()) {
-        for (Worker* w : failures) {
-          w->flush_partial();
-          say("rank " + std::to_string(w->rank) + " (pid " + std::to_string(w->pid) + ") " + w->how());
-          if (!w->tail.empty()) {
-            std::string lines;
-            for (const auto& l : w->tail) lines += "  " + l + "\n";
-            write_all(2, "titan launch: last lines of rank " + std::to_string(w->rank) + ":\n" + lines);
-          }
-        }
+        for (Worker* w : failures) w->flush_partial();
+        report_failures(failures, workers);
         const Worker& first = *failures.front();
         outcome.failure = "rank " + std::to_string(first.rank) + " (node " + std::to_string(o.node_rank) + ") " + first.how();
         report_failure(coord, attempt, outcome.failure);
         const auto running = std::count_if(workers.begin(), workers.end(), [](const Worker& w) { return !w.exited; });
-        say("stopping the other " + std::to_string(running) + " worker(s)");
+        if (running > 0) say("stopping the other " + std::to_string(running) + " worker(s)");
         stop(Attempt::kFailed, first.exit_code());
       }
       if (!stopping && coord && !local_done) {
@@ -393,8 +484,13 @@ int launch_workers(const LaunchOptions& o) {
           Clock::now() - start > std::chrono::duration<double>(o.timeout_seconds)) {
         char secs[32];
         std::snprintf(secs, sizeof secs, "%g", o.timeout_seconds);
-        say(std::string("timeout of ") + secs + " s (--timeout-seconds) reached, stopping the workers");
-        stop(Attempt::kInterrupted, 124);
+        say(std::string("timeout of ") + secs + " s (--timeout-seconds) reached, stopping the workers (SIGTERM: they "
+            "save a checkpoint and stop)");
+        stopping = preempting = true;
+        outcome.kind = Attempt::kInterrupted;
+        outcome.code = 124;
+        kill_at = Clock::now() + preemption_grace;
+        signal_groups(workers, SIGTERM);
       }
       if (stopping && !killed && Clock::now() >= kill_at) {
         const auto left = std::count_if(workers.begin(), workers.end(), [](const Worker& w) { return !w.exited; });
@@ -455,6 +551,15 @@ int launch_workers(const LaunchOptions& o) {
       }
       w.reaped = true;
     }
+    // Errors not yet said (ranks that failed while the others were being stopped), once per error.
+    std::vector<Worker*> unsaid;
+    for (auto& w : workers)
+      if (!w.error.empty() && !w.error_said) unsaid.push_back(&w);
+    report_failures(unsaid, workers);
+    // A signal forwarded to the workers, and every worker saved and stopped: the job was preempted.
+    if (outcome.kind == Attempt::kInterrupted && outcome.code != 124 &&
+        std::all_of(workers.begin(), workers.end(), [](const Worker& w) { return w.term_signal == 0 && w.exit_status == kExitPreempted; }))
+      outcome.code = kExitPreempted;
     return outcome;
   };
 
@@ -482,7 +587,7 @@ int launch_workers(const LaunchOptions& o) {
     // The other nodes' launchers may still read the last attempt's keys; give them a moment.
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGCHLD}) signal(sig, SIG_DFL);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2, SIGCHLD}) signal(sig, SIG_DFL);
   close(g_signal_pipe[0]);
   close(g_signal_pipe[1]);
   return result;

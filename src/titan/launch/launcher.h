@@ -9,12 +9,16 @@
 // (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, NODE_RANK, ROLE_RANK, MASTER_ADDR,
 // MASTER_PORT), read back by launch_env_from_environment() (runtime.h). Every output line of a worker
 // is printed whole with a "[rank R]: " prefix, optionally only for some local ranks (LOG_RANK).
-// When a worker fails, the launcher names it, prints its last lines, stops the others (SIGTERM, then
-// SIGKILL after the grace period), reaps everything and, with --max-restarts N, starts all workers
+// When a worker fails, the launcher names it, prints its error (once for ranks whose errors are
+// alike) or its last lines, stops the others (SIGINT, then SIGKILL after the grace period), reaps
+// everything and, with --max-restarts N, starts all workers
 // again (TORCHELASTIC_RESTART_COUNT = 1, 2, ...; a training job resumes from its latest checkpoint)
 // up to N times, else exits non-zero. Node 0's launcher hosts the rendezvous store (torchrun's agent
 // store, TORCHELASTIC_USE_AGENT_STORE=True); with several nodes, the launchers restart together
-// through it. See docs/launch.md and docs/reliability.md.
+// through it. A preemption signal to the launcher (SIGTERM, SIGUSR1, SIGUSR2) is forwarded to the
+// workers, which finish their step, save and exit with kExitPreempted; the launcher waits for them
+// (--preemption-grace-seconds), restarts nothing and exits with that code. See docs/launch.md and
+// docs/reliability.md.
 #pragma once
 
 #include <string>
@@ -30,7 +34,10 @@ struct LaunchOptions {
   int master_port = 29500;                 // 0: pick a free port (single node only)
   std::vector<int> local_ranks_filter;     // local ranks whose output is shown; empty: all
   double timeout_seconds = 0;              // wall-clock limit for the whole job; 0: none
-  double grace_seconds = 5;                // SIGTERM -> SIGKILL delay when stopping workers
+  double grace_seconds = 5;                // SIGINT -> SIGKILL delay when stopping workers after a failure
+  // After a preemption signal (SIGTERM, SIGUSR1, SIGUSR2) forwarded to the workers, or the timeout's
+  // SIGTERM: how long they have to save and exit before SIGKILL.
+  double preemption_grace_seconds = 120;
   int max_restarts = 0;                    // times all workers are restarted after a failure
   std::vector<std::string> command;        // the titan command each worker runs, e.g. {"train", ...}
 };
@@ -41,8 +48,9 @@ LaunchOptions parse_launch_options(const std::vector<std::string>& args);
 
 // Starts the workers of `opts`, relays their output, supervises them, and returns the exit code of the
 // launcher: 0 when every worker exited 0 (in the last attempt); the failed worker's exit code (128 +
-// signal when killed) when no restart is left, 1 when another node's worker failed;
-// 128 + signal when the launcher itself was interrupted; 124 when --timeout-seconds ran out.
+// signal when killed) when no restart is left, 1 when another node's worker failed; kExitPreempted
+// when the workers stopped for preemption (all of them exited with it); else 128 + signal when the
+// launcher itself was interrupted; 124 when --timeout-seconds ran out.
 int launch_workers(const LaunchOptions& opts);
 
 // Entry point of `titan launch ARGS` (help, options, then launch_workers). Also runs the diagnostic

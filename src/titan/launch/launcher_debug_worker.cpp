@@ -6,7 +6,8 @@
 //   --lines N             print N numbered lines to stdout and N to stderr
 //   --partial TEXT        print TEXT without a trailing newline, just before ending
 //   --spawn-grandchild    fork a child (same process group) that sleeps 60 s; print "grandchild_pid=P"
-//   --ignore-sigterm      ignore SIGTERM (only SIGKILL stops it)
+//   --ignore-stop-signals ignore SIGTERM and SIGINT (only SIGKILL stops it)
+//   --exit-on-signal C    on SIGTERM, SIGUSR1 or SIGUSR2: print "received SIG..." and exit with code C
 //   --sleep-ms MS         sleep before ending (default 0)
 //   --fail-rank R         only global rank R ends with --exit-code / --raise; the others exit 0
 //   --fail-after-ms MS    the failing rank's own delay instead of --sleep-ms
@@ -48,6 +49,15 @@ int signal_by_name(const std::string& name) {
   throw UserError("debug-worker: --raise takes KILL, TERM, SEGV, ABRT or INT, got '" + name + "'");
 }
 
+int g_exit_code_on_signal = -1;
+
+void on_signal_exit(int sig) {
+  char msg[64];
+  const int n = std::snprintf(msg, sizeof msg, "received SIG%s\n", sigabbrev_np(sig));
+  [[maybe_unused]] auto w = write(1, msg, static_cast<size_t>(n));
+  _exit(g_exit_code_on_signal);
+}
+
 void sleep_ms(long ms) {
   if (ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
 }
@@ -64,7 +74,8 @@ int run_debug_worker(const std::vector<std::string>& args) {
     if (a == "--print-env") print_env = true;
     else if (a == "--print-pid") print_pid = true;
     else if (a == "--spawn-grandchild") grandchild = true;
-    else if (a == "--ignore-sigterm") ignore_term = true;
+    else if (a == "--ignore-stop-signals") ignore_term = true;
+    else if (a == "--exit-on-signal") g_exit_code_on_signal = static_cast<int>(number_arg(args, i));
     else if (a == "--lines") lines = number_arg(args, i);
     else if (a == "--sleep-ms") sleep = number_arg(args, i);
     else if (a == "--fail-rank") fail_rank = number_arg(args, i);
@@ -74,7 +85,12 @@ int run_debug_worker(const std::vector<std::string>& args) {
     else if (a == "--partial" && i + 1 < args.size()) partial = args[++i];
     else throw UserError("debug-worker: unknown option '" + a + "'");
   }
-  if (ignore_term) std::signal(SIGTERM, SIG_IGN);
+  if (ignore_term) {
+    std::signal(SIGTERM, SIG_IGN);
+    std::signal(SIGINT, SIG_IGN);
+  }
+  if (g_exit_code_on_signal >= 0)
+    for (int sig : {SIGTERM, SIGUSR1, SIGUSR2}) std::signal(sig, on_signal_exit);
 
   const LaunchEnv env = launch_env_from_environment();
   if (print_pid) std::printf("pid=%d\n", static_cast<int>(getpid()));

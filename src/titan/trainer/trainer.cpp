@@ -120,7 +120,19 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
   // stops there; the launcher stops the other ranks).
   if (dist::launch_env_from_environment().rank == 0)
     dump_lock_ = std::make_unique<FolderLock>(cfg_.job.dump_folder, "job.dump_folder");
+  // From here a preemption signal is a request, answered at the first step boundary (a signal during
+  // start-up stops the run before its first step).
+  if (!cfg_.job.preemption_signals.empty()) {
+    std::vector<int> signals;
+    for (const std::string& name : cfg_.job.preemption_signals) signals.push_back(preemption_signal_number(name));
+    preemption_ = std::make_unique<PreemptionHandler>(signals, cfg_.job.preemption_grace_seconds);
+  }
   set_up_distributed();
+  if (preemption_) {
+    const auto timeout = std::chrono::seconds(cfg_.comm.init_timeout_seconds);
+    preemption_group_ = &mesh_->host_group("preemption", timeout, timeout, "comm.init_timeout_seconds");
+    preemption_ballot_ = at::zeros({1}, at::kInt);
+  }
   const uint64_t seed = static_cast<uint64_t>(cfg_.debug.seed.value_or(0));
   at::manual_seed(seed);
   if (cfg_.debug.deterministic) {
@@ -581,6 +593,9 @@ std::vector<double> Trainer::train() {
     host_reads.emplace();
     host_reads_outside_log_steps_ = 0;
   }
+  // A preemption signal received during start-up stops the run before its first step.
+  if (preemption_ && step_ < tr.steps)
+    if (const int sig = preemption_vote(/*blocking=*/true, /*issue_next=*/true)) stop_for_preemption(sig, false);
   while (step_ < tr.steps) {
     const int64_t reads_before = host_reads ? host_reads->count() : 0;
     if (checkpointer_) checkpointer_->check();  // a failed background save stops the run
@@ -601,7 +616,11 @@ std::vector<double> Trainer::train() {
       mesh_->set_timeout(std::chrono::seconds(cfg_.comm.train_timeout_seconds), "comm.train_timeout_seconds");
       timeout_set_ = true;
     }
-    const bool log = metrics_->should_log(step_);
+    // Every rank stops after the same step: the one at which the vote finds a preemption signal (the
+    // last step ends the run anyway).
+    const int preempted = preemption_ ? preemption_vote(false, /*issue_next=*/step_ < tr.steps) : 0;
+    const bool stop = preempted != 0 && step_ < tr.steps;
+    const bool log = metrics_->should_log(step_) || stop;
     const bool save = checkpointer_ && checkpointer_->should_save(step_, tr.steps);
     const bool validate_now = val_loader_ && (step_ == 1 || step_ % cfg_.validation.freq == 0);
     const bool read = log || save || validate_now || step_ == tr.steps;
@@ -657,6 +676,7 @@ std::vector<double> Trainer::train() {
     if (save) save_checkpoint_at_step();
     if (step_callback_) step_callback_(step_);
     if (host_reads && !read) host_reads_outside_log_steps_ += host_reads->count() - reads_before;
+    if (stop) stop_for_preemption(preempted, save);
   }
   if (profiler_) profiler_->finish(step_);
   if (checkpointer_) checkpointer_->wait();
@@ -677,6 +697,48 @@ std::vector<double> Trainer::train() {
     }
   }
   return losses;
+}
+
+int Trainer::preemption_vote(bool blocking, bool issue_next) {
+  int found = 0;
+  auto read = [&] {
+    preemption_work_.wait();
+    preemption_pending_ = false;
+    found = preemption_ballot_.item<int>();
+  };
+  if (preemption_pending_) read();
+  if (found == 0 && issue_next) {
+    preemption_ballot_.fill_(PreemptionHandler::requested());
+    preemption_work_ = preemption_group_->all_reduce(preemption_ballot_, c10d::ReduceOp::MAX);
+    preemption_pending_ = true;
+    if (blocking) read();
+  }
+  return found;
+}
+
+void Trainer::stop_for_preemption(int sig, bool saved_now) {
+  const std::string what = "Preemption: " + signal_display_name(sig) + " received";
+  const std::string code = "; exiting with code " + std::to_string(kExitPreempted);
+  if (step_ == 0) {
+    log_info(what + " before the first step: nothing to save" + code);
+    throw Preempted(what);
+  }
+  if (checkpointer_ && !saved_now && checkpointer_->latest_step() == step_) {  // e.g. just resumed from it
+    log_info(what + " at step " + std::to_string(step_) + ", saved already in " + checkpointer_->step_dir(step_) + code);
+    throw Preempted(what);
+  }
+  if (!checkpointer_ || cfg_.checkpoint.load_only) {
+    log_info(what + "; stopped after step " + std::to_string(step_) + " without a checkpoint (" +
+             (checkpointer_ ? "checkpoint.load_only" : "checkpoint.enable is false") +
+             "): the steps of this run are lost" + code);
+    throw Preempted(what);
+  }
+  log_info(what + "; stopped after step " + std::to_string(step_) + ", saving its checkpoint");
+  if (!saved_now) save_checkpoint(/*model_only=*/false);
+  checkpointer_->wait();  // synchronous: complete on every rank before the process exits
+  log_info(what + ": saved step " + std::to_string(step_) + " in " + checkpointer_->step_dir(step_) + code +
+           "; run the same command again to resume from it");
+  throw Preempted(what);
 }
 
 void Trainer::throw_out_of_memory(const c10::OutOfMemoryError& e, int64_t step) {

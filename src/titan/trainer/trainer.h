@@ -11,6 +11,7 @@
 #include "titan/components/optimizer/optimizer.h"
 #include "titan/components/quantization/float8_converter.h"
 #include "titan/common/folder_lock.h"
+#include "titan/common/preemption.h"
 #include "titan/components/tokenizer/tokenizer.h"
 #include "titan/config/job_config.h"
 #include "titan/distributed/context_parallel.h"
@@ -143,6 +144,15 @@ class Trainer {
   // After an out-of-memory error in a step: writes the memory snapshot (when configured) and throws
   // the UserError that names the step, the snapshot and what to change.
   [[noreturn]] void throw_out_of_memory(const c10::OutOfMemoryError& e, int64_t step);
+  // ---- preemption (job.preemption_signals): whether any rank received a preemption signal, as the
+  // ranks agree by a MAX all-reduce on the host group "preemption" (Gloo, beside training). Called on
+  // every rank once per step: returns the signal found by the vote issued at the previous call
+  // (0: none), then issues the next one, so that the vote never waits on the step in flight. With
+  // `blocking` (before the first step) the vote issued now is also the one read.
+  int preemption_vote(bool blocking, bool issue_next);
+  // Ends the run after the agreed step: its checkpoint saved (with checkpoint.enable), a log line
+  // naming it, then Preempted (exit code kExitPreempted). `saved_now`: this step's save was issued.
+  [[noreturn]] void stop_for_preemption(int sig, bool saved_now);
   void save_checkpoint_at_step();  // the periodic save, or the last one (model only / Hugging Face)  // the checkpointer, then the resume (or initial load) if there is one
   // The tensors of a checkpoint by checkpoint name: "model.<param>", "optimizer.<param>.exp_avg", ...
   // saving: without the copies of shared parameters that another rank writes (is_shared_copy).
@@ -158,6 +168,11 @@ class Trainer {
   JobConfig cfg_;
   dist::LaunchEnv env_;
   std::unique_ptr<FolderLock> dump_lock_;  // rank 0: one run per job.dump_folder
+  std::unique_ptr<PreemptionHandler> preemption_;  // null when job.preemption_signals is empty
+  dist::Group* preemption_group_ = nullptr;
+  at::Tensor preemption_ballot_;  // (1) int32 on the CPU: the vote in flight
+  dist::Work preemption_work_;
+  bool preemption_pending_ = false;  // a vote was issued and not yet read
   std::unique_ptr<dist::ParallelDims> dims_;
   c10::intrusive_ptr<c10d::Store> store_;
   std::unique_ptr<dist::Mesh> mesh_;

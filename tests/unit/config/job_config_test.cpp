@@ -1,5 +1,6 @@
 // JobConfig: defaults, both generations of torchtitan TOML, the shipped configs, the dump, --help.
 #include "config_test_util.h"
+#include "test_util.h"
 
 #include "titan/config/legacy.h"
 
@@ -223,6 +224,42 @@ TEST(ConfigHelp, ListsEveryKeyWithItsDefaultAndEveryOlderSpelling) {
   EXPECT_TRUE(help_requested({"--training.steps", "3", "--help"}));
   EXPECT_TRUE(help_requested({"-h"}));
   EXPECT_FALSE(help_requested({"--training.steps", "3"}));
+}
+
+TEST(ConfigHelp, ASectionOrKeyPrefixShowsOnlyItsOptions) {
+  auto count = [](const std::string& text) {
+    size_t n = 0;
+    for (size_t at = text.find("\n  --"); at != std::string::npos; at = text.find("\n  --", at + 1)) ++n;
+    return n + (text.rfind("  --", 0) == 0);
+  };
+  JobConfig defaults;
+  size_t in_training = 0;
+  for (const auto& f : config::fields_of(defaults)) in_training += f.section == "training";
+  for (const std::string topic : {"training", "[training]"}) {
+    const std::string help = config_help(topic);
+    EXPECT_EQ(help.rfind("[training]  ", 0), 0u) << help;
+    EXPECT_EQ(count(help), in_training) << help;
+    EXPECT_NE(help.find("--training.seq_len INT  (default: 2048)"), std::string::npos) << help;
+    EXPECT_EQ(help.find("--job."), std::string::npos) << help;
+    EXPECT_EQ(help.find("Older torchtitan spellings"), std::string::npos) << help;
+  }
+  // A key prefix, with or without the dashes; a dotted section; a word inside key names.
+  EXPECT_EQ(count(config_help("training.seq")), 1u) << config_help("training.seq");
+  EXPECT_EQ(config_help("--training.seq_len"), config_help("training.seq"));
+  EXPECT_NE(config_help("quantize.linear.float8").find("--quantize.linear.float8.recipe_name"), std::string::npos);
+  const std::string word = config_help("preemption");
+  EXPECT_NE(word.find("--job.preemption_signals"), std::string::npos) << word;
+  EXPECT_NE(word.find("--job.preemption_grace_seconds"), std::string::npos) << word;
+  EXPECT_EQ(word.find("--job.dump_folder"), std::string::npos) << word;
+  // Nothing matches: the error names the nearest section and lists them.
+  const std::string e = error_of([] { config_help("trainig"); });
+  EXPECT_NE(e.find("--help trainig: no section or option matches (did you mean training?)"), std::string::npos) << e;
+  EXPECT_NE(e.find("the sections are job, "), std::string::npos) << e;
+  EXPECT_EQ(help_topic({"--help", "training"}), "training");
+  EXPECT_EQ(help_topic({"--help=checkpoint"}), "checkpoint");
+  EXPECT_EQ(help_topic({"--help", "--training.steps", "3"}), "");
+  EXPECT_EQ(help_topic({"--training.steps", "3", "-h"}), "");
+  EXPECT_TRUE(help_requested({"--help=training"}));
 }
 
 }  // namespace

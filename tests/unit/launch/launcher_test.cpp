@@ -211,7 +211,7 @@ TEST(Launcher, ChildrenOfWorkersDoNotOutliveTheLauncher) {
 TEST(Launcher, SigkillAfterTheGracePeriod) {
   const auto start = Clock::now();
   auto r = launch({"--nproc-per-node", "2", "--grace-seconds", "1", "--", "debug-worker", "--print-pid",
-                   "--ignore-sigterm", "--sleep-ms", "30000", "--fail-rank", "0", "--fail-after-ms", "200",
+                   "--ignore-stop-signals", "--sleep-ms", "30000", "--fail-rank", "0", "--fail-after-ms", "200",
                    "--exit-code", "2"});
   const double secs = std::chrono::duration<double>(Clock::now() - start).count();
   EXPECT_EQ(r.exit_code, 2) << r.output;
@@ -303,9 +303,39 @@ TEST(Launcher, SigtermToTheLauncherStopsTheWorkers) {
   const std::string out = read_file(log);
   ASSERT_TRUE(WIFEXITED(status)) << out;
   EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM) << out;
-  EXPECT_NE(out.find("titan launch: received SIGTERM, stopping the workers"), std::string::npos) << out;
+  EXPECT_NE(out.find("titan launch: received SIGTERM, forwarding it to the workers"), std::string::npos) << out;
   EXPECT_EQ(out.find("restarting"), std::string::npos) << out;  // a signal is not a failure to restart from
   expect_all_gone(values(out, "pid"));
+}
+
+// A preemption signal to the launcher is forwarded (SIGUSR1 too); workers that save and exit 75 make
+// the launcher exit 75, with no restart.
+TEST(Launcher, PreemptionSignalsAreForwardedAndExit75IsNotAFailure) {
+  test::TempDir dir;
+  const std::string log = dir / "log";
+  const pid_t launcher = start_launcher({"--nproc-per-node", "2", "--max-restarts", "2", "--", "debug-worker",
+                                        "--print-pid", "--exit-on-signal", "75", "--sleep-ms", "30000"}, log, 2);
+  ASSERT_EQ(values(read_file(log), "pid").size(), 2u) << read_file(log);
+  ASSERT_EQ(kill(launcher, SIGUSR1), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(launcher, &status, 0), launcher);
+  const std::string out = read_file(log);
+  ASSERT_TRUE(WIFEXITED(status)) << out;
+  EXPECT_EQ(WEXITSTATUS(status), kExitPreempted) << out;
+  EXPECT_NE(out.find("titan launch: received SIGUSR1, forwarding it to the workers"), std::string::npos) << out;
+  EXPECT_EQ(count_lines_with(out, "[rank 0]: received SIGUSR1") + count_lines_with(out, "[rank 1]: received SIGUSR1"), 2)
+      << out;
+  EXPECT_EQ(out.find("restarting"), std::string::npos) << out;
+  EXPECT_EQ(out.find("failed"), std::string::npos) << out;
+  expect_all_gone(values(out, "pid"));
+  // A worker that exits 75 by itself (signalled by the scheduler): the launcher waits for the others.
+  auto r = launch({"--nproc-per-node", "2", "--max-restarts", "2", "--", "debug-worker", "--fail-rank", "1",
+                   "--exit-code", "75", "--fail-after-ms", "100", "--sleep-ms", "1500"});
+  EXPECT_EQ(r.exit_code, kExitPreempted) << r.output;
+  EXPECT_NE(r.output.find("titan launch: rank 1 stopped for preemption (exit code 75); waiting for the other workers, "
+                          "restarting nothing"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("restarting all"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("failed"), std::string::npos) << r.output;
 }
 
 TEST(Launcher, WorkersDieWithAKilledLauncher) {
