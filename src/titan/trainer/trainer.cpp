@@ -704,7 +704,7 @@ int Trainer::preemption_vote(bool blocking, bool issue_next) {
   auto read = [&] {
     preemption_work_.wait();
     preemption_pending_ = false;
-    found = preemption_ballot_.item<int>();
+    found = *preemption_ballot_.data_ptr<int>();  // a CPU tensor: no device read
   };
   if (preemption_pending_) read();
   if (found == 0 && issue_next) {
