@@ -17,7 +17,10 @@
 #include "titan/tools/report.h"
 #include "titan/trainer/trainer.h"
 
+#include <ATen/Context.h>
 #include <c10/util/Exception.h>
+#include <torch/cuda.h>
+#include <torch/version.h>
 
 #include <cstdio>
 #include <cstring>
@@ -25,7 +28,27 @@
 #include <string>
 #include <vector>
 
+namespace titan {
+const char* build_version();  // generated at build time (cmake/version.cmake)
+const char* build_commit();
+}  // namespace titan
+
 namespace {
+
+// `titan --version`: what was built, from which commit, against which LibTorch, with or without CUDA.
+void print_version() {
+  std::printf("titan %s (commit %s)\n", titan::build_version(), titan::build_commit());
+#ifdef USE_C10D_NCCL
+  const char* build = "CUDA build with NCCL";
+#else
+  const char* build = "CPU-only build";
+#endif
+  std::printf("LibTorch %s, %s; ", TORCH_VERSION, build);
+  if (at::hasCUDA())
+    std::printf("%d GPU(s) visible\n", static_cast<int>(torch::cuda::device_count()));
+  else
+    std::printf("no GPU visible: runs on the CPU\n");
+}
 
 const char* kUsage =
     "usage: titan <command> [--job.config_file FILE.toml] [--section.key value ...]\n"
@@ -42,7 +65,7 @@ const char* kUsage =
     "  report     DUMP_FOLDER [DUMP_FOLDER ...]: one HTML page plotting the runs' metrics (loss, lr, MFU, ...)\n"
     "             and their config differences; --check RUN_A RUN_B compares two loss curves step by step;\n"
     "             see titan report --help\n"
-    "Options of every command: titan <command> --help\n";
+    "Options of every command: titan <command> --help [SECTION]; titan --version: build and commit\n";
 
 const char* kEstimateUsage =
     "titan estimate [--world-size N] [--device cuda|cpu] [--device-memory-gib G] [config options]\n\n"
@@ -113,6 +136,10 @@ int main(int argc, char** argv) {
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
+  }
+  if (!std::strcmp(argv[1], "--version") || !std::strcmp(argv[1], "version")) {
+    print_version();
+    return 0;
   }
   const std::string command = argv[1];
   const std::vector<std::string> args(argv + 2, argv + argc);

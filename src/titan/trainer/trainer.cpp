@@ -61,6 +61,10 @@ void Trainer::log_info(const std::string& msg) const {
   if (env_.rank == 0) std::cout << metrics::log_prefix() << msg << std::endl;
 }
 
+void Trainer::log_warning(const std::string& msg) const {
+  if (env_.rank == 0) std::cerr << metrics::log_prefix("WARNING") << msg << std::endl;
+}
+
 std::string Trainer::restart_note() const {
   const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
   const int n = attempt ? std::atoi(attempt) : 0;
@@ -156,6 +160,25 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
                    dims_->cp() > 1 ? " (context parallelism shards the parameters over dp_shard x cp with FSDP)" : "",
                    " is not supported; FSDP keeps fp32 shards (use float32)");
   bf16_autocast_ = bf16_compute && !use_fsdp;
+
+  // ---- cheap checks before anything expensive (the model's build, its memory): the data's files,
+  // the batch arithmetic, the initial load path
+  (void)data::resolve_dataset(tr.dataset, tr.dataset_path, "training");
+  if (cfg_.validation.enable)
+    (void)data::resolve_dataset(cfg_.validation.dataset, cfg_.validation.dataset_path, "validation");
+  {
+    const int64_t dp = dims_->dp_size();
+    const int64_t global_batch = tr.global_batch_size < 0 ? tr.local_batch_size * dp : tr.global_batch_size;
+    TITAN_USER_CHECK(global_batch % (tr.local_batch_size * dp) == 0, "training.global_batch_size ", global_batch,
+                     " is not a multiple of local_batch_size ", tr.local_batch_size, " x data-parallel degree ", dp);
+    const auto& c = cfg_.checkpoint;
+    std::error_code ec;
+    if (!c.initial_load_path.empty() &&
+        checkpoint::list_checkpoints((std::filesystem::path(cfg_.job.dump_folder) / c.folder).string()).empty())
+      TITAN_USER_CHECK(std::filesystem::exists(c.initial_load_path, ec), "checkpoint.initial_load_path '",
+                       c.initial_load_path, "' does not exist: give a titan checkpoint's step folder or a Hugging "
+                       "Face model folder (config.json and safetensors)");
+  }
 
   // ---- tokenizer and model
   tokenizer_ = load_tokenizer(cfg_.model.hf_assets_path);
@@ -308,7 +331,7 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
     std::string changes = config_changes(cfg_);
     log_info("Config (differences from the defaults; full config in " + saved + "):\n" + changes);
   }
-  for (const auto& w : config_warnings(cfg_)) log_info("Warning: " + w);
+  for (const auto& w : config_warnings(cfg_)) log_warning(w);
   char buf[512];
   std::snprintf(buf, sizeof buf, "Model %s %s: %s parameters, %.3e training FLOPs per token; device %s%s",
                 cfg_.model.name.c_str(), cfg_.model.flavor.c_str(),
@@ -326,7 +349,7 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
                (precompute_float8_scales_ ? "scales precomputed after each optimizer step with one all-reduce"
                                           : "scales from an all-reduce of their amaxes at each unit's first gather of a micro-batch") + ")");
     } else {
-      log_info("Warning: quantize.linear.float8.enable_fsdp_float8_all_gather has no effect: no FSDP unit holds a "
+      log_warning("quantize.linear.float8.enable_fsdp_float8_all_gather has no effect: no FSDP unit holds a "
                "float8 layer in this layout (FSDP shards over data_parallel_shard_degree x context_parallel_degree "
                "> 1 ranks, or with training.enable_cpu_offload)");
     }
@@ -760,7 +783,7 @@ void Trainer::on_nonfinite_step(const StepResult& r, int64_t step) {
   std::snprintf(what, sizeof what, "step %lld: the loss is %g and the gradient norm %g (not finite), so the model "
                 "was not updated", static_cast<long long>(step), r.loss, r.grad_norm);
   if (cfg_.training.nan_policy == "skip") {
-    log_info(std::string("Warning: ") + what + "; training goes on with the next batch (training.nan_policy = skip; " +
+    log_warning(std::string(what) + "; training goes on with the next batch (training.nan_policy = skip; " +
              std::to_string(skipped_steps_) + " step(s) skipped so far)");
     return;
   }

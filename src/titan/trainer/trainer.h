@@ -95,7 +95,8 @@ class Trainer {
   const c10::Device& device() const { return device_; }
 
  private:
-  void log_info(const std::string& msg) const;  // rank 0 only
+  void log_info(const std::string& msg) const;     // rank 0 only
+  void log_warning(const std::string& msg) const;  // rank 0 only, at WARNING level on stderr
   // "Restart N: " in a job restarted after a failure (TORCHELASTIC_RESTART_COUNT = N > 0), else "".
   std::string restart_note() const;
   void set_up_distributed();

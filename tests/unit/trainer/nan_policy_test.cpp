@@ -140,7 +140,7 @@ TEST(NanPolicy, SkipUnderFsdpSkipsOnEveryRank) {
   auto r = test::run_process(argv, {{"TITAN_FAULT_INJECT", "action=nan,step=2,rank=1"},
                                     {"TITAN_DEBUG_DUMP_WEIGHTS", weights}}, std::chrono::seconds(120));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("Warning: step 2: the loss is nan"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("WARNING - step 2: the loss is nan"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("1 step(s) skipped so far"), std::string::npos) << r.output;
   auto fsdp = safetensors::load(weights).tensors;
   test::TempDir one_dir;

@@ -234,6 +234,70 @@ TEST(TitanTokenize, ShardsTrainLikeTheText) {
   EXPECT_EQ(la, lb);
 }
 
+TEST(TitanCli, VersionNamesTheCommitAndTheBuild) {
+  auto r = test::run_process({kTitan, "--version"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto git = test::run_process({"git", "-C", kSource, "rev-parse", "--short=12", "HEAD"});
+  ASSERT_EQ(git.exit_code, 0) << git.output;
+  const std::string commit = git.output.substr(0, git.output.find('\n'));
+  EXPECT_EQ(r.output.rfind("titan 0.1.0 (commit " + commit, 0), 0u) << r.output << " vs " << commit;
+  EXPECT_NE(r.output.find("LibTorch 2.11.0, "), std::string::npos) << r.output;
+  EXPECT_TRUE(r.output.find("CUDA build with NCCL") != std::string::npos ||
+              r.output.find("CPU-only build") != std::string::npos) << r.output;
+}
+
+// Cheap mistakes are reported before the model is built: with the 8B flavor (whose build alone takes
+// far longer and 32 GB), a missing dataset path or initial load path fails at once.
+TEST(TitanTrain, CheapMistakesAreReportedBeforeTheModelIsBuilt) {
+  test::TempDir dir;
+  const std::vector<std::string> base = {kTitan, "train", "--job.config_file", kSource + "/configs/llama3_8b.toml",
+                                         "--job.dump_folder", dir.path(), "--training.steps", "1"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> argv = base;
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return test::run_process(argv, {}, std::chrono::seconds(60));
+  };
+  auto r = with({"--training.dataset", "c4"});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("dataset 'c4' has no default location"), std::string::npos) << r.output;
+  EXPECT_LT(r.seconds, 10.0) << r.output;
+  r = with({"--training.dataset_path", dir / "nowhere.jsonl"});
+  EXPECT_NE(r.output.find("does not exist: set training.dataset_path"), std::string::npos) << r.output;
+  EXPECT_LT(r.seconds, 10.0) << r.output;
+  r = with({"--training.dataset", "titan_corpus", "--checkpoint.initial_load_path", dir / "no-checkpoint"});
+  EXPECT_NE(r.output.find("checkpoint.initial_load_path '" + (dir / "no-checkpoint") + "' does not exist"),
+            std::string::npos) << r.output;
+  EXPECT_LT(r.seconds, 10.0) << r.output;
+  EXPECT_EQ(r.output.find("Model:"), std::string::npos) << r.output;
+}
+
+// Resuming: a step folder that is not a complete checkpoint is logged when skipped; a seq_len change
+// is refused naming the exclusion that resumes anyway, which then works.
+TEST(TitanTrain, ResumeSaysWhatItSkipsAndHowToChangeSeqLen) {
+  test::TempDir dir;
+  auto run = [&](const std::string& seq_len, std::vector<std::string> extra) {
+    std::vector<std::string> argv = {kTitan, "train", "--job.config_file", kSource + "/configs/llama3_debugmodel.toml",
+                                     "--job.dump_folder", dir.path(), "--training.seq_len", seq_len,
+                                     "--checkpoint.enable", "--checkpoint.interval", "1"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return test::run_process(argv);
+  };
+  auto first = run("32", {"--training.steps", "1"});
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  std::filesystem::create_directories(dir / "checkpoint/step-7");  // no index.json
+  auto changed = run("64", {"--training.steps", "2"});
+  EXPECT_EQ(changed.exit_code, 1) << changed.output;
+  EXPECT_NE(changed.output.find("Checkpoint: skipping " + (dir / "checkpoint/step-7") +
+                                ": no index.json, so not a complete titan checkpoint"), std::string::npos)
+      << changed.output;
+  EXPECT_NE(changed.output.find("resume with the same seq_len, or keep the model and optimizer and start the data "
+                                "stream afresh with --checkpoint.exclude_from_loading dataloader"), std::string::npos)
+      << changed.output;
+  auto excluded = run("64", {"--training.steps", "2", "--checkpoint.exclude_from_loading", "dataloader"});
+  EXPECT_EQ(excluded.exit_code, 0) << excluded.output;
+  EXPECT_EQ(parse_losses(excluded.output).front().first, 2) << excluded.output;
+}
+
 TEST(TitanEstimate, ReadsTheSeeds8BFile) {
   auto r = test::run_process({kTitan, "estimate", "--job.config_file",
                               kSource + "/tests/unit/config/fixtures/seed002_new_8b_custom.toml"});

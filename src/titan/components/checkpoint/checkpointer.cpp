@@ -277,6 +277,18 @@ Snapshot* Checkpointer::reusable_snapshot() {
 
 std::optional<int64_t> Checkpointer::resume_step() const {
   auto all = list_checkpoints(folder_);
+  // Step folders that are not complete titan checkpoints are skipped, and said so.
+  std::error_code ec;
+  static const std::regex step_re(R"(^step-(\d+)$)");
+  if (fs::is_directory(folder_, ec))
+    for (const auto& e : fs::directory_iterator(folder_, ec)) {
+      const std::string name = e.path().filename().string();
+      if (!e.is_directory(ec) || !std::regex_match(name, step_re) || fs::exists(e.path() / kIndexFile, ec)) continue;
+      log_("Checkpoint: skipping " + e.path().string() +
+           (fs::exists(e.path() / "config.json", ec) ? ": a Hugging Face export, not a titan checkpoint to resume from"
+                                                     : ": no " + std::string(kIndexFile) +
+                                                           ", so not a complete titan checkpoint"));
+    }
   if (cfg_.load_step >= 0) {
     auto it = all.find(cfg_.load_step);
     std::string have;

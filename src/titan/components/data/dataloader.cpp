@@ -121,7 +121,8 @@ void DataLoader::load_state(const std::string& text) {
     TITAN_USER_CHECK(s.at("kind") == source_->kind(), "the data loader state is for ", s.at("kind"),
                      " data but the dataset is ", source_->kind(), " data: resume with the same dataset");
     TITAN_USER_CHECK(s.at("seq_len").get<int64_t>() == config_.seq_len, "the data loader state was saved with seq_len ",
-                     s.at("seq_len"), ", this run has ", config_.seq_len, ": resume with the same seq_len");
+                     s.at("seq_len"), ", this run has ", config_.seq_len, ": resume with the same seq_len, or keep the model and optimizer "
+                     "and start the data stream afresh with --checkpoint.exclude_from_loading dataloader");
     source_->load_state(s.at("source"));
     global_samples_ = s.at("global_samples").get<int64_t>();
   } catch (const nlohmann::json::exception& e) {
