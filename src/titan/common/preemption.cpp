@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <mutex>
@@ -20,6 +21,9 @@ volatile sig_atomic_t g_first_seconds = 0;  // CLOCK_MONOTONIC seconds of the fi
 volatile sig_atomic_t g_first_millis = 0;
 // Prepared at installation: a handler may only make async-signal-safe calls.
 unsigned g_grace_seconds = 0;
+// Started by a launcher (titan launch, torchrun) that forwards the signals it receives: a repeat sent
+// by the parent is that forwarded copy, never a second signal (the launcher kills on a second one).
+bool g_parent_forwards = false;
 char g_again_message[256];
 char g_deadline_message[256];
 
@@ -39,7 +43,7 @@ void write_stderr(const char* s) {
   }
 }
 
-void on_signal(int sig) {
+void on_signal(int sig, siginfo_t* info, void*) {
   const int saved = errno;
   timespec now{};
   clock_gettime(CLOCK_MONOTONIC, &now);
@@ -49,7 +53,7 @@ void on_signal(int sig) {
     g_first_millis = static_cast<sig_atomic_t>(now.tv_nsec / 1000000);
     g_requested = sig;
     if (g_grace_seconds > 0) alarm(g_grace_seconds);
-  } else {
+  } else if (!(g_parent_forwards && info && info->si_pid == getppid())) {
     const long long first_ms = static_cast<long long>(g_first_seconds) * 1000 + g_first_millis;
     if (now_ms - first_ms > static_cast<long long>(kSignalRepeatSeconds * 1000)) {
       write_stderr(g_again_message);
@@ -82,11 +86,12 @@ int preemption_signal_number(const std::string& name) {
   }
   TITAN_USER_CHECK(sig > 0 && sig < NSIG && sigabbrev_np(sig), "job.preemption_signals: '", name,
                    "' is not a signal; give names such as \"SIGTERM\" or \"SIGUSR1\"");
-  for (int bad : {SIGKILL, SIGSTOP, SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGTRAP, SIGSYS, SIGALRM, SIGCHLD,
+  for (int bad : {SIGKILL, SIGSTOP, SIGINT, SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT, SIGTRAP, SIGSYS, SIGALRM, SIGCHLD,
                   SIGPIPE, SIGCONT, SIGTSTP, SIGTTIN, SIGTTOU, SIGWINCH, SIGURG, SIGPROF, SIGVTALRM})
     TITAN_USER_CHECK(sig != bad, "job.preemption_signals: ", signal_display_name(sig),
                      " cannot serve as a preemption notice (it cannot be caught, reports a fault, or titan "
-                     "uses it); use SIGTERM, SIGUSR1, SIGUSR2, SIGHUP, SIGINT or SIGQUIT");
+                     "uses it: SIGINT is Ctrl-C and how titan launch stops the workers of a failed job); use SIGTERM, "
+                     "SIGUSR1, SIGUSR2, SIGHUP or SIGQUIT");
   return sig;
 }
 
@@ -104,11 +109,12 @@ PreemptionHandler::PreemptionHandler(const std::vector<int>& signals, int64_t gr
                 g_grace_seconds);
   g_signals = signals;
   g_previous.assign(signals.size(), {});
+  g_parent_forwards = std::getenv("TORCHELASTIC_USE_AGENT_STORE") != nullptr;
   struct sigaction sa {};
-  sa.sa_handler = on_signal;
+  sa.sa_sigaction = on_signal;
   sigemptyset(&sa.sa_mask);
   for (int s : signals) sigaddset(&sa.sa_mask, s);  // one handler at a time
-  sa.sa_flags = SA_RESTART;
+  sa.sa_flags = SA_RESTART | SA_SIGINFO;
   for (size_t i = 0; i < signals.size(); ++i) sigaction(signals[i], &sa, &g_previous[i]);
   if (g_grace_seconds > 0) {
     struct sigaction al {};

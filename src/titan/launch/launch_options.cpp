@@ -77,7 +77,7 @@ std::string launch_help() {
          "  --grace-seconds G         after a worker failed, wait G seconds after stopping the others (SIGINT)\n"
          "                            before SIGKILL (default 5)\n"
          "  --preemption-grace-seconds P\n"
-         "                            after SIGTERM, SIGUSR1 or SIGUSR2 to the launcher (forwarded to the workers,\n"
+         "                            after SIGTERM or SIGUSR1 to the launcher (forwarded to the workers,\n"
          "                            which save a checkpoint and exit 75) or the timeout, wait up to P seconds\n"
          "                            before SIGKILL (default 120); a second signal kills the workers at once\n"
          "  --max-restarts N          after a failure, restart all workers up to N times (default 0); a training\n"

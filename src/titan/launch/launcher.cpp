@@ -3,6 +3,7 @@
 #include "titan/launch/launcher.h"
 
 #include "titan/common/error.h"
+#include "titan/common/preemption.h"
 #include "titan/distributed/process_group.h"
 
 #include <arpa/inet.h>
@@ -93,11 +94,12 @@ struct Worker {
   // back from the stream and said in the launcher's report, once for the ranks that fail alike.
   std::string error;
   bool error_said = false;
+  std::chrono::steady_clock::time_point error_since{};
 
   void emit(const std::string& line, int out_fd) {
     const std::string prefixed = "[rank " + std::to_string(rank) + "]: " + line;
-    if (error.empty() && is_error_line(line)) error_said = false;
-    if (!error.empty() || is_error_line(line)) {
+    if (!error_said && (!error.empty() || is_error_line(line))) {
+      if (error.empty()) error_since = std::chrono::steady_clock::now();
       error += line + "\n";
     } else if (shown) {
       write_all(out_fd, prefixed + "\n");
@@ -143,6 +145,8 @@ struct Worker {
   }
   bool failed() const { return exited && (term_signal != 0 || exit_status != 0); }
   std::string how() const {
+    if (!exited) return "reports";
+    if (!failed()) return "exited with code 0 after";
     return term_signal ? "failed: killed by " + signal_name(term_signal)
                        : "failed with exit code " + std::to_string(exit_status);
   }
@@ -248,7 +252,7 @@ void report_failures(const std::vector<Worker*>& failed, std::vector<Worker>& al
       std::string text;
       for (size_t start = 0; start < first.error.size();) {
         const size_t nl = first.error.find('\n', start);
-        text += "  " + first.error.substr(start, nl - start) + "\n";
+        text += "  [rank " + std::to_string(first.rank) + "]: " + first.error.substr(start, nl - start) + "\n";
         start = nl + 1;
       }
       say(rank_list(g) + " (pid " + pids + ") " + first.how() + ":");
@@ -402,6 +406,8 @@ int launch_workers(const LaunchOptions& o) {
       signal_groups(workers, SIGINT);
     };
     bool preempting = false;  // the workers were asked to save and stop, or began to by themselves
+    bool signalled = false;   // the launcher received a signal (first_signal: when)
+    Clock::time_point first_signal{};
 
     while (true) {
       std::vector<pollfd> fds{{g_signal_pipe[0], POLLIN, 0}};
@@ -419,16 +425,28 @@ int launch_workers(const LaunchOptions& o) {
       unsigned char sig;
       while (read(g_signal_pipe[0], &sig, 1) == 1) {
         if (sig == SIGCHLD) continue;  // only wakes the loop
-        const bool preemption = sig == SIGTERM || sig == SIGUSR1 || sig == SIGUSR2;
-        if (!stopping || outcome.kind != Attempt::kInterrupted) {
+        const bool preemption = sig == SIGTERM || sig == SIGUSR1;
+        const bool repeat = signalled && Clock::now() - first_signal < seconds(kSignalRepeatSeconds);
+        if (repeat) continue;  // the same notice, delivered twice (the scheduler signals every process)
+        if (!signalled) {
+          signalled = true;
+          first_signal = Clock::now();
+          for (auto& w : workers)  // errors held back so far are said now, before anything may kill us
+            if (!w.error.empty() && !w.error_said) {
+              std::vector<Worker*> one{&w};
+              report_failures(one, workers);
+            }
           say("received " + signal_name(sig) +
               (preemption ? ", forwarding it to the workers (they save a checkpoint and stop; up to " +
                                 format_seconds(o.preemption_grace_seconds) + " s, --preemption-grace-seconds)"
                           : ", stopping the workers"));
+          const bool already_preempting = preempting;
           stopping = true;
           preempting = preempting || preemption;
-          outcome.kind = Attempt::kInterrupted;
-          outcome.code = 128 + sig;
+          if (!already_preempting) {
+            outcome.kind = Attempt::kInterrupted;
+            outcome.code = 128 + sig;
+          }
           kill_at = Clock::now() + (preemption ? preemption_grace : grace);
           signal_groups(workers, sig);
         } else if (!killed) {
@@ -471,8 +489,15 @@ int launch_workers(const LaunchOptions& o) {
         if (running > 0) say("stopping the other " + std::to_string(running) + " worker(s)");
         stop(Attempt::kFailed, first.exit_code());
       }
+      // An error held back from a worker that has not exited a second later (hung in its teardown) is
+      // said now rather than when it ends.
+      for (auto& w : workers)
+        if (!w.exited && !w.error.empty() && !w.error_said && Clock::now() - w.error_since > std::chrono::seconds(1)) {
+          std::vector<Worker*> one{&w};
+          report_failures(one, workers);
+        }
       if (!stopping && coord && !local_done) {
-        const std::string remote = remote_failure(coord, attempt);
+        const std::string remote = preempting ? "" : remote_failure(coord, attempt);
         if (!remote.empty()) {
           outcome.failure = remote;
           say("another node reports: " + remote + "; stopping the workers of this node");
@@ -499,6 +524,21 @@ int launch_workers(const LaunchOptions& o) {
         signal_groups(workers, SIGKILL);
       }
       if (std::all_of(workers.begin(), workers.end(), [](const Worker& w) { return w.exited; })) {
+        if (stopping && preempting && coord) {
+          // Preempted: node 0's launcher (the store's host) stays until every node's workers stopped, so
+          // that no other node mistakes its going for a failure.
+          std::vector<std::string> keys;
+          for (int n = 0; n < o.nnodes; ++n) keys.push_back(done_key(attempt, n));
+          try {
+            coord->set(done_key(attempt, o.node_rank), std::vector<uint8_t>{1});
+            if (o.node_rank == 0) {
+              const auto until = Clock::now() + preemption_grace;
+              while (!coord->check(keys) && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+            }
+          } catch (const std::exception&) {
+          }
+          break;
+        }
         if (stopping || !coord) break;
         // Every worker here succeeded: the attempt is over when every node's did, or one failed.
         std::vector<std::string> keys;
@@ -556,10 +596,25 @@ int launch_workers(const LaunchOptions& o) {
     for (auto& w : workers)
       if (!w.error.empty() && !w.error_said) unsaid.push_back(&w);
     report_failures(unsaid, workers);
-    // A signal forwarded to the workers, and every worker saved and stopped: the job was preempted.
-    if (outcome.kind == Attempt::kInterrupted && outcome.code != 124 &&
-        std::all_of(workers.begin(), workers.end(), [](const Worker& w) { return w.term_signal == 0 && w.exit_status == kExitPreempted; }))
-      outcome.code = kExitPreempted;
+    // A signal forwarded to the workers: the job was preempted when every worker saved and stopped
+    // (75), finished when every one ended its run (0, the signal came at the last step); a worker that
+    // did neither gives its exit.
+    if (outcome.kind == Attempt::kInterrupted && outcome.code != 124 && preempting) {
+      auto all_exited_with = [&](int code) {
+        return std::all_of(workers.begin(), workers.end(), [&](const Worker& w) { return w.term_signal == 0 && w.exit_status == code; });
+      };
+      if (all_exited_with(kExitPreempted)) {
+        outcome.code = kExitPreempted;
+      } else if (all_exited_with(0)) {
+        outcome.code = 0;
+      } else {
+        for (const auto& w : workers)
+          if (w.failed() && !(w.term_signal == 0 && w.exit_status == kExitPreempted)) {
+            outcome.code = w.exit_code();
+            break;
+          }
+      }
+    }
     return outcome;
   };
 

@@ -15,7 +15,7 @@
 // again (TORCHELASTIC_RESTART_COUNT = 1, 2, ...; a training job resumes from its latest checkpoint)
 // up to N times, else exits non-zero. Node 0's launcher hosts the rendezvous store (torchrun's agent
 // store, TORCHELASTIC_USE_AGENT_STORE=True); with several nodes, the launchers restart together
-// through it. A preemption signal to the launcher (SIGTERM, SIGUSR1, SIGUSR2) is forwarded to the
+// through it. A preemption signal to the launcher (SIGTERM, SIGUSR1) is forwarded to the
 // workers, which finish their step, save and exit with kExitPreempted; the launcher waits for them
 // (--preemption-grace-seconds), restarts nothing and exits with that code. See docs/launch.md and
 // docs/reliability.md.
@@ -35,7 +35,7 @@ struct LaunchOptions {
   std::vector<int> local_ranks_filter;     // local ranks whose output is shown; empty: all
   double timeout_seconds = 0;              // wall-clock limit for the whole job; 0: none
   double grace_seconds = 5;                // SIGINT -> SIGKILL delay when stopping workers after a failure
-  // After a preemption signal (SIGTERM, SIGUSR1, SIGUSR2) forwarded to the workers, or the timeout's
+  // After a preemption signal (SIGTERM, SIGUSR1) forwarded to the workers, or the timeout's
   // SIGTERM: how long they have to save and exit before SIGKILL.
   double preemption_grace_seconds = 120;
   int max_restarts = 0;                    // times all workers are restarted after a failure

@@ -222,6 +222,8 @@ TEST(Preemption, BadSignalNamesAreRefused) {
   auto r = test::run_process({kTitan, "train", "--job.preemption_signals", "SIGKILL"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("SIGKILL cannot serve as a preemption notice"), std::string::npos) << r.output;
+  r = test::run_process({kTitan, "train", "--job.preemption_signals", "SIGTERM,SIGINT"});
+  EXPECT_NE(r.output.find("SIGINT cannot serve as a preemption notice"), std::string::npos) << r.output;
   r = test::run_process({kTitan, "train", "--job.preemption_signals", "SIGTERN"});
   EXPECT_NE(r.output.find("'SIGTERN' is not a signal"), std::string::npos) << r.output;
 }
