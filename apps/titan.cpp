@@ -14,6 +14,7 @@
 #include "titan/launch/launcher.h"
 #include "titan/tools/convert.h"
 #include "titan/tools/estimate.h"
+#include "titan/tools/preflight.h"
 #include "titan/tools/report.h"
 #include "titan/trainer/trainer.h"
 
@@ -167,7 +168,7 @@ int main(int argc, char** argv) {
     if (command == "tokenize") return run_tokenize(args);
     if (command == "estimate") return run_estimate(args);
     const titan::JobConfig cfg = titan::parse_config(args);
-    return titan::run_training(cfg);
+    return titan::run_training(cfg, [&cfg] { titan::check_memory_fits(cfg); });
   } catch (const titan::Preempted&) {  // rank 0 logged the stop step and its checkpoint
     return titan::kExitPreempted;
   } catch (const titan::RunStopped& e) {

@@ -226,12 +226,15 @@ struct Debug {
   std::optional<int64_t> seed;  // unset: the trainer's default seed
   bool deterministic = false;
   bool deterministic_warn_only = false;
+  bool skip_memory_check = false;
 
   template <class V>
   void visit(V& v) {
     v(seed, "seed", "base random seed (initialization, data order); unset: the trainer's default seed");
     v(deterministic, "deterministic", "use deterministic kernels wherever they exist (slower)");
     v(deterministic_warn_only, "deterministic_warn_only", "with deterministic: warn instead of failing on ops without one");
+    v(skip_memory_check, "skip_memory_check",
+      "start even when titan estimate's per-rank peak exceeds the memory available to a rank (the pre-flight check)");
   }
   bool operator==(const Debug&) const = default;
 };

@@ -11,6 +11,8 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <iostream>
 
 namespace titan {
@@ -118,6 +120,23 @@ int run_convert(const std::vector<std::string>& args) {
     const int64_t n = convert_to_hf(args[1], args[2], export_dtype(cfg.checkpoint.export_dtype));
     std::printf("wrote %lld tensors (%s) and config.json to %s\n", static_cast<long long>(n),
                 cfg.checkpoint.export_dtype.c_str(), args[2].c_str());
+    // The tokenizer: the one named here, else the one of the run that saved the checkpoint (its
+    // dump folder's config.toml, two levels above the step folder).
+    std::string assets;
+    for (const auto& o : options)
+      if (o.rfind("--model.hf_assets_path", 0) == 0 || o.rfind("--job.config_file", 0) == 0) assets = cfg.model.hf_assets_path;
+    const fs::path run_config = fs::absolute(args[1]).lexically_normal().parent_path().parent_path() / "config.toml";
+    std::error_code ec;
+    if (assets.empty() && fs::is_regular_file(run_config, ec)) {
+      std::ifstream in(run_config);
+      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      assets = parse_config_text(text, run_config.string()).model.hf_assets_path;
+    }
+    if (assets.empty())
+      std::printf("no tokenizer exported: give the run's tokenizer with --model.hf_assets_path (no config.toml of "
+                  "the run beside the checkpoint folder)\n");
+    else
+      std::printf("%s\n", checkpoint::export_hf_tokenizer(assets, args[2]).c_str());
     return 0;
   }
   // The flavor counts as given when named on the command line or by a config file.

@@ -113,7 +113,7 @@ std::string config_changes(const JobConfig& cfg) {
   return out;
 }
 
-Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
+Trainer::Trainer(JobConfig cfg, const std::function<void()>& preflight) : cfg_(std::move(cfg)) {
   const auto& tr = cfg_.training;
   mem::install_cpu_tracking();  // before any tensor: the CPU memory figures count every one
   mem::PhaseScope setup_phase(mem::Phase::Setup);  // parameters, buffers, data structures
@@ -179,6 +179,8 @@ Trainer::Trainer(JobConfig cfg) : cfg_(std::move(cfg)) {
                        c.initial_load_path, "' does not exist: give a titan checkpoint's step folder or a Hugging "
                        "Face model folder (config.json and safetensors)");
   }
+
+  if (preflight) on_every_rank(preflight, "pass the pre-flight memory check");
 
   // ---- tokenizer and model
   tokenizer_ = load_tokenizer(cfg_.model.hf_assets_path);
@@ -798,8 +800,8 @@ void Trainer::on_nonfinite_step(const StepResult& r, int64_t step) {
                   "training.nan_policy = \"skip\" to skip such steps");
 }
 
-int run_training(const JobConfig& cfg) {
-  Trainer trainer(cfg);
+int run_training(const JobConfig& cfg, const std::function<void()>& preflight) {
+  Trainer trainer(cfg, preflight);
   if (cfg.checkpoint.create_seed_checkpoint) {
     trainer.save_checkpoint(/*model_only=*/true);  // step 0: the initialized model
     trainer.wait_for_checkpoint();

@@ -50,7 +50,9 @@ class Trainer {
  public:
   // Builds tokenizer, model, optimizer, schedule, data loader and metrics. Throws UserError for a
   // config that cannot run here (unsupported features, missing files, mismatched tokenizer).
-  explicit Trainer(JobConfig cfg);
+  // `preflight` (titan train's memory check) runs on every rank after the cheap checks, before the
+  // tokenizer and the model; if it throws on any rank, every rank throws.
+  explicit Trainer(JobConfig cfg, const std::function<void()>& preflight = {});
 
   // Runs training.steps steps, logging every metrics.log_freq steps. Returns the per-step losses.
   std::vector<double> train();
@@ -249,7 +251,7 @@ class Trainer {
 };
 
 // `titan train`: trains with `cfg`, printing torchtitan's log lines. Returns the process exit code.
-int run_training(const JobConfig& cfg);
+int run_training(const JobConfig& cfg, const std::function<void()>& preflight = {});
 
 // The options whose values differ from the defaults, one "section.key = value" per line.
 std::string config_changes(const JobConfig& cfg);

@@ -148,8 +148,10 @@ void Trainer::save_checkpoint_at_step() {
       if (layer->expert_bias.defined()) writer->add(prefix + "expert_bias", layer->expert_bias.to(at::kCPU));
   if (!writer) return;
   writer->finish();
+  const std::string tokenizer = checkpoint::export_hf_tokenizer(cfg_.model.hf_assets_path, partial);
   checkpoint::replace_directory(partial, dir);
-  log_info("Checkpoint: saved step " + std::to_string(step_) + " in Hugging Face format to " + dir);
+  log_info("Checkpoint: saved step " + std::to_string(step_) + " in Hugging Face format to " + dir + " (" +
+           tokenizer + ")");
 }
 
 void Trainer::wait_for_checkpoint() {

@@ -16,6 +16,7 @@
 #include "titan/components/checkpoint/checkpoint.h"
 #include "titan/components/checkpoint/hf.h"
 #include "titan/components/checkpoint/safetensors.h"
+#include "titan/components/tokenizer/tokenizer.h"
 #include "titan/models/llama3/llama3.h"
 #include "titan/models/llama3/model.h"
 #include "titan/models/registry.h"
@@ -434,6 +435,61 @@ TEST(HFSource, MissingFilesAreNamed) {
   fs::remove(dir / ("hf/" + shard));
   msg = error_of([&] { checkpoint::HFSource(dir / "hf", spec, "tiny"); });
   EXPECT_NE(msg.find(shard + ", which does not exist"), std::string::npos) << msg;
+}
+
+// An export a user loads whole: AutoTokenizer (the run's tokenizer, found through the run's
+// config.toml, or given with --model.hf_assets_path) encodes a sentence to titan's ids, and
+// AutoModelForCausalLM and GenerationConfig load with the tokenizer's BOS and EOS.
+TEST(HFConvert, ToHFExportsTheRunsTokenizerAndAGenerationConfig) {
+  test::TempDir dir;
+  LanguageModel model = build(model_spec("llama3"), "debugmodel");
+  write_titan_checkpoint(dir / "run/checkpoint/step-10", *model, "debugmodel");
+  const std::string assets = std::string(TITAN_SOURCE_DIR) + "/assets/tokenizer";
+  std::ofstream(dir / "run/config.toml") << "[model]\nhf_assets_path = \"" << assets << "\"\n";
+  const std::string text = "Return the integer square root of n: the largest int r with r * r <= n.";
+  std::ofstream(dir / "text.txt") << text;
+  auto load = [&](const std::string& hf) {
+    auto r = test::run_process({test::python(), std::string(TITAN_SOURCE_DIR) + "/tests/reference/hf_tokenizer_reference.py",
+                                hf, dir / "text.txt", dir / "out.json"}, {}, std::chrono::seconds(300));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return r.exit_code == 0 ? read_json(dir / "out.json") : nlohmann::json();
+  };
+
+  // tokenizer.json (byte-level BPE): copied with a tokenizer_config.json naming BOS and EOS.
+  auto r = titan_cli({"convert", "to-hf", dir / "run/checkpoint/step-10", dir / "hf"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("tokenizer: tokenizer.json, tokenizer_config.json (written) and generation_config.json"),
+            std::string::npos) << r.output;
+  auto titan = load_tokenizer(assets);
+  std::vector<int32_t> want = titan->encode(text, /*add_bos=*/true);
+  nlohmann::json got = load(dir / "hf");
+  ASSERT_FALSE(got.is_null());
+  EXPECT_EQ(got.at("ids").get<std::vector<int32_t>>(), want);
+  EXPECT_EQ(got.at("decoded"), text);
+  EXPECT_EQ(got.at("bos_token_id"), *titan->bos_id());
+  EXPECT_EQ(got.at("eos_token_id"), *titan->eos_id());
+  EXPECT_EQ(got.at("generation_bos"), *titan->bos_id());
+  EXPECT_EQ(got.at("generation_eos"), *titan->eos_id());
+  EXPECT_EQ(got.at("model_class"), "LlamaForCausalLM");
+
+  // A SentencePiece model, named on the command line: tokenizer.model for LlamaTokenizer.
+  r = titan_cli({"convert", "to-hf", dir / "run/checkpoint/step-10", dir / "hf-sp", "--model.hf_assets_path",
+                 assets + "/sentencepiece.model"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("tokenizer: tokenizer.model (SentencePiece)"), std::string::npos) << r.output;
+  auto sp = load_tokenizer(assets + "/sentencepiece.model");
+  got = load(dir / "hf-sp");
+  ASSERT_FALSE(got.is_null());
+  EXPECT_EQ(got.at("ids").get<std::vector<int32_t>>(), sp->encode(text, /*add_bos=*/true)) << got.dump();
+  EXPECT_EQ(got.at("generation_eos"), *sp->eos_id());
+
+  // tiktoken: transformers needs a tokenizer.json; the export says so and still loads as a model.
+  r = titan_cli({"convert", "to-hf", dir / "run/checkpoint/step-10", dir / "hf-tt", "--model.hf_assets_path",
+                 assets + "/tiktoken.model"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("is a tiktoken model, and transformers reads a tokenizer.json"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::exists(dir / "hf-tt/generation_config.json"));
+  EXPECT_FALSE(fs::exists(dir / "hf-tt/tokenizer.model"));
 }
 
 TEST(HFConvert, CommandLine) {

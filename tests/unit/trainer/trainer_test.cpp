@@ -298,6 +298,33 @@ TEST(TitanTrain, ResumeSaysWhatItSkipsAndHowToChangeSeqLen) {
   EXPECT_EQ(parse_losses(excluded.output).front().first, 2) << excluded.output;
 }
 
+// The pre-flight memory check: the 8B flavor on a machine without its memory (fp32 on the CPU: about
+// 130 GiB for one rank) stops before the tokenizer or the model, with both figures; skipped on request.
+TEST(TitanTrain, ARunThatCannotFitStopsBeforeTheModelIsBuilt) {
+  test::TempDir dir;
+  const std::vector<std::string> argv = {kTitan, "train", "--job.config_file", kSource + "/configs/llama3_8b.toml",
+                                         "--job.dump_folder", dir.path(), "--training.dataset", "titan_corpus",
+                                         "--training.steps", "1"};
+  auto r = test::run_process(argv, {}, std::chrono::seconds(120));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_LT(r.seconds, 30.0) << r.output;
+  const std::regex figures("this run does not fit in memory: `titan estimate` predicts a peak of (\\d+\\.\\d) GiB per "
+                           "rank \\(single process, activation checkpointing .*\\), and (\\d+\\.\\d) GiB is available to each "
+                           "rank");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.output, m, figures)) << r.output;
+  EXPECT_GT(std::stod(m[1]), 100.0);
+  EXPECT_LT(std::stod(m[2]), std::stod(m[1]));
+  EXPECT_NE(r.output.find("--debug.skip_memory_check goes on anyway"), std::string::npos) << r.output;
+  // Skipped: the run goes on to the next step of start-up (here the 8B tokenizer, which is absent).
+  std::vector<std::string> skip = argv;
+  skip.insert(skip.end(), {"--debug.skip_memory_check", "--model.hf_assets_path", dir / "no-tokenizer"});
+  r = test::run_process(skip, {}, std::chrono::seconds(120));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_EQ(r.output.find("does not fit in memory"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("no-tokenizer"), std::string::npos) << r.output;
+}
+
 TEST(TitanEstimate, ReadsTheSeeds8BFile) {
   auto r = test::run_process({kTitan, "estimate", "--job.config_file",
                               kSource + "/tests/unit/config/fixtures/seed002_new_8b_custom.toml"});

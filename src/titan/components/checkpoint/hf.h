@@ -107,4 +107,14 @@ std::vector<std::string> matching_hf_flavors(const std::string& hf_dir, const Mo
 // accepts), so that exporting or inspecting the checkpoint does not need the file.
 nlohmann::json model_record(const ModelSpec& spec, const std::string& flavor);
 
+// Makes the Hugging Face folder `out_dir` loadable whole: the run's tokenizer (`assets`, as
+// model.hf_assets_path names it) in a form transformers' AutoTokenizer reads, and a
+// generation_config.json with its BOS and EOS ids.
+//   tokenizer.json           copied, with tokenizer_config.json and special_tokens_map.json when the
+//                            assets have them (else a tokenizer_config.json naming the BOS and EOS tokens)
+//   SentencePiece model      copied as tokenizer.model, with a tokenizer_config.json for LlamaTokenizer
+//   tiktoken model           not exported (transformers needs tokenizer.json for it): the return says so
+// Returns one line saying what was written (or why no tokenizer was). Throws only for a failed write.
+std::string export_hf_tokenizer(const std::string& assets, const std::string& out_dir);
+
 }  // namespace titan::checkpoint

@@ -53,6 +53,7 @@ struct CudaPeaks {
 int cuda_current_device();
 std::string cuda_device_name(int index);
 double cuda_total_memory(int index);
+double cuda_free_memory(int index);  // cudaMemGetInfo on that device
 CudaPeaks cuda_peaks(int index);
 void cuda_reset_peaks(int index);
 }  // namespace detail

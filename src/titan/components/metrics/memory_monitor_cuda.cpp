@@ -34,6 +34,17 @@ std::string cuda_device_name(int index) { return properties(index).name; }
 
 double cuda_total_memory(int index) { return static_cast<double>(properties(index).totalGlobalMem); }
 
+double cuda_free_memory(int index) {
+  int previous = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&previous));
+  C10_CUDA_CHECK(cudaSetDevice(index));
+  size_t free = 0, total = 0;
+  const cudaError_t err = cudaMemGetInfo(&free, &total);
+  C10_CUDA_CHECK(cudaSetDevice(previous));
+  C10_CUDA_CHECK(err);
+  return static_cast<double>(free);
+}
+
 CudaPeaks cuda_peaks(int index) {
   const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(index));
   return {stats.active_bytes[kAllPools].peak, stats.reserved_bytes[kAllPools].peak, stats.num_alloc_retries,
@@ -55,6 +66,7 @@ namespace {
 int cuda_current_device() { no_cuda(); }
 std::string cuda_device_name(int) { no_cuda(); }
 double cuda_total_memory(int) { no_cuda(); }
+double cuda_free_memory(int) { no_cuda(); }
 CudaPeaks cuda_peaks(int) { no_cuda(); }
 void cuda_reset_peaks(int) { no_cuda(); }
 
