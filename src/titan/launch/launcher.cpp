@@ -4,6 +4,7 @@
 
 #include "titan/common/error.h"
 #include "titan/common/preemption.h"
+#include "titan/common/progress_text.h"
 #include "titan/distributed/process_group.h"
 
 #include <arpa/inet.h>
@@ -65,7 +66,26 @@ void write_all(int fd, const std::string& s) {
   }
 }
 
-void say(const std::string& msg) { write_all(2, "titan launch: " + msg + "\n"); }
+// Rank 0's progress line (ProgressLine's report mode), drawn on the launcher's terminal: erased
+// before any other line is written and drawn again after it.
+bool g_progress_enabled = false;  // stderr is a terminal
+std::string g_progress_text;      // what is drawn now ("" when nothing)
+
+void erase_progress() {
+  if (!g_progress_text.empty()) write_all(2, "\r\033[K");
+}
+void redraw_progress() {
+  if (!g_progress_text.empty()) write_all(2, "\r\033[K" + g_progress_text);
+}
+
+// A relayed line or a message of the launcher: never in the middle of the progress line.
+void write_line(int fd, const std::string& text) {
+  erase_progress();
+  write_all(fd, text);
+  redraw_progress();
+}
+
+void say(const std::string& msg) { write_line(2, "titan launch: " + msg + "\n"); }
 
 // The first line of the error a titan command prints when it fails: "titan train: error: ...",
 // "titan train: error from LibTorch: ...".
@@ -97,12 +117,22 @@ struct Worker {
   std::chrono::steady_clock::time_point error_since{};
 
   void emit(const std::string& line, int out_fd) {
+    if (g_progress_enabled && line.rfind(kProgressReportPrefix, 0) == 0) {
+      long long step = 0, total = 0;
+      double eta = -1;
+      if (std::sscanf(line.c_str() + std::strlen(kProgressReportPrefix), "%lld %lld %lf", &step, &total,
+                      &eta) == 3) {
+        g_progress_text = progress_text(step, total, eta);
+        redraw_progress();
+      }
+      return;
+    }
     const std::string prefixed = "[rank " + std::to_string(rank) + "]: " + line;
     if (!error_said && (!error.empty() || is_error_line(line))) {
       if (error.empty()) error_since = std::chrono::steady_clock::now();
       error += line + "\n";
     } else if (shown) {
-      write_all(out_fd, prefixed + "\n");
+      write_line(out_fd, prefixed + "\n");
     }
     tail.push_back(prefixed);
     if (tail.size() > kTailLines) tail.pop_front();
@@ -256,7 +286,7 @@ void report_failures(const std::vector<Worker*>& failed, std::vector<Worker>& al
         start = nl + 1;
       }
       say(rank_list(g) + " (pid " + pids + ") " + first.how() + ":");
-      write_all(2, text);
+      write_line(2, text);
       for (Worker* w : g) w->error_said = true;
       continue;
     }
@@ -265,7 +295,7 @@ void report_failures(const std::vector<Worker*>& failed, std::vector<Worker>& al
       if (!w->tail.empty()) {
         std::string lines;
         for (const auto& l : w->tail) lines += "  " + l + "\n";
-        write_all(2, "titan launch: last lines of rank " + std::to_string(w->rank) + ":\n" + lines);
+        write_line(2, "titan launch: last lines of rank " + std::to_string(w->rank) + ":\n" + lines);
       }
     }
   }
@@ -364,6 +394,9 @@ int launch_workers(const LaunchOptions& o) {
       {"GROUP_RANK", std::to_string(o.node_rank)},     {"NODE_RANK", std::to_string(o.node_rank)},
       {"MASTER_ADDR", o.master_addr},                  {"MASTER_PORT", std::to_string(port)},
       {"TORCHELASTIC_USE_AGENT_STORE", "True"},        {"TORCHELASTIC_MAX_RESTARTS", std::to_string(o.max_restarts)}};
+  // On a terminal, the metrics rank reports its progress to the launcher, which draws it.
+  g_progress_enabled = isatty(2) == 1;
+  if (g_progress_enabled) common[kProgressReportVariable] = "1";
   // As torchrun does: several CPU-hungry processes on one node would oversubscribe the cores.
   if (o.nproc_per_node > 1 && !std::getenv("OMP_NUM_THREADS")) common["OMP_NUM_THREADS"] = "1";
 
@@ -615,6 +648,8 @@ int launch_workers(const LaunchOptions& o) {
           }
       }
     }
+    erase_progress();  // the attempt is over: the terminal is left with whole lines only
+    g_progress_text.clear();
     return outcome;
   };
 

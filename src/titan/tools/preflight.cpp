@@ -87,7 +87,12 @@ void check_memory_fits(const JobConfig& cfg) {
   }
   const int device = cuda ? dist::local_device_index(env, static_cast<int>(torch::cuda::device_count())) : 0;
   const AvailableMemory a = available_memory_per_rank(cuda, device, env.local_world_size);
-  if (a.bytes <= 0 || e.peak_device <= a.bytes) return;
+  if (a.bytes <= 0 || e.peak_device <= a.bytes) {
+    if (env.rank == 0 && a.bytes > 0)
+      std::cout << metrics::log_prefix() << "Memory check: `titan estimate` predicts a peak of " << gib(e.peak_device)
+                << " per rank; " << gib(a.bytes) << " is available to each (" << a.what << ")" << std::endl;
+    return;
+  }
   std::ostringstream msg;
   msg << "this run does not fit in memory: `titan estimate` predicts a peak of " << gib(e.peak_device)
       << " per rank (" << e.layout << ", activation checkpointing " << e.activation_checkpointing << ", local batch "

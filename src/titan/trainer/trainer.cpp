@@ -58,11 +58,15 @@ double seconds_since_process_start() {
 }  // namespace
 
 void Trainer::log_info(const std::string& msg) const {
-  if (env_.rank == 0) std::cout << metrics::log_prefix() << msg << std::endl;
+  if (env_.rank != 0) return;
+  if (metrics_) metrics_->clear_progress();  // no line lands after a half-drawn progress line
+  std::cout << metrics::log_prefix() << msg << std::endl;
 }
 
 void Trainer::log_warning(const std::string& msg) const {
-  if (env_.rank == 0) std::cerr << metrics::log_prefix("WARNING") << msg << std::endl;
+  if (env_.rank != 0) return;
+  if (metrics_) metrics_->clear_progress();
+  std::cerr << metrics::log_prefix("WARNING") << msg << std::endl;
 }
 
 std::string Trainer::restart_note() const {
@@ -137,6 +141,17 @@ Trainer::Trainer(JobConfig cfg, const std::function<void()>& preflight) : cfg_(s
     preemption_group_ = &mesh_->host_group("preemption", timeout, timeout, "comm.init_timeout_seconds");
     preemption_ballot_ = at::zeros({1}, at::kInt);
   }
+  // What this run is, said as start-up goes (each phase logs when it is done, with its time).
+  const std::string saved_config = cfg_.job.dump_folder + "/" +
+                                   (cfg_.job.save_config_file.empty() ? "config.toml" : cfg_.job.save_config_file);
+  log_info("Starting job: " + cfg_.job.description);
+  log_info("Processes: " + dist::describe(env_) + "; parallelism " + dims_->describe());
+  if (cfg_.job.print_config && env_.rank == 0) {
+    std::cout << to_toml(cfg_);
+  } else {
+    log_info("Config (differences from the defaults; full config in " + saved_config + "):\n" + config_changes(cfg_));
+  }
+  for (const auto& w : config_warnings(cfg_)) log_warning(w);
   const uint64_t seed = static_cast<uint64_t>(cfg_.debug.seed.value_or(0));
   at::manual_seed(seed);
   if (cfg_.debug.deterministic) {
@@ -164,8 +179,13 @@ Trainer::Trainer(JobConfig cfg, const std::function<void()>& preflight) : cfg_(s
   // ---- cheap checks before anything expensive (the model's build, its memory): the data's files,
   // the batch arithmetic, the initial load path
   (void)data::resolve_dataset(tr.dataset, tr.dataset_path, "training");
-  if (cfg_.validation.enable)
-    (void)data::resolve_dataset(cfg_.validation.dataset, cfg_.validation.dataset_path, "validation");
+  if (cfg_.validation.enable) {
+    try {
+      (void)data::resolve_dataset(cfg_.validation.dataset, cfg_.validation.dataset_path, "validation");
+    } catch (const UserError& e) {
+      throw UserError(std::string("validation data: ") + e.what());
+    }
+  }
   {
     const int64_t dp = dims_->dp_size();
     const int64_t global_batch = tr.global_batch_size < 0 ? tr.local_batch_size * dp : tr.global_batch_size;
@@ -183,8 +203,18 @@ Trainer::Trainer(JobConfig cfg, const std::function<void()>& preflight) : cfg_(s
   if (preflight) on_every_rank(preflight, "pass the pre-flight memory check");
 
   // ---- tokenizer and model
-  tokenizer_ = load_tokenizer(cfg_.model.hf_assets_path);
+  {
+    const auto tokenizer_start = Clock::now();
+    tokenizer_ = load_tokenizer(cfg_.model.hf_assets_path);
+    char line[256];
+    std::snprintf(line, sizeof line, "Tokenizer: %s, vocabulary %lld (%.2f s)", cfg_.model.hf_assets_path.c_str(),
+                  static_cast<long long>(tokenizer_->vocab_size()),
+                  std::chrono::duration<double>(Clock::now() - tokenizer_start).count());
+    log_info(line);
+  }
   const ModelSpec& spec = model_spec(cfg_.model.name);
+  log_info("Model " + cfg_.model.name + " " + cfg_.model.flavor + ": building, initializing and sharding it on " +
+           device_.str() + " ...");
   float8_ = float8_conversion(cfg_, dims_->tp());  // its options checked before the model is built
   const auto model_start = Clock::now();  // build, initialization and sharding: for the start-up line
   // Long enough for the validation sequences too (the RoPE table is built per sequence length).
@@ -309,10 +339,8 @@ Trainer::Trainer(JobConfig cfg, const std::function<void()>& preflight) : cfg_(s
 
   // ---- what this run is, for the log; the resolved config goes to dump_folder
   std::filesystem::create_directories(cfg_.job.dump_folder);
-  const std::string saved = cfg_.job.dump_folder + "/" +
-                            (cfg_.job.save_config_file.empty() ? "config.toml" : cfg_.job.save_config_file);
-  log_info("Starting job: " + cfg_.job.description);
-  log_info("Processes: " + dist::describe(env_) + "; parallelism " + dims_->describe() +
+  const std::string& saved = saved_config;
+  log_info("Parallelism: " + dims_->describe() +
            (data_parallel_[0]->kind() != "none" ? " (" + data_parallel_[0]->kind() + ")" : "") +
            (tensor_parallel_ ? std::string(" (TP") + (tensor_parallel_->options().sequence_parallel ? ", sequence parallel" : "") +
                                    (tensor_parallel_->options().loss_parallel ? ", loss parallel" : "") +
@@ -327,18 +355,13 @@ Trainer::Trainer(JobConfig cfg, const std::function<void()>& preflight) : cfg_(s
                                    std::to_string(dims_->degree("efsdp")) + ")"
                              : "") +
            (tr.enable_cpu_offload ? "; parameters, gradients and optimizer state offloaded to CPU memory" : ""));
-  if (cfg_.job.print_config && env_.rank == 0) {
-    std::cout << to_toml(cfg_);
-  } else {
-    std::string changes = config_changes(cfg_);
-    log_info("Config (differences from the defaults; full config in " + saved + "):\n" + changes);
-  }
-  for (const auto& w : config_warnings(cfg_)) log_warning(w);
   char buf[512];
-  std::snprintf(buf, sizeof buf, "Model %s %s: %s parameters, %.3e training FLOPs per token; device %s%s",
+  std::snprintf(buf, sizeof buf,
+                "Model %s %s: %s parameters, %.3e training FLOPs per token; device %s%s; built, initialized and "
+                "sharded in %.2f s",
                 cfg_.model.name.c_str(), cfg_.model.flavor.c_str(),
                 metrics::format_thousands(model_->num_params()).c_str(), model_->flops_per_token(tr.seq_len),
-                device_.str().c_str(), bf16_autocast_ ? ", bf16 autocast" : "");
+                device_.str().c_str(), bf16_autocast_ ? ", bf16 autocast" : "", model_seconds);
   log_info(buf);
   if (float8_.recipe || float8_.grouped_recipe) log_info(describe(float8_));
   if (dpo.fsdp.float8_all_gather) {
@@ -366,8 +389,7 @@ Trainer::Trainer(JobConfig cfg, const std::function<void()>& preflight) : cfg_(s
                                   ? "per operator (attention and every matmul output kept)"
                                   : "per operator (attention and every other matmul output kept)")
                                                 : "1 block in " + ac.selective_ac_option));
-  log_info("Data: " + dataloader_->description() + "; tokenizer vocabulary " +
-           std::to_string(tokenizer_->vocab_size()));
+  log_info("Data: " + dataloader_->description());
   log_info("Training " + std::to_string(tr.steps) + " steps: local batch " + std::to_string(tr.local_batch_size) +
            ", global batch " + std::to_string(global_batch) + ", gradient accumulation steps " +
            std::to_string(grad_accum_steps_) + ", sequence length " + std::to_string(tr.seq_len));
@@ -380,7 +402,7 @@ Trainer::Trainer(JobConfig cfg, const std::function<void()>& preflight) : cfg_(s
   // folder's earlier records alone).
   if (env_.rank == 0) std::ofstream(saved) << to_toml(cfg_);
   metrics_->record_start(step_);
-  std::snprintf(buf, sizeof buf, "Start-up: %.2f s (model built and initialized in %.2f s)",
+  std::snprintf(buf, sizeof buf, "Start-up: %.2f s (the model's build, initialization and sharding %.2f s)",
                 seconds_since_process_start(), model_seconds);
   log_info(buf);
 }

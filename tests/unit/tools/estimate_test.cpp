@@ -39,6 +39,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <algorithm>
 #include <fstream>
 #include <mutex>
 #include <regex>
@@ -475,6 +476,34 @@ void expect_communication_as_counted(int world, int replicate, int accum, int tp
 }
 
 TEST(EstimateCommunication, Fsdp2IsWhatTheMeshCounts) { expect_communication_as_counted(2, 1, 1); }
+
+// docs/memory.md's table of the shipped configs: each "(config)" row's peak is what `titan estimate`
+// prints for that config on that many ranks, so the docs cannot drift from the estimator.
+TEST(DocsFigures, TheMemoryTablesConfigRowsAreTheEstimatorsFigures) {
+  std::ifstream in(kSource + "/docs/memory.md");
+  const std::regex row(R"(^\| (\d+B) \(config[^|]*\| ([^|]+)\|.*\| ([0-9.]+) GiB \| (fits) [^|]*\|$)");
+  int rows = 0;
+  for (std::string line; std::getline(in, line);) {
+    std::smatch m;
+    if (!std::regex_match(line, m, row)) continue;
+    ++rows;
+    int64_t world = 1;
+    const std::string ranks = m[2];
+    static const std::regex number(R"(\d+)");
+    for (auto it = std::sregex_iterator(ranks.begin(), ranks.end(), number); it != std::sregex_iterator(); ++it)
+      world *= std::stoll(it->str());
+    const std::string size = m[1];
+    std::string lower = size;
+    std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+    auto r = test::run_process({kTitan, "estimate", "--job.config_file", kSource + "/configs/llama3_" + lower + ".toml",
+                                "--world-size", std::to_string(world), "--device", "cuda", "--device-memory-gib", "80"},
+                               {}, std::chrono::seconds(120));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("verdict: " + m[4].str() + ": peak " + m[3].str() + " GiB of 80.00 GiB"), std::string::npos)
+        << "docs/memory.md: " << line << "\n" << r.output;
+  }
+  EXPECT_EQ(rows, 3) << "the 8B, 70B and 405B config rows";
+}
 TEST(EstimateCommunication, Fsdp4WithGradientAccumulationIsWhatTheMeshCounts) { expect_communication_as_counted(4, 1, 2); }
 TEST(EstimateCommunication, Hsdp2x2IsWhatTheMeshCounts) { expect_communication_as_counted(4, 2, 1); }
 TEST(EstimateCommunication, Ddp2WithGradientAccumulationIsWhatTheMeshCounts) { expect_communication_as_counted(2, 2, 2); }

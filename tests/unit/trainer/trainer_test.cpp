@@ -14,6 +14,8 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <regex>
 
 namespace titan {
@@ -323,6 +325,29 @@ TEST(TitanTrain, ARunThatCannotFitStopsBeforeTheModelIsBuilt) {
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_EQ(r.output.find("does not fit in memory"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("no-tokenizer"), std::string::npos) << r.output;
+}
+
+// scripts/download_hf_assets.py without the Hub (offline here): a clear error that says what to do, and
+// the shipped configs name the command that fetches their tokenizer.
+TEST(Assets, TheDownloadScriptSaysWhatToDoOfflineAndTheConfigsNameIt) {
+  test::TempDir dir;
+  auto r = test::run_process({test::python(), kSource + "/scripts/download_hf_assets.py", "--repo_id",
+                              "meta-llama/Llama-3.1-8B", "--local_dir", dir.path()},
+                             {{"HF_HUB_OFFLINE", "1"}}, std::chrono::seconds(120));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("download_hf_assets: error: cannot reach the Hugging Face Hub"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(dir / "Llama-3.1-8B"), std::string::npos) << r.output;
+  r = test::run_process({test::python(), kSource + "/scripts/download_hf_assets.py", "--repo_id", "llama"});
+  EXPECT_NE(r.output.find("is not an organisation/name Hub repository"), std::string::npos) << r.output;
+  for (const auto& e : std::filesystem::directory_iterator(kSource + "/configs")) {
+    std::ifstream in(e.path());
+    const std::string text((std::istreambuf_iterator<char>(in)), {});
+    const size_t at = text.find("hf_assets_path = \"./assets/hf/");
+    if (at == std::string::npos) continue;
+    const std::string name = text.substr(at + 30, text.find('"', at + 30) - at - 30);
+    EXPECT_NE(text.find("scripts/download_hf_assets.py --repo_id "), std::string::npos) << e.path();
+    EXPECT_NE(text.find("/" + name + " "), std::string::npos) << e.path() << ": the command does not fetch " << name;
+  }
 }
 
 TEST(TitanEstimate, ReadsTheSeeds8BFile) {

@@ -70,12 +70,5 @@ std::string format_log_line(const LogLineFields& f, bool color) {
   return line;
 }
 
-std::string format_duration(double seconds) {
-  int64_t total = std::isfinite(seconds) && seconds > 0 ? static_cast<int64_t>(std::llround(seconds)) : 0;
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "%lld:%02lld:%02lld", static_cast<long long>(total / 3600),
-                static_cast<long long>(total / 60 % 60), static_cast<long long>(total % 60));
-  return buf;
-}
 
 }  // namespace titan::metrics

@@ -8,6 +8,8 @@
 // default-foreground code, as torchtitan prints it.
 #pragma once
 
+#include "titan/common/progress_text.h"
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -55,7 +57,7 @@ struct LogLineFields {
 // The log line (no trailing newline), with ANSI colors when `color`.
 std::string format_log_line(const LogLineFields& fields, bool color);
 
-// "H:MM:SS" for a duration in seconds (negative clamps to 0), e.g. 195 -> "0:03:15".
-std::string format_duration(double seconds);
+// format_duration(seconds): "H:MM:SS" (common/progress_text.h).
+using ::titan::format_duration;
 
 }  // namespace titan::metrics

@@ -118,6 +118,8 @@ class MetricsLogger {
 
   // Advances the progress line (call once per finished step).
   void on_step(int64_t step);
+  // Erases the progress line before another line goes to the terminal (the next step redraws it).
+  void clear_progress() { progress_.clear(); }
 
   // Logs one interval: computes the figures, prints the line (on the metrics rank), writes the
   // TensorBoard scalars plus `extra` ones, and resets the memory peaks. Returns the figures.

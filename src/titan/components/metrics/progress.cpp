@@ -6,21 +6,26 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
 
 namespace titan::metrics {
 
 ProgressLine::ProgressLine(int fd, int64_t total_steps, bool enabled, std::chrono::milliseconds min_interval)
     : fd_(fd), total_steps_(total_steps), active_(enabled && total_steps > 0 && isatty(fd) == 1),
-      min_interval_(min_interval) {}
+      min_interval_(min_interval) {
+  const char* report = std::getenv(kReportVariable);
+  if (enabled && total_steps > 0 && !active_ && report && std::string(report) == "1") {
+    active_ = report_ = true;
+    min_interval_ = std::max(min_interval_, std::chrono::milliseconds(1000));
+  }
+}
 
 ProgressLine::~ProgressLine() { clear(); }
 
 std::string ProgressLine::render(int64_t step, int64_t total_steps, double eta_seconds) {
-  const int64_t percent = total_steps > 0 ? std::clamp<int64_t>(step * 100 / total_steps, 0, 100) : 0;
-  std::string text = "[step " + std::to_string(step) + "/" + std::to_string(total_steps) + " | " +
-                     std::to_string(percent) + "%] eta ";
-  text += eta_seconds >= 0 ? format_duration(eta_seconds) : std::string("-:--:--");
-  return text;
+  return progress_text(step, total_steps, eta_seconds);
 }
 
 void ProgressLine::update(int64_t step, Clock::time_point now) {
@@ -36,13 +41,22 @@ void ProgressLine::update(int64_t step, Clock::time_point now) {
     const double per_step = std::chrono::duration<double>(now - first_time_).count() / (step - first_step_);
     eta = per_step * static_cast<double>(std::max<int64_t>(total_steps_ - step, 0));
   }
+  if (report_) {
+    char eta_text[32];
+    std::snprintf(eta_text, sizeof eta_text, "%.1f", eta);
+    write_all(std::string(kReportPrefix) + std::to_string(step) + " " + std::to_string(total_steps_) + " " + eta_text +
+              "\n");
+    last_draw_ = now;
+    drawn_ = true;
+    return;
+  }
   write_all("\r\033[K" + render(step, total_steps_, eta));
   drawn_ = true;
   last_draw_ = now;
 }
 
 void ProgressLine::clear() {
-  if (!active_ || !drawn_) return;
+  if (!active_ || !drawn_ || report_) return;  // the launcher erases its own line
   write_all("\r\033[K");
   drawn_ = false;
 }

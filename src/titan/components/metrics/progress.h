@@ -4,6 +4,8 @@
 // stream is not a terminal (CI, pipes, files) the indicator prints nothing at all.
 #pragma once
 
+#include "titan/common/progress_text.h"
+
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -37,12 +39,20 @@ class ProgressLine {
   // The text update() draws for `step` with `eta_seconds` (negative: unknown), without control codes.
   static std::string render(int64_t step, int64_t total_steps, double eta_seconds);
 
+  // Under `titan launch` on a terminal, the launcher sets this variable for global rank 0, whose
+  // stderr is then a pipe: instead of drawing, update() writes one line per redraw (at most every
+  // second) that the launcher draws on its own terminal, erased before any other line:
+  //   titan-progress: STEP TOTAL ETA_SECONDS     (ETA -1: unknown)
+  static constexpr const char* kReportVariable = kProgressReportVariable;
+  static constexpr const char* kReportPrefix = kProgressReportPrefix;
+
  private:
   void write_all(const std::string& text);
 
   int fd_;
   int64_t total_steps_;
   bool active_;
+  bool report_ = false;  // lines for the launcher (kReportVariable) instead of drawing
   std::chrono::milliseconds min_interval_;
   bool drawn_ = false;
   int64_t first_step_ = -1;

@@ -15,7 +15,8 @@ namespace fs = std::filesystem;
 
 constexpr const char* kHint =
     " Point model.hf_assets_path (or model.tokenizer_path) at a folder holding tokenizer.json, tokenizer.model "
-    "or original/tokenizer.model, or at one of those files.";
+    "or original/tokenizer.model, or at one of those files. A model's tokenizer on the Hugging Face Hub: "
+    ".venv/bin/python scripts/download_hf_assets.py --repo_id ORG/NAME (into assets/hf/NAME).";
 
 // First non-whitespace byte of the file, or 0.
 char first_char(const std::string& path) {
