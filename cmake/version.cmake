@@ -6,7 +6,7 @@ execute_process(COMMAND git -C "${SRC}" rev-parse --short=12 HEAD OUTPUT_VARIABL
 if(NOT rc EQUAL 0 OR commit STREQUAL "")
   set(commit "unknown (not built from a git checkout)")
 else()
-  execute_process(COMMAND git -C "${SRC}" status --porcelain --untracked-files=no OUTPUT_VARIABLE changes
+  execute_process(COMMAND git --no-optional-locks -C "${SRC}" status --porcelain --untracked-files=no OUTPUT_VARIABLE changes
                   ERROR_QUIET)
   if(NOT changes STREQUAL "")
     set(commit "${commit}+local changes")

@@ -396,7 +396,7 @@ int launch_workers(const LaunchOptions& o) {
       {"TORCHELASTIC_USE_AGENT_STORE", "True"},        {"TORCHELASTIC_MAX_RESTARTS", std::to_string(o.max_restarts)}};
   // On a terminal, the metrics rank reports its progress to the launcher, which draws it.
   g_progress_enabled = isatty(2) == 1;
-  if (g_progress_enabled) common[kProgressReportVariable] = "1";
+  common[kProgressReportVariable] = g_progress_enabled ? "1" : "0";  // never inherited from an outer launcher
   // As torchrun does: several CPU-hungry processes on one node would oversubscribe the cores.
   if (o.nproc_per_node > 1 && !std::getenv("OMP_NUM_THREADS")) common["OMP_NUM_THREADS"] = "1";
 

@@ -125,18 +125,24 @@ int run_convert(const std::vector<std::string>& args) {
     std::string assets;
     for (const auto& o : options)
       if (o.rfind("--model.hf_assets_path", 0) == 0 || o.rfind("--job.config_file", 0) == 0) assets = cfg.model.hf_assets_path;
-    const fs::path run_config = fs::absolute(args[1]).lexically_normal().parent_path().parent_path() / "config.toml";
+    fs::path step = fs::absolute(args[1]).lexically_normal();
+    if (step.filename().empty()) step = step.parent_path();  // a trailing '/'
+    const fs::path run_config = step.parent_path().parent_path() / "config.toml";
     std::error_code ec;
-    if (assets.empty() && fs::is_regular_file(run_config, ec)) {
-      std::ifstream in(run_config);
-      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      assets = parse_config_text(text, run_config.string()).model.hf_assets_path;
+    std::string note;
+    try {
+      if (assets.empty() && fs::is_regular_file(run_config, ec)) {
+        std::ifstream in(run_config);
+        const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        assets = parse_config_text(text, run_config.string()).model.hf_assets_path;
+      }
+      note = assets.empty() ? "no tokenizer exported: give the run's tokenizer with --model.hf_assets_path (no "
+                              "config.toml of the run beside the checkpoint folder)"
+                            : checkpoint::export_hf_tokenizer(assets, args[2]);
+    } catch (const std::exception& e) {  // the weights are written: the tokenizer is an addition
+      note = std::string("no tokenizer exported: ") + e.what() + "; give it with --model.hf_assets_path";
     }
-    if (assets.empty())
-      std::printf("no tokenizer exported: give the run's tokenizer with --model.hf_assets_path (no config.toml of "
-                  "the run beside the checkpoint folder)\n");
-    else
-      std::printf("%s\n", checkpoint::export_hf_tokenizer(assets, args[2]).c_str());
+    std::printf("%s\n", note.c_str());
     return 0;
   }
   // The flavor counts as given when named on the command line or by a config file.

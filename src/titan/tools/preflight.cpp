@@ -37,6 +37,46 @@ int64_t read_bytes(const std::string& path) {
   }
 }
 
+// The value of `key` in a "key value" file (cgroup v2's memory.stat); -1 when absent.
+int64_t stat_value(const std::string& path, const std::string& key) {
+  std::ifstream in(path);
+  std::string k;
+  int64_t v = 0;
+  while (in >> k >> v)
+    if (k == key) return v;
+  return -1;
+}
+
+// What this process's cgroup and its ancestors leave to it: the tightest of memory.max (v2) or
+// memory.limit_in_bytes (v1) less the memory in use, not counting the page cache that can be dropped
+// (inactive_file); -1 without a limit.
+int64_t cgroup_headroom() {
+  std::ifstream in("/proc/self/cgroup");
+  std::string line, path;
+  while (std::getline(in, line))
+    if (line.rfind("0::", 0) == 0) path = line.substr(3);
+  int64_t best = -1;
+  for (std::string p = path;; p = p.substr(0, p.rfind('/'))) {
+    const std::string dir = "/sys/fs/cgroup" + (p == "/" ? std::string() : p);
+    const int64_t limit = read_bytes(dir + "/memory.max"), used = read_bytes(dir + "/memory.current");
+    if (limit > 0 && used >= 0) {
+      const int64_t cache = std::max<int64_t>(0, stat_value(dir + "/memory.stat", "inactive_file"));
+      const int64_t left = std::max<int64_t>(0, limit - std::max<int64_t>(0, used - cache));
+      best = best < 0 ? left : std::min(best, left);
+    }
+    if (p.empty() || p == "/" || p.find('/') == std::string::npos) break;
+  }
+  // cgroup v1 (its memory controller as mounted for this process; "no limit" is a huge number).
+  const std::string v1 = "/sys/fs/cgroup/memory";
+  const int64_t limit = read_bytes(v1 + "/memory.limit_in_bytes"), used = read_bytes(v1 + "/memory.usage_in_bytes");
+  if (limit > 0 && limit < (int64_t{1} << 60) && used >= 0) {
+    const int64_t cache = std::max<int64_t>(0, stat_value(v1 + "/memory.stat", "total_inactive_file"));
+    const int64_t left = std::max<int64_t>(0, limit - std::max<int64_t>(0, used - cache));
+    best = best < 0 ? left : std::min(best, left);
+  }
+  return best;
+}
+
 int64_t mem_available() {
   std::ifstream in("/proc/meminfo");
   std::string key, unit;
@@ -55,14 +95,21 @@ AvailableMemory available_memory_per_rank(bool cuda, int device, int local_world
   if (cuda) {
     a.bytes = static_cast<int64_t>(metrics::detail::cuda_free_memory(device));
     a.what = "free memory of GPU " + std::to_string(device);
+    // Ranks beyond the GPUs of this node share them (local_device_index wraps around).
+    const int gpus = std::max(1, static_cast<int>(torch::cuda::device_count()));
+    const int sharing = (std::max(1, local_world_size) + gpus - 1) / gpus;
+    if (sharing > 1) {
+      a.bytes /= sharing;
+      a.what += ", shared by " + std::to_string(sharing) + " ranks";
+    }
     return a;
   }
   int64_t bytes = mem_available();
   a.what = "the machine's available memory";
-  const int64_t limit = read_bytes("/sys/fs/cgroup/memory.max"), used = read_bytes("/sys/fs/cgroup/memory.current");
-  if (limit > 0 && used >= 0 && (bytes < 0 || limit - used < bytes)) {
-    bytes = std::max<int64_t>(0, limit - used);
-    a.what = "the memory limit of this process's cgroup, less its usage";
+  const int64_t headroom = cgroup_headroom();
+  if (headroom >= 0 && (bytes < 0 || headroom < bytes)) {
+    bytes = headroom;
+    a.what = "the memory limit of this process's cgroup, less what it uses beyond reclaimable cache";
   }
   if (local_world_size > 1) a.what += ", shared by the " + std::to_string(local_world_size) + " ranks of this machine";
   a.bytes = bytes < 0 ? 0 : bytes / std::max(1, local_world_size);
@@ -70,7 +117,8 @@ AvailableMemory available_memory_per_rank(bool cuda, int device, int local_world
 }
 
 void check_memory_fits(const JobConfig& cfg) {
-  if (cfg.debug.skip_memory_check) return;
+  // A seed checkpoint only builds and saves the model: the training peak does not apply.
+  if (cfg.debug.skip_memory_check || cfg.checkpoint.create_seed_checkpoint) return;
   const dist::LaunchEnv env = dist::launch_env_from_environment();
   const bool cuda = torch::cuda::is_available();
   EstimateOptions o;

@@ -148,7 +148,12 @@ void Trainer::save_checkpoint_at_step() {
       if (layer->expert_bias.defined()) writer->add(prefix + "expert_bias", layer->expert_bias.to(at::kCPU));
   if (!writer) return;
   writer->finish();
-  const std::string tokenizer = checkpoint::export_hf_tokenizer(cfg_.model.hf_assets_path, partial);
+  std::string tokenizer;
+  try {
+    tokenizer = checkpoint::export_hf_tokenizer(cfg_.model.hf_assets_path, partial);
+  } catch (const std::exception& e) {  // the weights are written: the tokenizer is an addition
+    tokenizer = std::string("no tokenizer exported: ") + e.what();
+  }
   checkpoint::replace_directory(partial, dir);
   log_info("Checkpoint: saved step " + std::to_string(step_) + " in Hugging Face format to " + dir + " (" +
            tokenizer + ")");

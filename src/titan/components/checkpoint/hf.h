@@ -114,7 +114,8 @@ nlohmann::json model_record(const ModelSpec& spec, const std::string& flavor);
 //                            assets have them (else a tokenizer_config.json naming the BOS and EOS tokens)
 //   SentencePiece model      copied as tokenizer.model, with a tokenizer_config.json for LlamaTokenizer
 //   tiktoken model           not exported (transformers needs tokenizer.json for it): the return says so
-// Returns one line saying what was written (or why no tokenizer was). Throws only for a failed write.
+// Returns one line saying what was written (or why no tokenizer was). Throws UserError for a
+// tokenizer that does not load or a failed write.
 std::string export_hf_tokenizer(const std::string& assets, const std::string& out_dir);
 
 }  // namespace titan::checkpoint

@@ -30,6 +30,7 @@ std::string ProgressLine::render(int64_t step, int64_t total_steps, double eta_s
 
 void ProgressLine::update(int64_t step, Clock::time_point now) {
   if (!active_) return;
+  std::lock_guard<std::mutex> lock(mutex_);
   if (first_step_ < 0) {
     first_step_ = step;
     first_time_ = now;
@@ -56,7 +57,9 @@ void ProgressLine::update(int64_t step, Clock::time_point now) {
 }
 
 void ProgressLine::clear() {
-  if (!active_ || !drawn_ || report_) return;  // the launcher erases its own line
+  if (!active_ || report_) return;  // the launcher erases its own line
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!drawn_) return;
   write_all("\r\033[K");
   drawn_ = false;
 }

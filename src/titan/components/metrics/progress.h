@@ -6,6 +6,8 @@
 
 #include "titan/common/progress_text.h"
 
+#include <mutex>
+
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -55,6 +57,7 @@ class ProgressLine {
   bool report_ = false;  // lines for the launcher (kReportVariable) instead of drawing
   std::chrono::milliseconds min_interval_;
   bool drawn_ = false;
+  std::mutex mutex_;  // clear() may come from another thread (a background save's log line)
   int64_t first_step_ = -1;
   Clock::time_point first_time_, last_draw_;
 };
