@@ -51,11 +51,6 @@ void on_signal(int sig) {
   errno = saved;
 }
 
-std::string signal_name(int sig) {
-  if (const char* abbrev = sigabbrev_np(sig)) return std::string("SIG") + abbrev;
-  return "signal " + std::to_string(sig);
-}
-
 void write_all(int fd, const std::string& s) {
   size_t off = 0;
   while (off < s.size()) {
@@ -177,7 +172,7 @@ struct Worker {
   std::string how() const {
     if (!exited) return "reports";
     if (!failed()) return "exited with code 0 after";
-    return term_signal ? "failed: killed by " + signal_name(term_signal)
+    return term_signal ? "failed: killed by " + signal_display_name(term_signal)
                        : "failed with exit code " + std::to_string(exit_status);
   }
   int exit_code() const { return term_signal ? 128 + term_signal : exit_status; }
@@ -469,7 +464,7 @@ int launch_workers(const LaunchOptions& o) {
               std::vector<Worker*> one{&w};
               report_failures(one, workers);
             }
-          say("received " + signal_name(sig) +
+          say("received " + signal_display_name(sig) +
               (preemption ? ", forwarding it to the workers (they save a checkpoint and stop; up to " +
                                 format_seconds(o.preemption_grace_seconds) + " s, --preemption-grace-seconds)"
                           : ", stopping the workers"));
@@ -483,7 +478,7 @@ int launch_workers(const LaunchOptions& o) {
           kill_at = Clock::now() + (preemption ? preemption_grace : grace);
           signal_groups(workers, sig);
         } else if (!killed) {
-          say("received " + signal_name(sig) + " again, killing the workers");
+          say("received " + signal_display_name(sig) + " again, killing the workers");
           killed = true;
           signal_groups(workers, SIGKILL);
         }

@@ -276,7 +276,7 @@ Estimate estimate(const JobConfig& cfg, const EstimateOptions& options) {
   const std::vector<std::pair<std::string, int64_t>> modes = {{"none", 1}, {"full", 1}, {"selective", k}};
   for (const auto& [mode, every] : modes) {
     const std::string words = ac_words(mode, every);
-    if (e.peak_by_ac.count(words)) continue;
+    if (!options.other_ac_modes || e.peak_by_ac.count(words)) continue;
     DryRunPlan other = plan;
     other.ac_mode = mode;
     other.ac_every = every;

@@ -46,6 +46,9 @@ struct EstimateOptions {
   // otherwise bf16 autocast) or "cpu" (fp32 compute, as titan trains on CPUs).
   std::string device = "cuda";
   double device_memory_gib = 80;  // capacity the verdict compares the peak with
+  // Also dry-run the other activation checkpointing modes (Estimate::peak_by_ac); the pre-flight
+  // check asks for them only when the configured mode does not fit.
+  bool other_ac_modes = true;
 };
 
 struct Estimate {

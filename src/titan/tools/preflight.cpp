@@ -124,6 +124,7 @@ void check_memory_fits(const JobConfig& cfg) {
   EstimateOptions o;
   o.world_size = env.world_size;
   o.device = cuda ? "cuda" : "cpu";
+  o.other_ac_modes = false;  // one dry run at start-up; the others only for a run that does not fit
   Estimate e;
   try {
     e = estimate(cfg, o);
@@ -141,6 +142,8 @@ void check_memory_fits(const JobConfig& cfg) {
                 << " per rank; " << gib(a.bytes) << " is available to each (" << a.what << ")" << std::endl;
     return;
   }
+  o.other_ac_modes = true;  // what would fit
+  e = estimate(cfg, o);
   std::ostringstream msg;
   msg << "this run does not fit in memory: `titan estimate` predicts a peak of " << gib(e.peak_device)
       << " per rank (" << e.layout << ", activation checkpointing " << e.activation_checkpointing << ", local batch "

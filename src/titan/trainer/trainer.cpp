@@ -316,8 +316,6 @@ Trainer::Trainer(JobConfig cfg, const std::function<void()>& preflight) : cfg_(s
   // gradient_accumulation_steps micro-batches
   const int64_t dp = dims_->dp_size();
   const int64_t global_batch = tr.global_batch_size < 0 ? tr.local_batch_size * dp : tr.global_batch_size;
-  TITAN_USER_CHECK(global_batch % (tr.local_batch_size * dp) == 0, "training.global_batch_size ", global_batch,
-                   " is not a multiple of local_batch_size ", tr.local_batch_size, " x data-parallel degree ", dp);
   grad_accum_steps_ = global_batch / (tr.local_batch_size * dp);
   set_up_moe_aux_loss();
   dataloader_ = data::make_dataloader(data::data_config(tr, (*mesh_)["dp"].rank(), static_cast<int>(dp)), *tokenizer_);
