@@ -2,6 +2,8 @@
 
 #include <c10/core/Allocator.h>
 #include <c10/core/impl/alloc_cpu.h>
+#include <c10/util/Exception.h>
+#include <c10/util/Logging.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -64,12 +66,27 @@ void free_counted(void* data) {
   c10::free_cpu(base);
 }
 
+std::mutex g_failure_mutex;
+std::optional<AllocationFailure> g_failure;
+
 class CountingAllocator final : public c10::Allocator {
  public:
   c10::DataPtr allocate(size_t n) override {
-    char* base = static_cast<char*>(c10::alloc_cpu(n + kHeader));  // throws (with the size) when out of memory
     const int64_t bytes = static_cast<int64_t>(n);
     const Phase phase = t_phase;
+    char* base = nullptr;
+    try {
+      base = static_cast<char*>(c10::alloc_cpu(n + kHeader));
+    } catch (const c10::Error& e) {  // out of memory (malloc failed): an error the trainer can name
+      const int64_t alive = g_current.load(std::memory_order_relaxed);
+      {
+        std::lock_guard<std::mutex> lock(g_failure_mutex);
+        g_failure = AllocationFailure{bytes, phase, alive};
+      }
+      throw c10::OutOfMemoryError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                                  "CPU out of memory: could not allocate " + std::to_string(bytes) + " bytes (" +
+                                      e.what_without_backtrace() + ")");
+    }
     std::memcpy(base, &bytes, sizeof bytes);
     base[kPhaseOffset] = static_cast<char>(phase);
     void* data = base + kHeader;
@@ -89,10 +106,18 @@ class CountingAllocator final : public c10::Allocator {
 void install_cpu_tracking() {
   static std::once_flag once;
   std::call_once(once, [] {
+    // A failed CAFFE_ENFORCE, which the CPU allocator's out-of-memory is, throws instead of
+    // aborting the process, so that the run can say what ran out and what to change.
+    FLAGS_caffe2_use_fatal_for_enforce = false;
     static CountingAllocator allocator;
     c10::SetAllocator(c10::DeviceType::CPU, &allocator, /*priority=*/100);
     g_installed = true;
   });
+}
+
+std::optional<AllocationFailure> last_cpu_allocation_failure() {
+  std::lock_guard<std::mutex> lock(g_failure_mutex);
+  return g_failure;
 }
 
 bool cpu_tracking_installed() { return g_installed.load(); }

@@ -31,6 +31,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include <array>
+#include <optional>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -91,6 +92,15 @@ class PhaseScope {
  private:
   Phase previous_;
 };
+
+// The last CPU allocation through the counting allocator that failed for want of memory (it throws
+// c10::OutOfMemoryError): its size, the phase that asked, and the bytes of CPU tensors alive then.
+struct AllocationFailure {
+  int64_t bytes = 0;
+  Phase phase = Phase::Other;
+  int64_t alive_bytes = 0;
+};
+std::optional<AllocationFailure> last_cpu_allocation_failure();
 
 // Bytes of CPU tensor storage alive now, by the phase that allocated them (indexed by Phase).
 std::array<int64_t, kPhases> cpu_allocated_bytes_by_phase();

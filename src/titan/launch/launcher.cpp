@@ -103,6 +103,7 @@ struct Worker {
   bool exited = false, reaped = false;
   int exit_status = 0;     // once exited: its exit code, or
   int term_signal = 0;     // the signal that killed it (0: none)
+  bool killed_here = false;  // the launcher sent it SIGKILL
   Stream streams[2];
   std::deque<std::string> tail;  // its last lines, shown or not
   // The error titan printed before exiting ("titan train: error: ..." to the end of its output): held
@@ -172,6 +173,9 @@ struct Worker {
   std::string how() const {
     if (!exited) return "reports";
     if (!failed()) return "exited with code 0 after";
+    if (term_signal == SIGKILL && !killed_here)  // no process of titan's sends it
+      return "failed: killed by SIGKILL (not sent by titan launch: most often the kernel's out-of-memory killer or a "
+             "memory limit of the job; `dmesg` or the scheduler's log says which)";
     return term_signal ? "failed: killed by " + signal_display_name(term_signal)
                        : "failed with exit code " + std::to_string(exit_status);
   }
@@ -300,6 +304,7 @@ void signal_groups(std::vector<Worker>& workers, int sig) {
   for (auto& w : workers)
     if (w.pid > 0 && !w.reaped) {
       kill(-w.pid, sig);  // unreaped: the group id is still ours
+      if (sig == SIGKILL) w.killed_here = true;
       if (sig != SIGKILL) kill(-w.pid, SIGCONT);  // a stopped (hung) worker acts on it too
     }
 }

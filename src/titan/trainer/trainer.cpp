@@ -5,6 +5,7 @@
 #include "titan/common/fault_injection.h"
 #include "titan/common/host_reads.h"
 #include "titan/common/memory_tracker.h"
+#include "titan/common/progress_text.h"
 #include "titan/common/tensor_storage.h"
 #include "titan/common/trace.h"
 #include "titan/components/checkpoint/hf.h"
@@ -249,10 +250,17 @@ Trainer::Trainer(JobConfig cfg, const std::function<void()>& preflight) : cfg_(s
   const auto& par = cfg_.parallelism;
   dist::DataParallelOptions dpo = dist::data_parallel_options(par, tr, dims_->pp() > 1, bf16_compute);
   dpo.fsdp.float8_all_gather = float8_.recipe && cfg_.float8.enable_fsdp_float8_all_gather;
-  auto make_data_parallel = [&, seed] {
+  // A large model's initialization takes a while (a 1B model about 15 s on a CPU): a line every 5 s
+  // says which layer it has reached.
+  std::vector<std::string> parameter_names;
+  for (const auto& p : model_->named_parameters()) parameter_names.push_back(p.key());
+  auto init_progress = std::make_shared<PhaseProgress>(
+      "Model: initializing", count_layers(parameter_names), 5.0, [this](const std::string& line) { log_info(line); });
+  auto make_data_parallel = [&, seed, init_progress] {
     return std::make_unique<dist::DataParallel>(
         (*mesh_)["dp_shard_cp"], (*mesh_)["dp_replicate"], dpo,
-        [this, seed](const std::string& name, at::Tensor out, const std::vector<int64_t>& begin) {
+        [this, seed, init_progress](const std::string& name, at::Tensor out, const std::vector<int64_t>& begin) {
+          init_progress->reached(name);
           model_->init_region(seed, name, std::move(out), begin);
         },
         mesh_->device(), dims_->ep() > 1 ? &(*mesh_)["efsdp"] : nullptr);
@@ -787,16 +795,47 @@ void Trainer::stop_for_preemption(int sig, bool saved_now) {
 }
 
 void Trainer::throw_out_of_memory(const c10::OutOfMemoryError& e, int64_t step) {
-  std::string what = e.what_without_backtrace();
   const std::string path = profiler_ ? profiler_->write_oom_snapshot(step) : "";
-  std::string advice = path.empty() ? "set profiling.enable_memory_snapshot = true for a memory snapshot at the failure, "
-                                      "or run `titan estimate` with this config to see the per-rank peak"
+  std::string advice = path.empty() ? "set profiling.enable_memory_snapshot = true for a memory snapshot at the failure"
                                     : std::string("memory snapshot: ") + path +
                                           (device_.is_cuda() ? " (open it at https://pytorch.org/memory_viz)" : "");
-  throw UserError("out of memory at step " + std::to_string(step) + ": " + what.substr(0, what.find('\n')) +
-                  "\n  " + advice +
-                  "\n  lower training.local_batch_size or seq_len, turn on activation checkpointing, or shard more "
-                  "(FSDP, TP)");
+  throw UserError(out_of_memory_message(cfg_, "at step " + std::to_string(step), e) + "\n  " + advice);
+}
+
+std::string out_of_memory_message(const JobConfig& cfg, const std::string& when, const c10::OutOfMemoryError& e,
+                                  bool start_up) {
+  const std::string what = e.what_without_backtrace();
+  std::string out = "out of memory " + when + ": ";
+  const std::optional<mem::AllocationFailure> cpu = mem::last_cpu_allocation_failure();
+  if (cpu && what.rfind("CPU out of memory", 0) == 0) {
+    auto format_bytes = [](int64_t b) {
+      char text[32];
+      const double mib = static_cast<double>(b) / (1024.0 * 1024.0);
+      if (mib < 1024) std::snprintf(text, sizeof text, "%.1f MiB", mib);
+      else std::snprintf(text, sizeof text, "%.2f GiB", mib / 1024);
+      return std::string(text);
+    };
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "a CPU tensor of %s during %s did not fit, with %s of CPU tensors already allocated",
+                  format_bytes(cpu->bytes).c_str(), mem::phase_name(cpu->phase), format_bytes(cpu->alive_bytes).c_str());
+    out += buf;
+  } else {
+    out += what.substr(0, what.find('\n'));
+  }
+  const auto& ac = cfg.activation_checkpoint;
+  out += "\n  to fit: ";
+  if (start_up) {  // the parameters (and their optimizer states to come) do not fit: shard or offload them
+    out += "shard the model over more ranks (FSDP, TP, PP)";
+    if (!cfg.training.enable_cpu_offload) out += ", offload it to CPU memory (training.enable_cpu_offload)";
+    out += " or choose a smaller model.flavor";
+  } else {
+    if (ac.mode != "full") out += "activation_checkpoint.mode = \"full\" (now \"" + ac.mode + "\"), ";
+    out += "a smaller training.local_batch_size (training.global_batch_size keeps the global batch by gradient "
+           "accumulation), a shorter training.seq_len, or more ranks to shard over (FSDP, TP, PP)";
+  }
+  out += "; `titan estimate` with the same options gives the per-rank peak";
+  if (cfg.debug.skip_memory_check) out += "\n  the pre-flight memory check was skipped (debug.skip_memory_check)";
+  return out;
 }
 
 void Trainer::on_nonfinite_step(const StepResult& r, int64_t step) {
@@ -821,7 +860,14 @@ void Trainer::on_nonfinite_step(const StepResult& r, int64_t step) {
 }
 
 int run_training(const JobConfig& cfg, const std::function<void()>& preflight) {
-  Trainer trainer(cfg, preflight);
+  std::optional<Trainer> started;
+  try {
+    started.emplace(cfg, preflight);
+  } catch (const c10::OutOfMemoryError& e) {
+    throw UserError(
+        out_of_memory_message(cfg, "during start-up (building, initializing or loading the model)", e, true));
+  }
+  Trainer& trainer = *started;
   if (cfg.checkpoint.create_seed_checkpoint) {
     trainer.save_checkpoint(/*model_only=*/true);  // step 0: the initialized model
     trainer.wait_for_checkpoint();

@@ -252,6 +252,10 @@ class Trainer {
 
 // `titan train`: trains with `cfg`, printing torchtitan's log lines. Returns the process exit code.
 int run_training(const JobConfig& cfg, const std::function<void()>& preflight = {});
+// What ran out `when` ("at step 3") and what to change (`start_up`: the model itself, before any
+// step): the error of a run that is out of memory.
+std::string out_of_memory_message(const JobConfig& cfg, const std::string& when, const c10::OutOfMemoryError& e,
+                                  bool start_up = false);
 
 // The options whose values differ from the defaults, one "section.key = value" per line.
 std::string config_changes(const JobConfig& cfg);

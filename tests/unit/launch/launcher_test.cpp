@@ -191,6 +191,9 @@ TEST(Launcher, KilledWorkerIsNamedWithItsSignal) {
   EXPECT_EQ(r.exit_code, 128 + SIGKILL) << r.output;
   EXPECT_TRUE(std::regex_search(r.output, std::regex("titan launch: rank 0 \\(pid \\d+\\) failed: killed by SIGKILL")))
       << r.output;
+  // A SIGKILL the launcher did not send is most often the kernel's out-of-memory killer: said so.
+  EXPECT_NE(r.output.find("killed by SIGKILL (not sent by titan launch: most often the kernel's out-of-memory killer"),
+            std::string::npos) << r.output;
   expect_all_gone(values(r.output, "pid"));
 }
 
@@ -219,6 +222,7 @@ TEST(Launcher, SigkillAfterTheGracePeriod) {
   EXPECT_LT(secs, 10.0);
   EXPECT_NE(r.output.find("1 worker(s) still running after the grace period, sending SIGKILL"), std::string::npos)
       << r.output;
+  EXPECT_EQ(r.output.find("not sent by titan launch"), std::string::npos) << r.output;  // it was
   expect_all_gone(values(r.output, "pid"));
 }
 

@@ -1,5 +1,6 @@
 // The progress line: drawn only on terminals (checked with a pseudo-terminal), silent on pipes.
 #include "titan/components/metrics/progress.h"
+#include "titan/common/progress_text.h"
 
 #include <gtest/gtest.h>
 #include <fcntl.h>
@@ -7,6 +8,7 @@
 #include <unistd.h>
 
 #include <string>
+#include <vector>
 
 namespace titan::metrics {
 namespace {
@@ -84,6 +86,32 @@ TEST(MetricsProgress, Throttled) {
   }
   close(slave);
   close(master);
+}
+
+// A long start-up phase says where it is every interval, by layer; a short one says nothing.
+TEST(PhaseProgress, ALineEveryIntervalNamingTheLayerReached) {
+  EXPECT_EQ(count_layers({"tok_embeddings.weight", "layers.0.attention.wq.weight", "layers.15.ffn.w1.weight",
+                          "layers.x.y", "norm.weight"}),
+            16);
+  EXPECT_EQ(count_layers({"output.weight"}), 0);
+  auto t = std::chrono::steady_clock::time_point{};
+  std::vector<std::string> said;
+  PhaseProgress progress("Model: initializing", 16, 5.0, [&](const std::string& line) { said.push_back(line); },
+                         [&] { return t; });
+  progress.reached("tok_embeddings.weight");  // at 0 s: nothing yet
+  t += 4s;
+  progress.reached("layers.3.attention.wq.weight");
+  EXPECT_TRUE(said.empty());
+  t += 1500ms;
+  progress.reached("layers.4.attention.wq.weight");
+  t += 1s;
+  progress.reached("layers.5.attention.wq.weight");  // 1 s after the last line
+  t += 5s;
+  progress.reached("output.weight");
+  ASSERT_EQ(said.size(), 2u);
+  EXPECT_EQ(said[0], "Model: initializing layer 5 of 16 (5.5 s so far)");
+  EXPECT_EQ(said[1], "Model: initializing output.weight (11.5 s so far)");
+  EXPECT_EQ(progress.lines(), 2);
 }
 
 }  // namespace

@@ -328,6 +328,43 @@ TEST(TitanTrain, ARunThatCannotFitStopsBeforeTheModelIsBuilt) {
   EXPECT_NE(r.output.find("no-tokenizer"), std::string::npos) << r.output;
 }
 
+// Out of memory during a run (a 4 GB address-space limit, which the debug model's batch of 64
+// sequences of 2048 tokens exceeds and one sequence does not): titan's message, naming the step, what
+// did not fit and what to change, and exit code 1, not an allocator abort; the same during start-up.
+TEST(TitanTrain, OutOfMemoryDuringTheRunEndsWithTitansMessage) {
+  test::TempDir dir;
+  auto run = [&](const std::string& batch) {
+    const std::string cmd = "ulimit -v 4000000 && exec " + kTitan + " train --job.config_file " + kSource +
+                            "/configs/llama3_debugmodel.toml --job.dump_folder " + dir.path() +
+                            " --training.steps 1 --training.seq_len 2048 --training.local_batch_size " + batch +
+                            " --checkpoint.enable=false --debug.skip_memory_check";
+    return test::run_process({"bash", "-c", cmd}, {}, std::chrono::seconds(300));
+  };
+  auto fits = run("1");
+  ASSERT_EQ(fits.exit_code, 0) << fits.output;
+  auto r = run("64");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(std::regex_search(r.output, std::regex("titan train: error: out of memory at step 1: a CPU tensor of "
+                                                     "[0-9.]+ [MG]iB during [a-z]+ did not fit, with [0-9.]+ [MG]iB of CPU "
+                                                     "tensors already allocated")))
+      << r.output;
+  EXPECT_NE(r.output.find("to fit: activation_checkpoint.mode = \"full\" (now \"selective\"), a smaller "
+                          "training.local_batch_size"),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("the pre-flight memory check was skipped (debug.skip_memory_check)"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("enforce fail"), std::string::npos) << r.output;
+  // The 1B flavor's parameters alone exceed the limit: the model does not fit during start-up.
+  r = run("1 --model.flavor 1B --training.seq_len 128");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("titan train: error: out of memory during start-up (building, initializing or loading the "
+                          "model): a CPU tensor of "),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("to fit: shard the model over more ranks (FSDP, TP, PP), offload it to CPU memory "
+                          "(training.enable_cpu_offload) or choose a smaller model.flavor"),
+            std::string::npos) << r.output;
+}
+
 // scripts/download_hf_assets.py without the Hub (offline here): a clear error that says what to do, and
 // the shipped configs name the command that fetches their tokenizer.
 TEST(Assets, TheDownloadScriptSaysWhatToDoOfflineAndTheConfigsNameIt) {
