@@ -65,4 +65,15 @@ bool is_legacy_section(std::string_view section) {
   return false;
 }
 
+const char* unsupported_reason(std::string_view path) {
+  static constexpr const char* kMx =
+      "the MX formats (torchtitan's block-scaled mxfp8 and mxfp4 matmuls, which need Blackwell GPUs) are not "
+      "supported: use quantize.linear.float8 (and quantize.grouped_mm.float8 for experts) instead";
+  for (std::string_view table : {"quantize.linear.mx", "quantize.grouped_mm.mx"})
+    if (path == table || (path.size() > table.size() && path.substr(0, table.size()) == table &&
+                          path[table.size()] == '.'))
+      return kMx;
+  return nullptr;
+}
+
 }  // namespace titan::config

@@ -37,5 +37,8 @@ const std::vector<LegacyKey>& legacy_keys();
 const LegacyKey* find_legacy(std::string_view section, std::string_view key);
 // Whether `section` is a table only older configs have (e.g. "float8").
 bool is_legacy_section(std::string_view section);
+// For a key or table of torchtitan's that titan does not implement (path "section.key", or a table
+// such as "quantize.linear.mx" and anything under it): why, and what to use instead; else nullptr.
+const char* unsupported_reason(std::string_view path);
 
 }  // namespace titan::config

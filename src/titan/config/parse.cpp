@@ -4,6 +4,7 @@
 #include "titan/config/field.h"
 #include "titan/config/job_config.h"
 #include "titan/config/layer.h"
+#include "titan/config/legacy.h"
 #include "titan/config/suggest.h"
 
 #include <toml++/toml.h>
@@ -39,6 +40,8 @@ void apply_table(const toml::table& table, const std::string& prefix, const std:
       apply_table(*node.as_table(), path, source, layer);
       continue;
     }
+    if (const char* reason = config::unsupported_reason(path))
+      throw UserError(detail::concat(node.is_table() ? "[" + path + "]" : path, " at ", where, ": ", reason));
     if (!in_section && node.is_table()) {
       std::vector<std::string> tables;
       for (const auto& s : config::sections()) tables.push_back(s.name);
@@ -141,6 +144,8 @@ void apply_command_line(const std::vector<std::string>& args, Layer& layer) {
     const std::string where = "command-line argument '" + shown + "'";
     const config::Store store = [&](const FieldRef& f) { config::set_from_string(f, *value, where); };
     if (!layer.assign(section, key, where, store)) {
+      if (const char* reason = config::unsupported_reason(section + "." + key))
+        throw UserError(detail::concat("--", section, ".", key, " (", where, "): ", reason));
       std::string hint = config::suggestion(section, key, "cli");
       throw UserError(detail::concat("unknown option '--", section, ".", key, "' (", where, ")",
                                      hint.empty() ? "" : "; " + hint, " (run with --help to list every key)"));

@@ -63,6 +63,22 @@ TEST(ConfigErrors, UnknownTablesAndStrayKeys) {
   EXPECT_NE(e.find("did you mean [training] steps?"), std::string::npos) << e;
 }
 
+// torchtitan's MX formats are refused with the reason, in a file and on the command line, not as an
+// unknown key with a far-fetched suggestion.
+TEST(ConfigErrors, TheMxFormatsAreRefusedWithTheReason) {
+  std::string e = error_of_file("[quantize.linear.mx]\nrecipe_name = \"mxfp8_cublas\"\n");
+  EXPECT_NE(e.find("[quantize.linear.mx] at bad.toml:1"), std::string::npos) << e;
+  EXPECT_NE(e.find("the MX formats (torchtitan's block-scaled mxfp8 and mxfp4 matmuls, which need Blackwell GPUs) "
+                   "are not supported: use quantize.linear.float8"),
+            std::string::npos) << e;
+  e = user_error([] { parse({"--quantize.grouped_mm.mx.fqns", "experts"}); });
+  EXPECT_NE(e.find("--quantize.grouped_mm.mx.fqns (command-line argument '--quantize.grouped_mm.mx.fqns experts'): "
+                   "the MX formats"),
+            std::string::npos) << e;
+  e = user_error([] { parse({"--quantize.linear.mxx", "1"}); });  // not the MX table: an unknown option
+  EXPECT_NE(e.find("unknown option '--quantize.linear.mxx'"), std::string::npos) << e;
+}
+
 TEST(ConfigErrors, WrongTypeNamesKeyFileLineAndTypes) {
   std::string e = error_of_file("[job]\ndescription = \"x\"\n[training]\nsteps = \"ten\"\n");
   EXPECT_NE(e.find("training.steps at bad.toml:4:1: expected an integer, got a string (\"ten\")"), std::string::npos) << e;
