@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 
 namespace titan::data {
 namespace fs = std::filesystem;
@@ -66,11 +67,11 @@ ResolvedDataset resolve_dataset(const std::string& name_in, const std::string& d
                      "': supported are c4_test, c4, c4_validation, titan_corpus (each reads local files; see ",
                      path_key, ")");
   }
-  std::error_code ec;
-  TITAN_USER_CHECK(fs::exists(r.path, ec), "dataset '", name, "': path '", r.path,
+  TITAN_USER_CHECK(names_existing_data(r.path), "dataset '", name, "': path '", r.path,
                    "' does not exist: set ", path_key, " to a local .jsonl/.json file (optionally .gz/.zst), "
-                   "a folder of them, or a token shard folder");
-  r.kind = is_shard_folder(r.path) ? "shards" : "text";
+                   "a folder of them, a token shard folder, a Megatron-LM dataset prefix or llm.c token files");
+  r.kind = token_file_kind(r.path);
+  if (r.kind.empty()) r.kind = "text";
   return r;
 }
 
@@ -135,10 +136,17 @@ std::unique_ptr<DataLoader> make_dataloader(const DataConfig& config, const Toke
   std::unique_ptr<WindowSource> source;
   if (r.kind == "shards") {
     source = std::make_unique<ShardWindowSource>(r.path, tokenizer, config.seq_len);
+  } else if (r.kind == "megatron") {
+    source = std::make_unique<MegatronWindowSource>(r.path, tokenizer.vocab_size(), config.seq_len);
+  } else if (r.kind == "llmc") {
+    source = std::make_unique<LlmcWindowSource>(r.path, tokenizer.vocab_size(), config.seq_len);
   } else {
     source = std::make_unique<TextWindowSource>(list_data_files(r.path, r.split), config.text_field, tokenizer, config.seq_len);
   }
-  std::string description = config.dataset + ": " + r.kind + " from " + r.path;
+  static const std::map<std::string, std::string> kKinds = {
+      {"shards", "token shards"}, {"megatron", "Megatron-LM indexed dataset"}, {"llmc", "llm.c token files"},
+      {"text", "text"}};
+  std::string description = config.dataset + ": " + kKinds.at(r.kind) + " from " + r.path;
   return std::make_unique<DataLoader>(config, std::move(source), std::move(description));
 }
 

@@ -5,11 +5,6 @@
 #include "titan/common/json_integer.h"
 #include "titan/components/data/jsonl_reader.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <bit>
 #include <optional>
@@ -165,17 +160,7 @@ ShardWriteResult tokenize_to_shards(const std::string& input_path, const Tokeniz
 // ---------------------------------------------------------------------------------------------
 
 ShardWindowSource::ShardWindowSource(const std::string& dir, const Tokenizer& tokenizer, int64_t seq_len)
-    : window_len_(seq_len + 1), vocab_size_(static_cast<uint64_t>(tokenizer.vocab_size())) {
-  TITAN_USER_CHECK(seq_len >= 1, "seq_len must be at least 1, got ", seq_len);
-  // A bad folder throws below, and a constructor that throws runs no destructor: unmap here.
-  struct UnmapOnThrow {
-    std::vector<Shard>& shards;
-    bool armed = true;
-    ~UnmapOnThrow() {
-      if (armed)
-        for (auto& s : shards) ::munmap(s.map, s.map_bytes);
-    }
-  } unmap_on_throw{shards_};
+    : MappedTokenSource("shards", "token shard", seq_len, tokenizer.vocab_size()) {
   const std::string manifest_path = (fs::path(dir) / "manifest.json").string();
   nlohmann::json m;
   {
@@ -201,80 +186,25 @@ ShardWindowSource::ShardWindowSource(const std::string& dir, const Tokenizer& to
           (fs::path(dir) / plain_file_name(s.at("file").get<std::string>(), "token shard manifest '" + manifest_path + "'"))
               .string();
       const uint64_t n = json_integer<uint64_t>(s.at("num_tokens"));
-      const uint64_t docs = json_integer<uint64_t>(s.at("num_documents"));  // before open(): this may throw
-      int fd = ::open(path.c_str(), O_RDONLY);
-      TITAN_USER_CHECK(fd >= 0, "cannot open token shard '", path, "': ", std::strerror(errno));
-      struct stat st {};
-      ::fstat(fd, &st);
-      const size_t bytes = static_cast<size_t>(st.st_size);
+      const uint64_t docs = json_integer<uint64_t>(s.at("num_documents"));
+      const Mapped map = map_file(path);
+      const size_t bytes = map.bytes;
       // The manifest's counts are compared with the file's size before any arithmetic on them could overflow.
-      const bool fits = n <= bytes / 4 && docs <= bytes / 8 && doc_index_offset(n) + 8 * docs <= bytes;
-      if (!fits) ::close(fd);
-      TITAN_USER_CHECK(fits, "token shard '", path, "' has ", bytes, " bytes, too few for the ", n, " tokens and ", docs,
+      TITAN_USER_CHECK(n <= bytes / 4 && docs <= bytes / 8 && doc_index_offset(n) + 8 * docs <= bytes, "token shard '",
+                       path, "' has ", bytes, " bytes, too few for the ", n, " tokens and ", docs,
                        " documents of its manifest entry (truncated?)");
-      void* map = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
-      ::close(fd);
-      TITAN_USER_CHECK(map != MAP_FAILED, "cannot map token shard '", path, "': ", std::strerror(errno));
-      Shard shard{map, bytes, reinterpret_cast<const uint32_t*>(static_cast<const char*>(map) + kHeaderBytes),
-                  static_cast<int64_t>(n), total_tokens_, path};
-      shards_.push_back(shard);  // owned from here on: unmapped by the destructor
       Header h;
-      std::memcpy(&h, map, sizeof(h));
+      std::memcpy(&h, map.data, sizeof(h));
       TITAN_USER_CHECK(std::memcmp(h.magic, kMagic, 8) == 0 && h.version == kVersion && h.token_bytes == 4 &&
                            h.num_tokens == n,
                        "token shard '", path, "' does not match its manifest entry (bad header)");
-      total_tokens_ += static_cast<int64_t>(n);
+      add_segment(path, map.data + kHeaderBytes, TokenType::U32, static_cast<int64_t>(n));
     }
-    TITAN_USER_CHECK(total_tokens_ == json_integer<int64_t>(m.at("num_tokens")) && total_tokens_ > 0, "the token shards in '", dir,
-                     "' hold ", total_tokens_, " tokens, the manifest says ", m.at("num_tokens"));
+    TITAN_USER_CHECK(num_tokens() == json_integer<int64_t>(m.at("num_tokens")) && num_tokens() > 0, "the token shards in '",
+                     dir, "' hold ", num_tokens(), " tokens, the manifest says ", m.at("num_tokens"));
   } catch (const nlohmann::json::exception& e) {
     TITAN_USER_CHECK(false, "'", manifest_path, "' lacks a field or has a wrong type: ", e.what());
   }
-  unmap_on_throw.armed = false;
-}
-
-ShardWindowSource::~ShardWindowSource() {
-  for (auto& s : shards_) ::munmap(s.map, s.map_bytes);
-}
-
-void ShardWindowSource::read(int32_t* out) {
-  // Stream position p maps to token p mod total_tokens_ (the stream repeats every epoch).
-  int64_t pos = (windows_ * window_len_) % total_tokens_;
-  int64_t left = window_len_;
-  auto it = std::upper_bound(shards_.begin(), shards_.end(), pos, [](int64_t p, const Shard& s) { return p < s.start; }) - 1;
-  while (left > 0) {
-    while (it->num_tokens == 0 || pos >= it->start + it->num_tokens) {  // next shard, wrapping to the first
-      if (++it == shards_.end()) it = shards_.begin();
-      pos = it->start;
-    }
-    const int64_t n = std::min(left, it->start + it->num_tokens - pos);
-    const uint32_t* src = it->tokens + (pos - it->start);
-    uint32_t largest = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      out[i] = static_cast<int32_t>(src[i]);
-      largest = std::max(largest, src[i]);
-    }
-    // A damaged shard must not reach the embedding with an id beyond its table.
-    TITAN_USER_CHECK(largest < vocab_size_, "token shard '", it->path, "' holds token id ", largest,
-                     ", outside the tokenizer's vocabulary of ", vocab_size_, ": the shard is corrupt");
-    out += n;
-    left -= n;
-    pos += n;
-  }
-  ++windows_;
-}
-
-nlohmann::json ShardWindowSource::state() const { return {{"windows", windows_}, {"num_tokens", total_tokens_}}; }
-
-void ShardWindowSource::load_state(const nlohmann::json& s) {
-  try {
-    TITAN_USER_CHECK(json_integer<int64_t>(s.at("num_tokens")) == total_tokens_, "the data loader state was saved for token shards of ",
-                     s.at("num_tokens"), " tokens, these hold ", total_tokens_, ": resume with the same shards");
-    windows_ = json_integer<int64_t>(s.at("windows"));
-  } catch (const nlohmann::json::exception& e) {
-    TITAN_USER_CHECK(false, "bad token shard data loader state (", e.what(), "): ", s.dump());
-  }
-  TITAN_USER_CHECK(windows_ >= 0, "bad token shard data loader state: ", s.dump());
 }
 
 }  // namespace titan::data

@@ -20,7 +20,7 @@
 //     document's first token (documents never straddle shards).
 #pragma once
 
-#include "titan/components/data/window_source.h"
+#include "titan/components/data/token_files.h"
 #include "titan/components/tokenizer/tokenizer.h"
 
 #include <cstdint>
@@ -54,38 +54,12 @@ ShardWriteResult tokenize_to_shards(const std::string& input_path, const Tokeniz
 // True when `path` is a folder holding manifest.json.
 bool is_shard_folder(const std::string& path);
 
-// Windows of a shard folder's token stream, read from memory maps. Any window is found in O(log shards)
-// time, so a rank skipping the other ranks' windows costs nothing. State: the number of windows read.
-class ShardWindowSource : public WindowSource {
+// Windows of a shard folder's token stream, read from memory maps (token_files.h). State: the number of
+// windows read.
+class ShardWindowSource : public MappedTokenSource {
  public:
   // Checks the folder against `tokenizer` (vocabulary size, BOS and EOS ids must match the manifest's).
   ShardWindowSource(const std::string& dir, const Tokenizer& tokenizer, int64_t seq_len);
-  ~ShardWindowSource() override;
-
-  void read(int32_t* out) override;
-  void skip(int64_t n) override { windows_ += n; }
-  int64_t window_len() const override { return window_len_; }
-  int64_t epoch() const override { return windows_ * window_len_ / total_tokens_; }
-  std::string kind() const override { return "shards"; }
-  nlohmann::json state() const override;
-  void load_state(const nlohmann::json& state) override;
-
-  int64_t num_tokens() const { return total_tokens_; }
-
- private:
-  struct Shard {
-    void* map = nullptr;
-    size_t map_bytes = 0;
-    const uint32_t* tokens = nullptr;
-    int64_t num_tokens = 0;
-    int64_t start = 0;  // stream position of tokens[0] within an epoch
-    std::string path;
-  };
-  std::vector<Shard> shards_;
-  int64_t total_tokens_ = 0;
-  int64_t window_len_;
-  uint64_t vocab_size_;  // every token read is checked against it
-  int64_t windows_ = 0;  // windows read or skipped so far
 };
 
 }  // namespace titan::data
