@@ -179,7 +179,13 @@ Trainer::Trainer(JobConfig cfg, const std::function<void()>& preflight) : cfg_(s
 
   // ---- cheap checks before anything expensive (the model's build, its memory): the data's files,
   // the batch arithmetic, the initial load path
-  (void)data::resolve_dataset(tr.dataset, tr.dataset_path, "training");
+  if (tr.dataset_mix.empty()) {
+    (void)data::resolve_dataset(tr.dataset, tr.dataset_path, "training");
+  } else {
+    TITAN_USER_CHECK(tr.dataset_path.empty(), "training.dataset_mix and training.dataset_path are both set: the "
+                     "mixture names its datasets' paths; clear one of them");
+    (void)data::resolve_mixture(tr.dataset_mix, "training");
+  }
   if (cfg_.validation.enable) {
     try {
       (void)data::resolve_dataset(cfg_.validation.dataset, cfg_.validation.dataset_path, "validation");
@@ -704,6 +710,7 @@ std::vector<double> Trainer::train() {
       s.ntokens_seen = tokens_seen();
       s.data_loading_seconds = data_seconds_;
       if (moe_model_) set_moe_load(s, r);
+      s.data_source_tokens = dataloader_->tokens_by_source();
       metrics_->log(s);
       interval_start = Clock::now();
       tokens_at_last_log = ntokens_seen_;

@@ -4,12 +4,14 @@
 
 #include "titan/common/error.h"
 #include "titan/components/data/jsonl_reader.h"
+#include "titan/components/data/mixture.h"
 #include "titan/components/data/text_windows.h"
 #include "titan/components/data/token_shards.h"
 
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
 #include <map>
 
@@ -20,6 +22,7 @@ DataConfig data_config(const config::Training& t, int dp_rank, int dp_world) {
   DataConfig dc;
   dc.dataset = t.dataset;
   dc.dataset_path = t.dataset_path;
+  dc.dataset_mix = t.dataset_mix;
   dc.local_batch_size = t.local_batch_size;
   dc.seq_len = t.seq_len;
   dc.dp_rank = dp_rank;
@@ -131,23 +134,74 @@ void DataLoader::load_state(const std::string& text) {
   }
 }
 
-std::unique_ptr<DataLoader> make_dataloader(const DataConfig& config, const Tokenizer& tokenizer) {
-  ResolvedDataset r = resolve_dataset(config.dataset, config.dataset_path, config.section);
-  std::unique_ptr<WindowSource> source;
-  if (r.kind == "shards") {
-    source = std::make_unique<ShardWindowSource>(r.path, tokenizer, config.seq_len);
-  } else if (r.kind == "megatron") {
-    source = std::make_unique<MegatronWindowSource>(r.path, tokenizer.vocab_size(), config.seq_len);
-  } else if (r.kind == "llmc") {
-    source = std::make_unique<LlmcWindowSource>(r.path, tokenizer.vocab_size(), config.seq_len);
-  } else {
-    source = std::make_unique<TextWindowSource>(list_data_files(r.path, r.split), config.text_field, tokenizer, config.seq_len);
-  }
+namespace {
+
+std::unique_ptr<WindowSource> make_source(const ResolvedDataset& r, const DataConfig& config, const Tokenizer& tokenizer) {
+  if (r.kind == "shards") return std::make_unique<ShardWindowSource>(r.path, tokenizer, config.seq_len);
+  if (r.kind == "megatron") return std::make_unique<MegatronWindowSource>(r.path, tokenizer.vocab_size(), config.seq_len);
+  if (r.kind == "llmc") return std::make_unique<LlmcWindowSource>(r.path, tokenizer.vocab_size(), config.seq_len);
+  return std::make_unique<TextWindowSource>(list_data_files(r.path, r.split), config.text_field, tokenizer, config.seq_len);
+}
+
+const std::string& kind_description(const std::string& kind) {
   static const std::map<std::string, std::string> kKinds = {
       {"shards", "token shards"}, {"megatron", "Megatron-LM indexed dataset"}, {"llmc", "llm.c token files"},
       {"text", "text"}};
-  std::string description = config.dataset + ": " + kKinds.at(r.kind) + " from " + r.path;
+  return kKinds.at(kind);
+}
+
+}  // namespace
+
+std::vector<std::pair<MixtureEntry, ResolvedDataset>> resolve_mixture(const std::vector<std::string>& entries,
+                                                                      const std::string& section) {
+  const std::string key = section + ".dataset_mix";
+  std::vector<std::pair<MixtureEntry, ResolvedDataset>> out;
+  for (MixtureEntry& e : parse_dataset_mix(entries, key)) {
+    std::string lower = e.location;
+    std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+    try {
+      ResolvedDataset r = lower == "c4_test" || lower == "titan_corpus" ? resolve_dataset(lower, "", section)
+                                                                         : resolve_dataset("c4", e.location, section);
+      out.emplace_back(std::move(e), std::move(r));
+    } catch (const UserError& err) {
+      throw UserError(key + " source '" + e.name + "': " + err.what());
+    }
+  }
+  return out;
+}
+
+std::unique_ptr<DataLoader> make_dataloader(const DataConfig& config, const Tokenizer& tokenizer) {
+  if (!config.dataset_mix.empty()) {
+    TITAN_USER_CHECK(config.dataset_path.empty(), config.section, ".dataset_mix and ", config.section,
+                     ".dataset_path are both set: the mixture names its datasets' paths; clear one of them");
+    std::vector<MixtureWindowSource::Source> sources;
+    std::string description = "mixture of";
+    for (auto& [entry, r] : resolve_mixture(config.dataset_mix, config.section)) {
+      char weight[32];
+      std::snprintf(weight, sizeof weight, "%g", entry.weight);
+      description += std::string(sources.empty() ? " " : ", ") + entry.name + " (weight " + weight + ", " +
+                     kind_description(r.kind) + " from " + r.path + ")";
+      try {
+        sources.push_back({entry, make_source(r, config, tokenizer)});
+      } catch (const UserError& err) {
+        throw UserError(config.section + ".dataset_mix source '" + entry.name + "': " + err.what());
+      }
+    }
+    return std::make_unique<DataLoader>(config, std::make_unique<MixtureWindowSource>(std::move(sources)),
+                                        std::move(description));
+  }
+  ResolvedDataset r = resolve_dataset(config.dataset, config.dataset_path, config.section);
+  std::unique_ptr<WindowSource> source = make_source(r, config, tokenizer);
+  std::string description = config.dataset + ": " + kind_description(r.kind) + " from " + r.path;
   return std::make_unique<DataLoader>(config, std::move(source), std::move(description));
+}
+
+std::vector<std::pair<std::string, int64_t>> DataLoader::tokens_by_source() const {
+  const auto* mixture = dynamic_cast<const MixtureWindowSource*>(source_.get());
+  if (!mixture) return {};
+  std::vector<std::pair<std::string, int64_t>> out = mixture->samples_by_source();
+  for (auto& [name, n] : out) n *= config_.seq_len;
+  return out;
 }
 
 }  // namespace titan::data

@@ -7,6 +7,7 @@
 // local_batch_size G, whatever dp_world is.
 #pragma once
 
+#include "titan/components/data/mixture.h"
 #include "titan/components/data/window_source.h"
 #include "titan/config/sections_run.h"
 #include "titan/config/sections_train.h"
@@ -17,12 +18,15 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace titan::data {
 
 struct DataConfig {
   std::string dataset = "c4_test";  // c4_test | c4 | c4_validation | titan_corpus (see resolve_dataset)
   std::string dataset_path;         // a file or folder; empty = the dataset's default
+  std::vector<std::string> dataset_mix;  // a weighted mixture instead (mixture.h): "WEIGHT [NAME=]LOCATION"
   std::string text_field = "text";  // JSON field holding a document's text
   int64_t local_batch_size = 8;     // samples per rank per step
   int64_t seq_len = 2048;           // tokens per sample
@@ -61,6 +65,9 @@ struct ResolvedDataset {
 ResolvedDataset resolve_dataset(const std::string& name, const std::string& dataset_path,
                                 const std::string& section = "training");
 
+// The sources of a dataset_mix (see mixture.h), each resolved like dataset_path; errors name the source.
+std::vector<std::pair<MixtureEntry, ResolvedDataset>> resolve_mixture(const std::vector<std::string>& entries,
+                                                                      const std::string& section);
 
 // Serves one data-parallel rank's batches. Not thread-safe.
 class DataLoader {
@@ -82,6 +89,8 @@ class DataLoader {
   int64_t global_samples() const { return global_samples_; }
   // 0-based pass over the data of the next sample's first token.
   int64_t epoch() const { return source_->epoch(); }
+  // For a mixture: the global stream's tokens (seq_len per sample) each source has served, by name.
+  std::vector<std::pair<std::string, int64_t>> tokens_by_source() const;
   // E.g. "c4_test: text from assets/corpus/corpus.jsonl.zst", for the log.
   const std::string& description() const { return description_; }
   const DataConfig& config() const { return config_; }

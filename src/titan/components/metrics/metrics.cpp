@@ -147,6 +147,8 @@ const LoggedMetrics& MetricsLogger::log(const StepStats& s, const Scalars& extra
   if (s.moe_imbalance) t.emplace_back("moe/load_imbalance_mean", *s.moe_imbalance);
   if (s.moe_imbalance_max) t.emplace_back("moe/load_imbalance_max", *s.moe_imbalance_max);
   if (s.moe_aux_loss) t.emplace_back("moe/aux_loss", *s.moe_aux_loss);
+  for (const auto& [name, tokens] : s.data_source_tokens)
+    t.emplace_back("data/tokens/" + name, static_cast<double>(tokens));
   t.insert(t.end(), extra.begin(), extra.end());
   if (tensorboard_) tensorboard_->add_scalars(s.step, t);
 
@@ -188,6 +190,11 @@ const LoggedMetrics& MetricsLogger::log(const StepStats& s, const Scalars& extra
     if (s.moe_imbalance) j["moe_imbalance"] = number(*s.moe_imbalance);
     if (s.moe_imbalance_max) j["moe_imbalance_max"] = number(*s.moe_imbalance_max);
     if (s.moe_aux_loss) j["moe_aux_loss"] = number(*s.moe_aux_loss);
+    if (!s.data_source_tokens.empty()) {
+      nlohmann::ordered_json by_source = nlohmann::ordered_json::object();
+      for (const auto& [name, tokens] : s.data_source_tokens) by_source[name] = tokens;
+      j["data_tokens"] = by_source;
+    }
     append_record(j.dump());
   }
   memory_.reset_peak_stats();

@@ -80,6 +80,8 @@ struct StepStats {
   // With an auxiliary load-balancing loss: the step's, averaged over the MoE layers and micro-batches
   // (without its coefficient; K when perfectly balanced).
   std::optional<double> moe_aux_loss;
+  // A data mixture: the tokens each source has served since the start (all ranks), by source name.
+  std::vector<std::pair<std::string, int64_t>> data_source_tokens;
 };
 
 // The figures of one evaluation on the validation set (torchtitan's validate step).

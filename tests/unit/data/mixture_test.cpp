@@ -1,0 +1,178 @@
+// Weighted mixtures (training.dataset_mix): the shares hold at every step (within one sample of the
+// weights), each source serves its own windows in order, data-parallel ranks together read the single
+// process's batches, and resuming (in another layout too) is exact.
+#include "data/data_test_util.h"
+#include "test_util.h"
+
+#include "titan/common/error.h"
+#include "titan/components/data/dataloader.h"
+#include "titan/components/data/mixture.h"
+#include "titan/components/data/token_files.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+namespace titan {
+namespace {
+
+namespace fs = std::filesystem;
+
+// An llm.c GPT-2 token file (the format is documented in token_files.h) of `n` tokens, all within
+// [lo, lo + span): each source of a test mixture gets its own range of ids, so that a sample's first
+// token says which source it came from.
+void write_llmc(const std::string& path, int n, int lo, int span) {
+  std::vector<int32_t> header(256, 0);
+  header[0] = 20240520;
+  header[1] = 1;
+  header[2] = n;
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(header.data()), 1024);
+  for (int i = 0; i < n; ++i) {
+    const uint16_t id = static_cast<uint16_t>(lo + (i * 7 + i / 5) % span);
+    out.write(reinterpret_cast<const char*>(&id), 2);
+  }
+}
+
+data::DataConfig config(const std::vector<std::string>& mix, int64_t batch, int64_t seq_len, int rank = 0,
+                        int world = 1) {
+  data::DataConfig c;
+  c.dataset_mix = mix;
+  c.local_batch_size = batch;
+  c.seq_len = seq_len;
+  c.dp_rank = rank;
+  c.dp_world = world;
+  return c;
+}
+
+struct Fixture {
+  test::TempDir dir;
+  test::ByteTokenizer tok;  // 258 ids
+  std::vector<std::string> mix;
+  Fixture() {
+    write_llmc(dir / "a.bin", 1000, 0, 80);
+    write_llmc(dir / "b.bin", 333, 80, 80);
+    write_llmc(dir / "c.bin", 97, 160, 80);
+    mix = {"0.5 " + (dir / "a.bin"), "0.3 bee=" + (dir / "b.bin"), "0.2 " + (dir / "c.bin")};
+  }
+};
+
+int origin(int64_t first_token) { return static_cast<int>(first_token / 80); }
+
+TEST(DataMixture, SharesHoldAtEveryStepAndEachSourceServesItsOwnWindows) {
+  Fixture f;
+  const int64_t S = 15;
+  auto loader = data::make_dataloader(config(f.mix, 1, S), f.tok);
+  EXPECT_NE(loader->description().find("mixture of a.bin (weight 0.5, llm.c token files from"), std::string::npos)
+      << loader->description();
+  // Each source alone, read in order: what the mixture must serve from it.
+  std::vector<std::unique_ptr<data::LlmcWindowSource>> alone;
+  for (const char* name : {"a.bin", "b.bin", "c.bin"})
+    alone.push_back(std::make_unique<data::LlmcWindowSource>(f.dir / name, f.tok.vocab_size(), S));
+  const double weights[3] = {0.5, 0.3, 0.2};
+  int64_t counts[3] = {0, 0, 0};
+  std::vector<int32_t> expected(static_cast<size_t>(S + 1));
+  for (int k = 1; k <= 1000; ++k) {
+    const data::Batch b = loader->next();
+    const int src = origin(b.inputs[0][0].item<int64_t>());
+    ASSERT_GE(src, 0);
+    ASSERT_LT(src, 3);
+    ++counts[src];
+    alone[static_cast<size_t>(src)]->read(expected.data());
+    for (int64_t t = 0; t < S; ++t)
+      ASSERT_EQ(b.inputs[0][t].item<int64_t>(), expected[static_cast<size_t>(t)]) << "sample " << k << " token " << t;
+    ASSERT_EQ(b.labels[0][S - 1].item<int64_t>(), expected[static_cast<size_t>(S)]);
+    // The stated bound: every source within one sample of its share, after every sample.
+    for (int i = 0; i < 3; ++i)
+      ASSERT_LE(std::abs(static_cast<double>(counts[i]) - weights[i] * k), 1.0) << "source " << i << " after " << k;
+  }
+  EXPECT_EQ(counts[0], 500);
+  EXPECT_EQ(counts[1], 300);
+  EXPECT_EQ(counts[2], 200);
+  const auto tokens = loader->tokens_by_source();
+  ASSERT_EQ(tokens.size(), 3u);
+  EXPECT_EQ(tokens[0], std::make_pair(std::string("a.bin"), int64_t{500 * S}));
+  EXPECT_EQ(tokens[1], std::make_pair(std::string("bee"), int64_t{300 * S}));
+  EXPECT_EQ(tokens[2], std::make_pair(std::string("c.bin"), int64_t{200 * S}));
+  // The mixture's epoch is the least of its sources': a.bin's 8 passes (500 windows of 16 of its 1000
+  // tokens), where b.bin made 14 and c.bin 32.
+  EXPECT_EQ(loader->epoch(), 8);
+}
+
+TEST(DataMixture, RanksReadTheSingleProcessBatchesAndResumeInAnotherLayoutIsExact) {
+  Fixture f;
+  // A text source too: the bundled-corpus-like byte stream of a JSON Lines file.
+  test::write_file(f.dir / "text.jsonl", test::jsonl({"alpha beta", "gamma", "a longer document of text"}));
+  std::vector<std::string> mix = f.mix;
+  mix.push_back("0.25 " + (f.dir / "text.jsonl"));
+  const int64_t S = 9;
+  auto one = data::make_dataloader(config(mix, 4, S), f.tok);
+  auto r0 = data::make_dataloader(config(mix, 2, S, 0, 2), f.tok);
+  auto r1 = data::make_dataloader(config(mix, 2, S, 1, 2), f.tok);
+  for (int step = 0; step < 30; ++step) {
+    const data::Batch whole = one->next(), a = r0->next(), b = r1->next();
+    ASSERT_TRUE(at::equal(whole.inputs, at::cat({a.inputs, b.inputs}))) << "step " << step;
+    ASSERT_TRUE(at::equal(whole.labels, at::cat({a.labels, b.labels}))) << "step " << step;
+  }
+  EXPECT_EQ(r0->state(), one->state());  // the state is the global stream's, the same on every rank
+  // Resume: the saved state of the single process, loaded by 4 ranks of batch 1 and by 1 of batch 4.
+  const std::string state = one->state();
+  std::vector<std::unique_ptr<data::DataLoader>> ranks;
+  for (int r = 0; r < 4; ++r) {
+    ranks.push_back(data::make_dataloader(config(mix, 1, S, r, 4), f.tok));
+    ranks.back()->load_state(state);
+  }
+  auto again = data::make_dataloader(config(mix, 4, S), f.tok);
+  again->load_state(state);
+  for (int step = 0; step < 25; ++step) {
+    const data::Batch whole = one->next(), same = again->next();
+    ASSERT_TRUE(at::equal(whole.inputs, same.inputs)) << "step " << step;
+    std::vector<at::Tensor> parts;
+    for (auto& r : ranks) parts.push_back(r->next().inputs);
+    ASSERT_TRUE(at::equal(whole.inputs, at::cat(parts))) << "step " << step;
+  }
+  EXPECT_EQ(again->state(), one->state());
+}
+
+TEST(DataMixture, BadEntriesAndAnotherMixturesStateAreClearErrors) {
+  Fixture f;
+  auto error = [&](const std::function<void()>& fn) {
+    try {
+      fn();
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  std::string e = error([&] { data::parse_dataset_mix({"abc " + (f.dir / "a.bin")}, "training.dataset_mix"); });
+  EXPECT_NE(e.find("training.dataset_mix entry 'abc " + (f.dir / "a.bin") + "': the weight 'abc' is not a positive number"),
+            std::string::npos) << e;
+  e = error([&] { data::parse_dataset_mix({"-1 x"}, "training.dataset_mix"); });
+  EXPECT_NE(e.find("the weight '-1' is not a positive number"), std::string::npos) << e;
+  e = error([&] { data::parse_dataset_mix({"0.5"}, "training.dataset_mix"); });
+  EXPECT_NE(e.find("needs a weight and a dataset"), std::string::npos) << e;
+  e = error([&] { data::parse_dataset_mix({"1 d1/x.bin", "1 d2/x.bin"}, "training.dataset_mix"); });
+  EXPECT_NE(e.find("two sources named 'x.bin': name them apart"), std::string::npos) << e;
+  e = error([&] { data::make_dataloader(config({"1 " + (f.dir / "a.bin"), "1 gone=" + (f.dir / "nowhere")}, 1, 8), f.tok); });
+  EXPECT_NE(e.find("training.dataset_mix source 'gone': dataset 'c4': path '" + (f.dir / "nowhere") + "' does not exist"),
+            std::string::npos) << e;
+  data::DataConfig both = config(f.mix, 1, 8);
+  both.dataset_path = f.dir / "a.bin";
+  e = error([&] { data::make_dataloader(both, f.tok); });
+  EXPECT_NE(e.find("training.dataset_mix and training.dataset_path are both set"), std::string::npos) << e;
+  // The state of another mixture (other weights) is refused, naming both.
+  auto a = data::make_dataloader(config(f.mix, 1, 8), f.tok);
+  a->next();
+  std::vector<std::string> other = f.mix;
+  other[0] = "0.6 " + (f.dir / "a.bin");
+  e = error([&] { data::make_dataloader(config(other, 1, 8), f.tok)->load_state(a->state()); });
+  EXPECT_NE(e.find("the data loader state was saved for the mixture 0.5 a.bin 0.3 bee 0.2 c.bin, this run mixes 0.6 "
+                   "a.bin 0.3 bee 0.2 c.bin"),
+            std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace titan
