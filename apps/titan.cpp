@@ -25,6 +25,9 @@
 
 #include <cstdio>
 #include <cstring>
+#include <cstdlib>
+#include <optional>
+#include <chrono>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -59,8 +62,9 @@ const char* kUsage =
     "             run, from a dry run on the meta device; see titan estimate --help\n"
     "  launch     --nproc-per-node N [...] -- train ...: start N training processes (like torchrun);\n"
     "             see titan launch --help\n"
-    "  tokenize   --output DIR: tokenize [training] dataset/dataset_path with [model] hf_assets_path into\n"
-    "             binary shards; train on them with --training.dataset_path DIR\n"
+    "  tokenize   --output DIR [--workers N]: tokenize [training] dataset/dataset_path with [model]\n"
+    "             hf_assets_path into binary shards on every core (or N threads; under titan launch each\n"
+    "             process takes its part of the files); train on them with --training.dataset_path DIR\n"
     "  convert    to-hf CHECKPOINT_STEP_DIR OUT_DIR | from-hf HF_DIR OUT_CHECKPOINT_DIR: a titan checkpoint\n"
     "             to a Hugging Face model folder (transformers) and back; see titan convert --help\n"
     "  report     DUMP_FOLDER [DUMP_FOLDER ...]: one HTML page plotting the runs' metrics (loss, lr, MFU, ...)\n"
@@ -103,17 +107,33 @@ int run_estimate(std::vector<std::string> args) {
 
 int run_tokenize(std::vector<std::string> args) {
   std::string output;
-  for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--output" || args[i] == "-o") {
-      TITAN_USER_CHECK(i + 1 < args.size(), "--output needs a folder");
-      output = args[i + 1];
-      args.erase(args.begin() + i, args.begin() + i + 2);
-      break;
-    }
-    if (args[i].rfind("--output=", 0) == 0) {
-      output = args[i].substr(9);
-      args.erase(args.begin() + i);
-      break;
+  int workers = 0;
+  for (size_t i = 0; i < args.size();) {
+    const std::string& a = args[i];
+    auto value = [&](const std::string& name) {
+      if (a == name) {
+        TITAN_USER_CHECK(i + 1 < args.size(), name, " needs a value");
+        std::string v = args[i + 1];
+        args.erase(args.begin() + static_cast<std::ptrdiff_t>(i), args.begin() + static_cast<std::ptrdiff_t>(i) + 2);
+        return std::optional<std::string>(v);
+      }
+      if (a.rfind(name + "=", 0) == 0) {
+        std::string v = a.substr(name.size() + 1);
+        args.erase(args.begin() + static_cast<std::ptrdiff_t>(i));
+        return std::optional<std::string>(v);
+      }
+      return std::optional<std::string>();
+    };
+    if (auto v = a == "-o" ? value("-o") : value("--output")) {
+      output = *v;
+    } else if (auto w = value("--workers")) {
+      char* end = nullptr;
+      const long n = std::strtol(w->c_str(), &end, 10);
+      TITAN_USER_CHECK(end && *end == '\0' && n >= 0 && n <= 4096, "--workers ", *w,
+                       ": give a number of threads (0: one per core)");
+      workers = static_cast<int>(n);
+    } else {
+      ++i;
     }
   }
   TITAN_USER_CHECK(!output.empty(), "titan tokenize needs --output DIR (a new or empty folder for the shards)");
@@ -124,10 +144,23 @@ int run_tokenize(std::vector<std::string> args) {
   titan::data::ShardWriteOptions opts;
   opts.tokenizer_name = cfg.model.hf_assets_path;
   opts.split = dataset.split.empty() ? "train" : dataset.split;
+  opts.workers = workers;
+  // Started by a launcher (titan launch, torchrun): each process takes its part of the files.
+  if (const char* rank = std::getenv("RANK"), *world = std::getenv("WORLD_SIZE"); rank && world) {
+    opts.process = std::atoi(rank);
+    opts.processes = std::atoi(world);
+    TITAN_USER_CHECK(opts.processes >= 1 && opts.process >= 0 && opts.process < opts.processes, "RANK ", rank,
+                     " and WORLD_SIZE ", world, " do not describe a process of the job");
+  }
+  const auto start = std::chrono::steady_clock::now();
   auto r = titan::data::tokenize_to_shards(dataset.path, *tokenizer, output, opts);
-  std::printf("tokenized %lld documents into %lld tokens in %lld shard(s) under %s\n",
-              static_cast<long long>(r.num_documents), static_cast<long long>(r.num_tokens),
-              static_cast<long long>(r.num_shards), output.c_str());
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (opts.process == 0)
+    std::printf("tokenized %lld documents into %lld tokens in %lld shard(s) under %s (%d process(es) of %d "
+                "thread(s); this process %.1f s, %.0f tokens/s)\n",
+                static_cast<long long>(r.num_documents), static_cast<long long>(r.num_tokens),
+                static_cast<long long>(r.num_shards), output.c_str(), opts.processes, r.workers, seconds,
+                static_cast<double>(r.own_tokens) / std::max(seconds, 1e-9));
   return 0;
 }
 

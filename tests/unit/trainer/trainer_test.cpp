@@ -1,5 +1,6 @@
 // The trainer end to end: gradient accumulation, determinism, the log line of a real run, and
 // torchtitan's own TOML files (both generations) run through the titan binary.
+#include "data/data_test_util.h"
 #include "test_util.h"
 
 #include "titan/common/folder_lock.h"
@@ -8,6 +9,7 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <stdlib.h>
 #include <unistd.h>
@@ -16,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <regex>
 
 namespace titan {
@@ -234,6 +237,70 @@ TEST(TitanTokenize, ShardsTrainLikeTheText) {
   auto la = parse_losses(a.output), lb = parse_losses(b.output);
   ASSERT_EQ(la.size(), 3u);
   EXPECT_EQ(la, lb);
+}
+
+// `titan tokenize` on every core: 1, 2 and 4 threads write byte-identical folders; 3 processes under
+// `titan launch` (each a part of the files) write the same token stream, one manifest at the end.
+TEST(TitanTokenize, ThreadsAndProcessesWriteTheSameStream) {
+  test::TempDir dir;
+  std::filesystem::create_directories(dir / "text");
+  for (int f = 0; f < 5; ++f) {
+    std::vector<std::string> docs;
+    for (int d = 0; d < 300; ++d) {
+      std::string doc;
+      for (int w = 0; w < 20 + (d * 13 + f) % 90; ++w) doc += "word" + std::to_string((w * 31 + d * 7 + f) % 97) + " ";
+      docs.push_back(doc);
+    }
+    test::write_file(dir / ("text/part" + std::to_string(f) + ".jsonl"), test::jsonl(docs));
+  }
+  auto tokenize = [&](const std::vector<std::string>& launcher, const std::string& out, const std::string& workers) {
+    std::vector<std::string> argv = launcher;
+    argv.insert(argv.end(), {"tokenize", "--output", dir / out, "--workers", workers, "--training.dataset", "c4",
+                             "--training.dataset_path", dir / "text", "--model.hf_assets_path",
+                             kSource + "/assets/tokenizer"});
+    auto r = test::run_process(argv);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return r;
+  };
+  auto files_of = [&](const std::string& out) {
+    std::map<std::string, std::string> files;
+    for (const auto& e : std::filesystem::directory_iterator(dir / out)) {
+      std::ifstream in(e.path(), std::ios::binary);
+      files[e.path().filename().string()] = std::string(std::istreambuf_iterator<char>(in), {});
+    }
+    return files;
+  };
+  auto r = tokenize({kTitan}, "t1", "1");
+  EXPECT_NE(r.output.find("tokenized 1500 documents"), std::string::npos) << r.output;
+  tokenize({kTitan}, "t2", "2");
+  tokenize({kTitan}, "t4", "4");
+  const auto one = files_of("t1");
+  ASSERT_EQ(one.count("manifest.json"), 1u);
+  EXPECT_EQ(files_of("t2"), one);
+  EXPECT_EQ(files_of("t4"), one);
+  // Three processes: shards part-NNNNN-shard-NNNNN.bin, whose tokens in manifest order are the stream.
+  r = tokenize({kTitan, "launch", "--nproc-per-node", "3", "--master-port", "0", "--"}, "p3", "1");
+  EXPECT_NE(r.output.find("(3 process(es) of 1 thread(s)"), std::string::npos) << r.output;
+  auto tokens_of = [&](const std::string& out) {
+    std::ifstream in(dir / (out + "/manifest.json"));
+    const auto m = nlohmann::json::parse(in);
+    std::string tokens;
+    for (const auto& s : m.at("shards")) {
+      std::ifstream f(dir / (out + "/" + s.at("file").get<std::string>()), std::ios::binary);
+      const std::string bytes(std::istreambuf_iterator<char>(f), {});
+      tokens += bytes.substr(64, 4 * s.at("num_tokens").get<size_t>());
+    }
+    return std::make_pair(m, tokens);
+  };
+  const auto [m1, s1] = tokens_of("t1");
+  const auto [m3, s3] = tokens_of("p3");
+  EXPECT_EQ(m3.at("shards").size(), 3u);
+  EXPECT_EQ(m3.at("num_tokens"), m1.at("num_tokens"));
+  EXPECT_EQ(m3.at("num_documents"), m1.at("num_documents"));
+  EXPECT_EQ(m3.at("sources"), m1.at("sources"));
+  EXPECT_TRUE(s3 == s1) << "the three processes' stream differs from one process's";
+  for (const auto& [name, bytes] : files_of("p3")) EXPECT_EQ(name.find(".json.tmp"), std::string::npos) << name;
+  EXPECT_EQ(files_of("p3").count("part-00001.json"), 0u);  // the parts' summaries are gone
 }
 
 TEST(TitanCli, VersionNamesTheCommitAndTheBuild) {

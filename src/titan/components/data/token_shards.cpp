@@ -6,6 +6,12 @@
 #include "titan/components/data/jsonl_reader.h"
 
 #include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <thread>
 #include <bit>
 #include <optional>
 #include <cstdio>
@@ -95,45 +101,248 @@ bool is_shard_folder(const std::string& path) {
   return fs::is_directory(path, ec) && fs::is_regular_file(fs::path(path) / "manifest.json", ec);
 }
 
+namespace {
+
+// The documents of a JSON Lines source, tokenized with BOS and EOS by `workers` threads and handed to
+// `write` in the source's order (so the output does not depend on the number of workers). The calling
+// thread reads and writes; the workers only encode, a chunk of 256 KiB of text or 128 documents at a
+// time, with at most 4 chunks per worker in flight.
+void tokenize_in_order(JsonlReader& reader, const Tokenizer& tokenizer, int workers,
+                       const std::function<void(const std::vector<int32_t>&)>& write) {
+  std::string text;
+  DocPos pos;
+  if (workers <= 1) {
+    while (reader.next(text, pos)) write(tokenizer.encode(text, /*add_bos=*/true, /*add_eos=*/true));
+    return;
+  }
+  struct Chunk {
+    std::vector<std::string> texts;
+    std::vector<std::vector<int32_t>> ids;
+  };
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::pair<int64_t, std::unique_ptr<Chunk>>> todo;
+  std::map<int64_t, std::unique_ptr<Chunk>> done;
+  bool stop = false;
+  std::exception_ptr error;
+  std::vector<std::thread> threads;
+  auto work = [&] {
+    for (;;) {
+      std::pair<int64_t, std::unique_ptr<Chunk>> job;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return stop || !todo.empty(); });
+        if (stop) return;  // all written, or an error
+        job = std::move(todo.front());
+        todo.pop_front();
+      }
+      try {
+        for (const std::string& t : job.second->texts)
+          job.second->ids.push_back(tokenizer.encode(t, /*add_bos=*/true, /*add_eos=*/true));
+        job.second->texts.clear();
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!error) error = std::current_exception();
+        stop = true;
+        cv.notify_all();
+        return;
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      done.emplace(job.first, std::move(job.second));
+      cv.notify_all();
+    }
+  };
+  struct Join {  // every path out of here, an exception's too, stops and joins the workers
+    std::vector<std::thread>& threads;
+    std::mutex& mu;
+    std::condition_variable& cv;
+    bool& stop;
+    ~Join() {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        stop = true;
+      }
+      cv.notify_all();
+      for (auto& t : threads) t.join();
+    }
+  } join{threads, mu, cv, stop};
+  for (int i = 0; i < workers; ++i) threads.emplace_back(work);
+
+  int64_t submitted = 0, written = 0;
+  const int64_t max_in_flight = 4 * static_cast<int64_t>(workers);
+  // Writes the finished chunks that are next in order; with `wait_for`, first waits until fewer than
+  // that many chunks are in flight (or all are written, for 1).
+  auto drain = [&](int64_t wait_for) {
+    for (;;) {
+      std::unique_ptr<Chunk> next;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return error || done.count(written) || submitted - written < wait_for; });
+        if (error) std::rethrow_exception(error);
+        auto it = done.find(written);
+        if (it == done.end()) return;
+        next = std::move(it->second);
+        done.erase(it);
+      }
+      for (const auto& ids : next->ids) write(ids);
+      ++written;
+    }
+  };
+  auto chunk = std::make_unique<Chunk>();
+  size_t chunk_bytes = 0;
+  auto submit = [&] {
+    drain(max_in_flight);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      todo.emplace_back(submitted++, std::move(chunk));
+    }
+    cv.notify_all();
+    chunk = std::make_unique<Chunk>();
+    chunk_bytes = 0;
+  };
+  while (reader.next(text, pos)) {
+    chunk_bytes += text.size() + 64;
+    chunk->texts.push_back(std::move(text));
+    if (chunk_bytes >= (size_t{1} << 18) || chunk->texts.size() >= 128) submit();
+  }
+  if (!chunk->texts.empty()) submit();
+  drain(1);
+}
+
+}  // namespace
+
+namespace {
+
+std::string part_name(int process) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "part-%05d", process);
+  return name;
+}
+
+// The files of process p of P: a contiguous run of the sorted files, balanced by bytes (file i goes to
+// the process whose share holds the middle of its bytes), so that the processes' shards in process
+// order hold the same stream as one process's.
+std::vector<std::string> files_of_process(const std::vector<std::string>& files, int p, int P) {
+  if (P <= 1) return files;
+  std::vector<double> sizes;
+  double total = 0;
+  for (const auto& f : files) {
+    std::error_code ec;
+    const auto n = fs::file_size(f, ec);
+    sizes.push_back(ec ? 1.0 : static_cast<double>(n) + 1.0);
+    total += sizes.back();
+  }
+  std::vector<std::string> out;
+  double before = 0;
+  for (size_t i = 0; i < files.size(); ++i) {
+    const int owner = std::min(P - 1, static_cast<int>(P * (before + sizes[i] / 2) / total));
+    if (owner == p) out.push_back(files[i]);
+    before += sizes[i];
+  }
+  return out;
+}
+
+void write_json_atomically(const fs::path& path, const nlohmann::json& j) {
+  const std::string tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << j.dump(2) << "\n";
+    out.close();
+    TITAN_USER_CHECK(out.good(), "cannot write '", tmp, "'");
+  }
+  fs::rename(tmp, path);
+}
+
+}  // namespace
+
 ShardWriteResult tokenize_to_shards(const std::string& input_path, const Tokenizer& tokenizer, const std::string& out_dir,
                                     const ShardWriteOptions& options) {
   TITAN_USER_CHECK(options.tokens_per_shard >= 1, "tokens_per_shard must be positive");
+  const int P = std::max(1, options.processes), me = options.process;
+  TITAN_USER_CHECK(me >= 0 && me < P, "process ", me, " of ", P, " is not a process of the job");
+  const bool parted = P > 1;
   std::error_code ec;
-  if (fs::exists(out_dir, ec)) {
-    TITAN_USER_CHECK(fs::is_directory(out_dir, ec) && fs::is_empty(out_dir, ec), "output folder '", out_dir,
-                     "' exists and is not empty: remove it or choose another");
-  }
   fs::create_directories(out_dir, ec);
   TITAN_USER_CHECK(!ec, "cannot create output folder '", out_dir, "': ", ec.message());
+  // The folder must be new or empty; under several processes each finds the others' parts there.
+  for (const auto& e : fs::directory_iterator(out_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const bool others = parted && name.rfind("part-", 0) == 0 && name.rfind(part_name(me), 0) != 0;
+    TITAN_USER_CHECK(others, "output folder '", out_dir, "' is not empty (it holds ", name,
+                     "): remove it or choose another");
+  }
 
-  std::vector<std::string> files = list_data_files(input_path, options.split);
-  JsonlReader reader(files, options.text_field);
-  reader.rewind(0);
+  const std::vector<std::string> all_files = list_data_files(input_path, options.split);
+  const std::vector<std::string> files = files_of_process(all_files, me, P);
   const int64_t vocab = tokenizer.vocab_size();
+  const std::string prefix = parted ? part_name(me) + "-" : "";
 
   ShardWriteResult result;
   nlohmann::json shards = nlohmann::json::array();
   std::unique_ptr<ShardFile> shard;
+  int64_t shard_index = 0;
   auto close_shard = [&] {
     shard->close();
-    shards.push_back({{"file", shard_name(result.num_shards)},
+    shards.push_back({{"file", prefix + shard_name(shard_index)},
                       {"num_tokens", shard->num_tokens()},
                       {"num_documents", shard->num_documents()}});
-    ++result.num_shards;
+    ++shard_index;
     shard.reset();
   };
-  std::string text;
-  DocPos pos;
-  while (reader.next(text, pos)) {
-    std::vector<int32_t> ids = tokenizer.encode(text, /*add_bos=*/true, /*add_eos=*/true);
-    for (int32_t id : ids) TITAN_ASSERT(id >= 0 && id < vocab, "token id ", id, " outside the vocabulary of ", vocab);
-    if (!shard) shard = std::make_unique<ShardFile>((fs::path(out_dir) / shard_name(result.num_shards)).string(), vocab);
-    shard->add_document(ids);
-    ++result.num_documents;
-    result.num_tokens += static_cast<int64_t>(ids.size());
-    if (static_cast<int64_t>(shard->num_tokens()) >= options.tokens_per_shard) close_shard();
+  const int workers = options.workers > 0 ? options.workers
+                                          : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (!files.empty()) {
+    JsonlReader reader(files, options.text_field);
+    reader.rewind(0);
+    tokenize_in_order(reader, tokenizer, workers, [&](const std::vector<int32_t>& ids) {
+      for (int32_t id : ids) TITAN_ASSERT(id >= 0 && id < vocab, "token id ", id, " outside the vocabulary of ", vocab);
+      if (!shard)
+        shard = std::make_unique<ShardFile>((fs::path(out_dir) / (prefix + shard_name(shard_index))).string(), vocab);
+      shard->add_document(ids);
+      ++result.num_documents;
+      result.num_tokens += static_cast<int64_t>(ids.size());
+      if (static_cast<int64_t>(shard->num_tokens()) >= options.tokens_per_shard) close_shard();
+    });
   }
   if (shard) close_shard();
+  result.own_tokens = result.num_tokens;
+  result.workers = workers;
+
+  if (parted) {
+    // Each process leaves a summary of its part; the first waits for all of them and writes the one
+    // manifest (the launcher stops the job, this wait included, when a process fails).
+    write_json_atomically(fs::path(out_dir) / (part_name(me) + ".json"),
+                          {{"num_tokens", result.num_tokens}, {"num_documents", result.num_documents},
+                           {"sources", files}, {"shards", shards}});
+    if (me != 0) {
+      result.num_shards = shard_index;
+      return result;
+    }
+    shards = nlohmann::json::array();
+    result.num_tokens = result.num_documents = 0;
+    auto last_said = std::chrono::steady_clock::now();
+    for (int p = 0; p < P; ++p) {
+      const fs::path part = fs::path(out_dir) / (part_name(p) + ".json");
+      while (!fs::exists(part, ec)) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        if (std::chrono::steady_clock::now() - last_said > std::chrono::seconds(60)) {
+          std::fprintf(stderr, "titan tokenize: waiting for process %d's part (%s)\n", p, part.c_str());
+          last_said = std::chrono::steady_clock::now();
+        }
+      }
+      nlohmann::json j;
+      try {
+        std::ifstream in(part);
+        j = nlohmann::json::parse(in);
+        result.num_tokens += json_integer<int64_t>(j.at("num_tokens"));
+        result.num_documents += json_integer<int64_t>(j.at("num_documents"));
+        for (const auto& s : j.at("shards")) shards.push_back(s);
+      } catch (const nlohmann::json::exception& e) {
+        TITAN_USER_CHECK(false, "'", part.string(), "' is not a part summary of titan tokenize: ", e.what());
+      }
+    }
+  }
+  result.num_shards = static_cast<int64_t>(shards.size());
   TITAN_USER_CHECK(result.num_tokens > 0, "'", input_path, "' yields no tokens: nothing to write");
 
   nlohmann::json manifest = {
@@ -145,15 +354,11 @@ ShardWriteResult tokenize_to_shards(const std::string& input_path, const Tokeniz
        {{"vocab_size", vocab}, {"bos_id", optional_id(tokenizer.bos_id())}, {"eos_id", optional_id(tokenizer.eos_id())},
         {"name", options.tokenizer_name}}},
       {"text_field", options.text_field},
-      {"sources", files},
+      {"sources", all_files},
       {"shards", shards}};
-  std::string tmp = (fs::path(out_dir) / "manifest.json.tmp").string();
-  {
-    std::ofstream out(tmp);
-    out << manifest.dump(2) << "\n";
-    TITAN_USER_CHECK(out.good(), "cannot write '", tmp, "'");
-  }
-  fs::rename(tmp, fs::path(out_dir) / "manifest.json");
+  write_json_atomically(fs::path(out_dir) / "manifest.json", manifest);
+  if (parted)
+    for (int p = 0; p < P; ++p) fs::remove(fs::path(out_dir) / (part_name(p) + ".json"), ec);
   return result;
 }
 

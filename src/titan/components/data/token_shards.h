@@ -37,12 +37,21 @@ struct ShardWriteOptions {
   std::string tokenizer_name;
   // allenai/c4 clone folders: which split's files to read (see list_data_files).
   std::string split = "train";
+  // Threads that tokenize (0: one per core). The shards are the same, byte for byte, for any number.
+  int workers = 0;
+  // Process `process` of `processes` started together (titan launch): each tokenizes a contiguous run of
+  // the sorted files (balanced by bytes) into shards named part-NNNNN-shard-NNNNN.bin; process 0 waits
+  // for every part and writes the one manifest. The stream is the one process's.
+  int process = 0;
+  int processes = 1;
 };
 
 struct ShardWriteResult {
   int64_t num_documents = 0;
   int64_t num_tokens = 0;
   int64_t num_shards = 0;
+  int workers = 1;  // threads that tokenized
+  int64_t own_tokens = 0;  // tokens this process wrote (all of them for one process)
 };
 
 // Tokenizes every document of `input_path` (a JSON Lines file or folder, as the text data path reads

@@ -33,8 +33,7 @@ BytePairEncoder::BytePairEncoder(BytePairEncoder&& other) noexcept
       whole_word_first_(other.whole_word_first_),
       tokens_(std::move(other.tokens_)),
       merges_(std::move(other.merges_)),
-      byte_ids_(other.byte_ids_),
-      cache_(std::move(other.cache_)) {}
+      byte_ids_(other.byte_ids_) {}  // the cache starts empty
 
 void BytePairEncoder::init_byte_ids() {
   for (int b = 0; b < 256; ++b) {
@@ -130,10 +129,11 @@ void BytePairEncoder::encode(std::string_view word, std::vector<int32_t>& out) c
     }
   }
   const bool cacheable = word.size() <= kMaxCachedWordBytes;
+  CacheShard& shard = cache_[std::hash<std::string_view>{}(word) % kCacheShards];
   if (cacheable) {
-    std::lock_guard<std::mutex> lock(cache_mutex_);
-    auto it = cache_.find(word);
-    if (it != cache_.end()) {
+    std::lock_guard<std::mutex> lock(shard.mutex);
+    auto it = shard.words.find(word);
+    if (it != shard.words.end()) {
       out.insert(out.end(), it->second.begin(), it->second.end());
       return;
     }
@@ -141,9 +141,10 @@ void BytePairEncoder::encode(std::string_view word, std::vector<int32_t>& out) c
   const size_t first = out.size();
   merge_word(word, out);
   if (cacheable) {
-    std::lock_guard<std::mutex> lock(cache_mutex_);
-    if (cache_.size() >= kMaxCacheEntries) cache_.clear();  // bounded memory; refills with current words
-    cache_.emplace(std::string(word), std::vector<int32_t>(out.begin() + first, out.end()));
+    std::lock_guard<std::mutex> lock(shard.mutex);
+    // Bounded memory; a shard refills with current words.
+    if (shard.words.size() >= kMaxCacheEntries / kCacheShards) shard.words.clear();
+    shard.words.emplace(std::string(word), std::vector<int32_t>(out.begin() + first, out.end()));
   }
 }
 

@@ -74,8 +74,14 @@ class BytePairEncoder {
   std::unordered_map<uint64_t, Merge> merges_;
   std::array<int32_t, 256> byte_ids_{};
 
-  mutable std::mutex cache_mutex_;
-  mutable StringMap<std::vector<int32_t>> cache_;
+  // The merges of recent words, in shards of their own lock so that threads encoding at once (titan
+  // tokenize's workers) rarely wait for each other.
+  static constexpr size_t kCacheShards = 64;
+  struct CacheShard {
+    std::mutex mutex;
+    StringMap<std::vector<int32_t>> words;
+  };
+  mutable std::array<CacheShard, kCacheShards> cache_;
 };
 
 }  // namespace titan::tokenizer
