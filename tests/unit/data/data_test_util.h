@@ -2,13 +2,16 @@
 // compressed (gzip through zlib, zstd through libzstd).
 #pragma once
 
+#include "titan/components/data/dataloader.h"
 #include "titan/components/tokenizer/tokenizer.h"
 
 #include <nlohmann/json.hpp>
 #include <zlib.h>
 #include <zstd.h>
 
+#include <cstdint>
 #include <fstream>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -88,6 +91,33 @@ inline std::vector<int32_t> byte_stream(const std::vector<std::string>& docs) {
     s.push_back(ByteTokenizer::kEos);
   }
   return s;
+}
+
+// The data loader options of rank `rank` of `world` reading `path` (as dataset "c4": any local path).
+inline data::DataConfig config(const std::string& path, int64_t batch, int64_t seq_len, int rank = 0, int world = 1) {
+  data::DataConfig c;
+  c.dataset = "c4";
+  c.dataset_path = path;
+  c.local_batch_size = batch;
+  c.seq_len = seq_len;
+  c.dp_rank = rank;
+  c.dp_world = world;
+  return c;
+}
+
+// An llm.c token file in its GPT-2 format (token_files.h): a 256-int32 header, then n uint16 ids, the
+// i-th being id(i).
+inline void write_llmc_gpt2(const std::string& path, int n, const std::function<int(int)>& id) {
+  std::vector<int32_t> header(256, 0);
+  header[0] = 20240520;
+  header[1] = 1;
+  header[2] = n;
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(header.data()), 1024);
+  for (int i = 0; i < n; ++i) {
+    const auto v = static_cast<uint16_t>(id(i));
+    out.write(reinterpret_cast<const char*>(&v), 2);
+  }
 }
 
 }  // namespace titan::test

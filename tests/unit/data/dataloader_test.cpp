@@ -48,16 +48,7 @@ std::string write_corpus(const test::TempDir& dir, const std::vector<std::string
   return dir / "text";
 }
 
-DataConfig config(const std::string& path, int64_t batch, int64_t seq_len, int rank = 0, int world = 1) {
-  DataConfig c;
-  c.dataset = "c4";
-  c.dataset_path = path;
-  c.local_batch_size = batch;
-  c.seq_len = seq_len;
-  c.dp_rank = rank;
-  c.dp_world = world;
-  return c;
-}
+using test::config;
 
 std::vector<Batch> take(DataLoader& loader, int n) {
   std::vector<Batch> out;

@@ -21,30 +21,16 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// An llm.c GPT-2 token file (the format is documented in token_files.h) of `n` tokens, all within
-// [lo, lo + span): each source of a test mixture gets its own range of ids, so that a sample's first
-// token says which source it came from.
+// An llm.c token file of n ids within [lo, lo + span): each source of a test mixture gets its own range,
+// so that a sample's first token says which source it came from.
 void write_llmc(const std::string& path, int n, int lo, int span) {
-  std::vector<int32_t> header(256, 0);
-  header[0] = 20240520;
-  header[1] = 1;
-  header[2] = n;
-  std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(header.data()), 1024);
-  for (int i = 0; i < n; ++i) {
-    const uint16_t id = static_cast<uint16_t>(lo + (i * 7 + i / 5) % span);
-    out.write(reinterpret_cast<const char*>(&id), 2);
-  }
+  test::write_llmc_gpt2(path, n, [&](int i) { return lo + (i * 7 + i / 5) % span; });
 }
 
 data::DataConfig config(const std::vector<std::string>& mix, int64_t batch, int64_t seq_len, int rank = 0,
                         int world = 1) {
-  data::DataConfig c;
+  data::DataConfig c = test::config("", batch, seq_len, rank, world);
   c.dataset_mix = mix;
-  c.local_batch_size = batch;
-  c.seq_len = seq_len;
-  c.dp_rank = rank;
-  c.dp_world = world;
   return c;
 }
 
@@ -139,14 +125,7 @@ TEST(DataMixture, RanksReadTheSingleProcessBatchesAndResumeInAnotherLayoutIsExac
 
 TEST(DataMixture, BadEntriesAndAnotherMixturesStateAreClearErrors) {
   Fixture f;
-  auto error = [&](const std::function<void()>& fn) {
-    try {
-      fn();
-    } catch (const UserError& e) {
-      return std::string(e.what());
-    }
-    return std::string("(no error)");
-  };
+  auto error = test::error_of;
   std::string e = error([&] { data::parse_dataset_mix({"abc " + (f.dir / "a.bin")}, "training.dataset_mix"); });
   EXPECT_NE(e.find("training.dataset_mix entry 'abc " + (f.dir / "a.bin") + "': the weight 'abc' is not a positive number"),
             std::string::npos) << e;

@@ -74,25 +74,7 @@ void expect_windows(data::WindowSource& source, const std::vector<int64_t>& stre
   }
 }
 
-data::DataConfig config(const std::string& path, int64_t batch, int64_t seq_len, int rank = 0, int world = 1) {
-  data::DataConfig c;
-  c.dataset = "c4";
-  c.dataset_path = path;
-  c.local_batch_size = batch;
-  c.seq_len = seq_len;
-  c.dp_rank = rank;
-  c.dp_world = world;
-  return c;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using test::config;
 
 TEST(MegatronData, ServesTheSequencesOfEveryPrefixInOrder) {
   test::TempDir dir;
@@ -139,12 +121,12 @@ TEST(MegatronData, Int32IdsForALargeVocabularyAndAnotherTokenizersDataIsRefused)
   data::MegatronWindowSource src(dir / "big", 70000, 9);
   expect_windows(src, stream_of(docs), 20, "int32");
   // The int32 file with a small tokenizer, a uint16 file with a large one: made with another tokenizer.
-  std::string e = error_of([&] { data::MegatronWindowSource(dir / "big", 258, 9); });
+  std::string e = test::error_of([&] { data::MegatronWindowSource(dir / "big", 258, 9); });
   EXPECT_NE(e.find("big.idx' stores int32 token ids, which Megatron writes for a vocabulary of at least 65,500 "
                    "tokens, but this run's tokenizer has 258"),
             std::string::npos) << e;
   write_megatron(dir / "small", 258, make_docs(5, 258, 257, 4));
-  e = error_of([&] { data::MegatronWindowSource(dir / "small", 128256, 9); });
+  e = test::error_of([&] { data::MegatronWindowSource(dir / "small", 128256, 9); });
   EXPECT_NE(e.find("small.idx' stores uint16 token ids, which Megatron writes for a vocabulary below 65,500"),
             std::string::npos) << e;
 }
@@ -156,20 +138,20 @@ TEST(MegatronData, DamagedFilesAreClearErrors) {
   const std::string bin = dir / "d.bin", idx = dir / "d.idx";
   const auto bin_size = fs::file_size(bin), idx_size = fs::file_size(idx);
   fs::resize_file(bin, bin_size - 3);
-  std::string e = error_of([&] { data::MegatronWindowSource(dir / "d", tok.vocab_size(), 8); });
+  std::string e = test::error_of([&] { data::MegatronWindowSource(dir / "d", tok.vocab_size(), 8); });
   EXPECT_NE(e.find("d.bin' is " + std::to_string(bin_size - 3) + " bytes, too short for the "), std::string::npos) << e;
   fs::resize_file(bin, bin_size);
   fs::resize_file(idx, idx_size - 9);
-  e = error_of([&] { data::MegatronWindowSource(dir / "d", tok.vocab_size(), 8); });
+  e = test::error_of([&] { data::MegatronWindowSource(dir / "d", tok.vocab_size(), 8); });
   EXPECT_NE(e.find("d.idx' is " + std::to_string(idx_size - 9) + " bytes, too short for its "), std::string::npos) << e;
   test::write_file(idx, "NOTANIDX-------------------------------------");
-  e = error_of([&] { data::MegatronWindowSource(dir / "d", tok.vocab_size(), 8); });
+  e = test::error_of([&] { data::MegatronWindowSource(dir / "d", tok.vocab_size(), 8); });
   EXPECT_NE(e.find("d.idx' is not a Megatron-LM index (no MMIDIDX header)"), std::string::npos) << e;
   // A token id beyond the vocabulary: refused when read, naming the file.
   write_megatron(dir / "ids", 258, {{{1, 2, 3, 300, 4}}});
   data::MegatronWindowSource src(dir / "ids", tok.vocab_size(), 4);
   std::vector<int32_t> w(5);
-  e = error_of([&] { src.read(w.data()); });
+  e = test::error_of([&] { src.read(w.data()); });
   EXPECT_NE(e.find("ids.bin' holds token id 300, outside the tokenizer's vocabulary of 258"), std::string::npos) << e;
 }
 
@@ -200,12 +182,12 @@ TEST(LlmcData, Gpt2AndLlama3FilesServeTheirTokensAndAPatternChoosesTheSplit) {
   data::LlmcWindowSource l3(dir / "llama.bin", 128256, 15);
   expect_windows(l3, llama, 30, "llama-3");
   // GPT-2's uint16 ids cannot come from a 128,256-token tokenizer.
-  std::string e = error_of([&] { data::LlmcWindowSource(dir / "fineweb/fineweb_val_000000.bin", 128256, 7); });
+  std::string e = test::error_of([&] { data::LlmcWindowSource(dir / "fineweb/fineweb_val_000000.bin", 128256, 7); });
   EXPECT_NE(e.find("stores uint16 token ids (llm.c's GPT-2 format), but this run's tokenizer has 128256 tokens"),
             std::string::npos) << e;
   // A truncated file.
   fs::resize_file(dir / "llama.bin", 1024 + 4 * 199 + 2);
-  e = error_of([&] { data::LlmcWindowSource(dir / "llama.bin", 128256, 15); });
+  e = test::error_of([&] { data::LlmcWindowSource(dir / "llama.bin", 128256, 15); });
   EXPECT_NE(e.find("llama.bin' is " + std::to_string(1024 + 4 * 199 + 2) + " bytes, too short for the 200 tokens"),
             std::string::npos) << e;
 }
@@ -237,7 +219,7 @@ TEST(TokenFiles, ResumeIsExactAndAnotherDatasetIsRefused) {
   }
   auto m = data::make_dataloader(config(dir / "m", 2, 9), tok);
   m->next();
-  const std::string e = error_of([&] { data::make_dataloader(config(dir / "l.bin", 2, 9), tok)->load_state(m->state()); });
+  const std::string e = test::error_of([&] { data::make_dataloader(config(dir / "l.bin", 2, 9), tok)->load_state(m->state()); });
   EXPECT_NE(e.find("the data loader state is for \"megatron\" data but the dataset is llmc data"), std::string::npos) << e;
 }
 

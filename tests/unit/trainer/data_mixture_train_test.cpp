@@ -2,6 +2,7 @@
 // batches as one process (same per-step losses, 1e-5 relative), a checkpoint saved under one layout
 // resumes under the other with the losses of the run that was not interrupted, and the per-source token
 // counts reach metrics.jsonl.
+#include "data/data_test_util.h"
 #include "test_util.h"
 
 #include "titan/components/checkpoint/safetensors.h"
@@ -19,18 +20,9 @@ namespace {
 const std::string kSource = TITAN_SOURCE_DIR;
 const std::string kTitan = std::string(TITAN_BINARY_DIR) + "/titan";
 
-// An llm.c GPT-2 token file of ids below the debug tokenizer's 2048.
+// An llm.c token file of ids below the debug tokenizer's 2048.
 void write_tokens(const std::string& path, int n) {
-  std::vector<int32_t> header(256, 0);
-  header[0] = 20240520;
-  header[1] = 1;
-  header[2] = n;
-  std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(header.data()), 1024);
-  for (int i = 0; i < n; ++i) {
-    const uint16_t id = static_cast<uint16_t>((i * 131 + i / 3) % 2048);
-    out.write(reinterpret_cast<const char*>(&id), 2);
-  }
+  test::write_llmc_gpt2(path, n, [](int i) { return (i * 131 + i / 3) % 2048; });
 }
 
 std::vector<double> losses_of(const test::TempDir& dir, const std::string& name) {
