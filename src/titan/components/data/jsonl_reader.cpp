@@ -238,42 +238,52 @@ void JsonlReader::seek(const DocPos& pos) {
   reader_->seek(pos.offset, pos.line);
 }
 
-bool JsonlReader::next(std::string& text, DocPos& pos) {
+bool JsonlReader::next_line(std::string& line, DocPos& pos) {
   while (file_ < static_cast<int64_t>(files_.size())) {
     if (!reader_) reader_ = std::make_unique<LineReader>(files_[file_]);
     int64_t offset = 0, line_no = 0;
-    if (!reader_->next(line_, offset, line_no)) {
+    if (!reader_->next(line, offset, line_no)) {
       reader_.reset();
       ++file_;
       continue;
     }
-    if (line_.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank line
-    const std::string& path = files_[file_];
-    nlohmann::json obj;
-    try {
-      obj = nlohmann::json::parse(line_);
-    } catch (const nlohmann::json::exception& e) {  // parse errors, and numbers beyond a double's range
-      TITAN_USER_CHECK(false, path, ":", line_no, ": malformed JSON (", e.what(),
-                       "); each line must be one JSON object (JSON Lines). Fix or remove that line.");
-    }
-    TITAN_USER_CHECK(obj.is_object(), path, ":", line_no, ": expected a JSON object per line, found a ", obj.type_name(),
-                     obj.is_array() && line_no == 1 ? " (a file holding one JSON array is not supported: write one "
-                                                      "object per line)"
-                                                    : "");
-    auto it = obj.find(field_);
-    if (it == obj.end()) {
-      std::string keys;
-      for (auto k = obj.begin(); k != obj.end(); ++k) keys += (keys.empty() ? "" : ", ") + k.key();
-      TITAN_USER_CHECK(false, path, ":", line_no, ": no text field '", field_, "' (fields: ", keys,
-                       "); set the dataset text field to the one holding the text");
-    }
-    TITAN_USER_CHECK(it->is_string(), path, ":", line_no, ": field '", field_, "' is a ", it->type_name(),
-                     ", expected a string");
-    text = it->get<std::string>();
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank line
     pos = DocPos{epoch_, file_, offset, line_no};
     return true;
   }
   return false;
+}
+
+std::string JsonlReader::text_of(const std::string& line, const DocPos& pos) const {
+  const std::string& path = files_[static_cast<size_t>(pos.file)];
+  const int64_t line_no = pos.line;
+  nlohmann::json obj;
+  try {
+    obj = nlohmann::json::parse(line);
+  } catch (const nlohmann::json::exception& e) {  // parse errors, and numbers beyond a double's range
+    TITAN_USER_CHECK(false, path, ":", line_no, ": malformed JSON (", e.what(),
+                     "); each line must be one JSON object (JSON Lines). Fix or remove that line.");
+  }
+  TITAN_USER_CHECK(obj.is_object(), path, ":", line_no, ": expected a JSON object per line, found a ", obj.type_name(),
+                   obj.is_array() && line_no == 1 ? " (a file holding one JSON array is not supported: write one "
+                                                    "object per line)"
+                                                  : "");
+  auto it = obj.find(field_);
+  if (it == obj.end()) {
+    std::string keys;
+    for (auto k = obj.begin(); k != obj.end(); ++k) keys += (keys.empty() ? "" : ", ") + k.key();
+    TITAN_USER_CHECK(false, path, ":", line_no, ": no text field '", field_, "' (fields: ", keys,
+                     "); set the dataset text field to the one holding the text");
+  }
+  TITAN_USER_CHECK(it->is_string(), path, ":", line_no, ": field '", field_, "' is a ", it->type_name(),
+                   ", expected a string");
+  return it->get<std::string>();
+}
+
+bool JsonlReader::next(std::string& text, DocPos& pos) {
+  if (!next_line(line_, pos)) return false;
+  text = text_of(line_, pos);
+  return true;
 }
 
 }  // namespace titan::data

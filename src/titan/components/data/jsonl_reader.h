@@ -68,6 +68,10 @@ class JsonlReader {
   // The next document's text and position; false after the last line of the last file. The epoch of
   // returned positions is the one given to rewind()/seek() (0 at first).
   bool next(std::string& text, DocPos& pos);
+  // The same in two halves, so that the text can be extracted on another thread: the next non-blank
+  // line as read, and the text field of such a line (the errors of next(); safe to call concurrently).
+  bool next_line(std::string& line, DocPos& pos);
+  std::string text_of(const std::string& line, const DocPos& pos) const;
   // Starts the pass over from the first file, stamping positions with `epoch`.
   void rewind(int64_t epoch);
   // Continues at `pos` (a position that next() returned earlier, possibly in another process).

@@ -105,7 +105,7 @@ namespace {
 
 // The documents of a JSON Lines source, tokenized with BOS and EOS by `workers` threads and handed to
 // `write` in the source's order (so the output does not depend on the number of workers). The calling
-// thread reads and writes; the workers only encode, a chunk of 256 KiB of text or 128 documents at a
+// thread reads lines and writes shards; the workers extract the text (JSON) and encode, a chunk of 256 KiB of text or 128 documents at a
 // time, with at most 4 chunks per worker in flight.
 void tokenize_in_order(JsonlReader& reader, const Tokenizer& tokenizer, int workers,
                        const std::function<void(const std::vector<int32_t>&)>& write) {
@@ -116,7 +116,8 @@ void tokenize_in_order(JsonlReader& reader, const Tokenizer& tokenizer, int work
     return;
   }
   struct Chunk {
-    std::vector<std::string> texts;
+    std::vector<std::string> lines;  // as read: the workers extract the text (JSON parsing is work too)
+    std::vector<DocPos> positions;
     std::vector<std::vector<int32_t>> ids;
   };
   std::mutex mu;
@@ -137,9 +138,11 @@ void tokenize_in_order(JsonlReader& reader, const Tokenizer& tokenizer, int work
         todo.pop_front();
       }
       try {
-        for (const std::string& t : job.second->texts)
-          job.second->ids.push_back(tokenizer.encode(t, /*add_bos=*/true, /*add_eos=*/true));
-        job.second->texts.clear();
+        Chunk& c = *job.second;
+        for (size_t i = 0; i < c.lines.size(); ++i)
+          c.ids.push_back(tokenizer.encode(reader.text_of(c.lines[i], c.positions[i]), /*add_bos=*/true,
+                                           /*add_eos=*/true));
+        c.lines.clear();
       } catch (...) {
         std::lock_guard<std::mutex> lock(mu);
         if (!error) error = std::current_exception();
@@ -200,12 +203,13 @@ void tokenize_in_order(JsonlReader& reader, const Tokenizer& tokenizer, int work
     chunk = std::make_unique<Chunk>();
     chunk_bytes = 0;
   };
-  while (reader.next(text, pos)) {
+  while (reader.next_line(text, pos)) {
     chunk_bytes += text.size() + 64;
-    chunk->texts.push_back(std::move(text));
-    if (chunk_bytes >= (size_t{1} << 18) || chunk->texts.size() >= 128) submit();
+    chunk->lines.push_back(std::move(text));
+    chunk->positions.push_back(pos);
+    if (chunk_bytes >= (size_t{1} << 18) || chunk->lines.size() >= 128) submit();
   }
-  if (!chunk->texts.empty()) submit();
+  if (!chunk->lines.empty()) submit();
   drain(1);
 }
 
