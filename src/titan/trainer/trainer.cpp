@@ -200,6 +200,27 @@ Trainer::Trainer(JobConfig cfg, const std::function<void()>& preflight) : cfg_(s
                      " is not a multiple of local_batch_size ", tr.local_batch_size, " x data-parallel degree ", dp);
     const auto& c = cfg_.checkpoint;
     std::error_code ec;
+    // The output folders can be written (a probe file of this rank's own): a run that cannot save its
+    // checkpoints or metrics stops now, not after the model is built or at its first save.
+    {
+      namespace fs = std::filesystem;
+      std::vector<std::pair<fs::path, std::string>> folders = {{fs::path(cfg_.job.dump_folder), "job.dump_folder"}};
+      if (c.enable && !c.load_only) folders.emplace_back(fs::path(cfg_.job.dump_folder) / c.folder, "checkpoint.folder");
+      for (const auto& [folder, key] : folders) {
+        fs::create_directories(folder, ec);
+        TITAN_USER_CHECK(!ec, "cannot create the folder ", folder.string(), " (", key, "): ", ec.message(),
+                         ": choose a folder this process can write");
+        const fs::path probe = folder / (".titan-write-check-" + std::to_string(::getpid()) + "-" + std::to_string(env_.rank));
+        {
+          std::ofstream out(probe);
+          out << "ok";
+          out.close();
+          TITAN_USER_CHECK(out.good(), "cannot write in the folder ", folder.string(), " (", key,
+                           "): choose a folder this process can write, on a disk with free space");
+        }
+        fs::remove(probe, ec);
+      }
+    }
     if (!c.initial_load_path.empty() &&
         checkpoint::list_checkpoints((std::filesystem::path(cfg_.job.dump_folder) / c.folder).string()).empty())
       TITAN_USER_CHECK(std::filesystem::exists(c.initial_load_path, ec), "checkpoint.initial_load_path '",

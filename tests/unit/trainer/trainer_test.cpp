@@ -338,6 +338,14 @@ TEST(TitanTrain, CheapMistakesAreReportedBeforeTheModelIsBuilt) {
             std::string::npos) << r.output;
   EXPECT_LT(r.seconds, 10.0) << r.output;
   EXPECT_EQ(r.output.find("building, initializing and sharding"), std::string::npos) << r.output;
+  // A checkpoint folder that cannot be created (a file stands in its path).
+  test::write_file(dir / "a-file", "x");
+  r = with({"--training.dataset", "titan_corpus", "--checkpoint.folder", dir / "a-file/checkpoints", "--checkpoint.enable"});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("cannot create the folder " + (dir / "a-file/checkpoints") + " (checkpoint.folder)"),
+            std::string::npos) << r.output;
+  EXPECT_LT(r.seconds, 10.0) << r.output;
+  EXPECT_EQ(r.output.find("building, initializing and sharding"), std::string::npos) << r.output;
 }
 
 // Resuming: a step folder that is not a complete checkpoint is logged when skipped; a seq_len change
