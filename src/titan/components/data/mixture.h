@@ -2,9 +2,9 @@
 // of one source, chosen by the mixture's rule from k alone, so every data-parallel layout reads the
 // same global batches.
 //
-// The rule is Megatron-LM's blending (BlendedDataset): sample k goes to the source furthest behind its
+// The rule is the greedy one of Megatron-LM's blending: sample k goes to the source furthest behind its
 // share, the largest weight_i * (k + 1) - taken_i (ties to the first), so after any number of samples
-// each source's count is within one sample of its weight's share. Each source keeps its own stream and
+// each source's count stays close to its weight's share (within about one sample). Each source keeps its own stream and
 // position (a text source's documents, a shard folder's windows) and loops over its epochs on its own.
 #pragma once
 

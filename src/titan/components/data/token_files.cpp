@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 namespace titan::data {
 namespace fs = std::filesystem;
@@ -198,7 +199,11 @@ std::vector<fs::path> sorted_files_with(const std::string& dir, const std::strin
   return out;
 }
 
-bool is_pattern(const std::string& path) { return path.find_first_of("*?[") != std::string::npos; }
+// A shell pattern: has *, ? or [ and is not itself an existing path ("c4[en]/" may be a folder's name).
+bool is_pattern(const std::string& path) {
+  std::error_code ec;
+  return path.find_first_of("*?[") != std::string::npos && !fs::exists(path, ec);
+}
 
 // The files a shell pattern matches, sorted (glob's order).
 std::vector<std::string> glob_files(const std::string& pattern) {
@@ -220,9 +225,11 @@ bool names_existing_data(const std::string& path) {
 std::vector<std::string> megatron_prefixes(const std::string& path) {
   std::vector<std::string> out;
   if (is_pattern(path)) {  // e.g. data/corpus_*_text_document.idx
+    std::set<std::string> seen;  // x.bin, x.c.bin, x.c.idx, x.idx: each prefix once, in sorted order
     for (const std::string& file : glob_files(path))
-      if (std::string prefix = megatron_prefix_of(file); !prefix.empty() && (out.empty() || out.back() != prefix))
+      if (std::string prefix = megatron_prefix_of(file); !prefix.empty() && seen.insert(prefix).second)
         out.push_back(prefix);
+    std::sort(out.begin(), out.end());
     return out;
   }
   if (std::string prefix = megatron_prefix_of(path); !prefix.empty()) return {prefix};
