@@ -27,6 +27,8 @@
 #include <cstring>
 #include <cstdlib>
 #include <optional>
+#include <thread>
+#include <algorithm>
 #include <chrono>
 #include <iostream>
 #include <string>
@@ -64,7 +66,8 @@ const char* kUsage =
     "             see titan launch --help\n"
     "  tokenize   --output DIR [--workers N]: tokenize [training] dataset/dataset_path with [model]\n"
     "             hf_assets_path into binary shards on every core (or N threads; under titan launch each\n"
-    "             process takes its part of the files); train on them with --training.dataset_path DIR\n"
+    "             process takes its part of the files and its share of the node's cores); train on them with\n"
+    "             --training.dataset_path DIR\n"
     "  convert    to-hf CHECKPOINT_STEP_DIR OUT_DIR | from-hf HF_DIR OUT_CHECKPOINT_DIR: a titan checkpoint\n"
     "             to a Hugging Face model folder (transformers) and back; see titan convert --help\n"
     "  report     DUMP_FOLDER [DUMP_FOLDER ...]: one HTML page plotting the runs' metrics (loss, lr, MFU, ...)\n"
@@ -151,6 +154,10 @@ int run_tokenize(std::vector<std::string> args) {
     opts.processes = std::atoi(world);
     TITAN_USER_CHECK(opts.processes >= 1 && opts.process >= 0 && opts.process < opts.processes, "RANK ", rank,
                      " and WORLD_SIZE ", world, " do not describe a process of the job");
+    // The processes of one node share its cores: each takes its share unless --workers says otherwise.
+    const char* local = std::getenv("LOCAL_WORLD_SIZE");
+    if (workers == 0 && local && std::atoi(local) > 1)
+      opts.workers = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::atoi(local));
   }
   const auto start = std::chrono::steady_clock::now();
   auto r = titan::data::tokenize_to_shards(dataset.path, *tokenizer, output, opts);

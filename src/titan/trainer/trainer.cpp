@@ -745,7 +745,7 @@ std::vector<double> Trainer::train() {
       try {
         metrics_->log_validation(validate());
       } catch (const c10::OutOfMemoryError& e) {
-        throw_out_of_memory(e, step_);
+        throw_out_of_memory(e, step_, OutOfMemoryAt::Validation);
       }
       interval_start += Clock::now() - validation_start;
     }
@@ -822,16 +822,18 @@ void Trainer::stop_for_preemption(int sig, bool saved_now) {
   throw Preempted(what);
 }
 
-void Trainer::throw_out_of_memory(const c10::OutOfMemoryError& e, int64_t step) {
+void Trainer::throw_out_of_memory(const c10::OutOfMemoryError& e, int64_t step, OutOfMemoryAt where) {
   const std::string path = profiler_ ? profiler_->write_oom_snapshot(step) : "";
   std::string advice = path.empty() ? "set profiling.enable_memory_snapshot = true for a memory snapshot at the failure"
                                     : std::string("memory snapshot: ") + path +
                                           (device_.is_cuda() ? " (open it at https://pytorch.org/memory_viz)" : "");
-  throw UserError(out_of_memory_message(cfg_, "at step " + std::to_string(step), e) + "\n  " + advice);
+  const std::string when = where == OutOfMemoryAt::Validation ? "in the validation after step " + std::to_string(step)
+                                                               : "at step " + std::to_string(step);
+  throw UserError(out_of_memory_message(cfg_, when, e, where) + "\n  " + advice);
 }
 
 std::string out_of_memory_message(const JobConfig& cfg, const std::string& when, const c10::OutOfMemoryError& e,
-                                  bool start_up) {
+                                  OutOfMemoryAt where) {
   const std::string what = e.what_without_backtrace();
   std::string out = "out of memory " + when + ": ";
   const std::optional<mem::AllocationFailure> cpu = mem::last_cpu_allocation_failure();
@@ -852,10 +854,14 @@ std::string out_of_memory_message(const JobConfig& cfg, const std::string& when,
   }
   const auto& ac = cfg.activation_checkpoint;
   out += "\n  to fit: ";
-  if (start_up) {  // the parameters (and their optimizer states to come) do not fit: shard or offload them
+  if (where == OutOfMemoryAt::StartUp) {  // the parameters (and their optimizer states to come) do not fit
     out += "shard the model over more ranks (FSDP, TP, PP)";
     if (!cfg.training.enable_cpu_offload) out += ", offload it to CPU memory (training.enable_cpu_offload)";
     out += " or choose a smaller model.flavor";
+  } else if (where == OutOfMemoryAt::Validation) {  // training's steps fit: the evaluation's batch does not
+    out += "a smaller validation.local_batch_size (now " + std::to_string(cfg.validation.local_batch_size) +
+           ") or validation.seq_len (now " + std::to_string(cfg.validation.seq_len) +
+           "), or validation.enable = false; the training steps themselves fit";
   } else {
     if (ac.mode != "full") out += "activation_checkpoint.mode = \"full\" (now \"" + ac.mode + "\"), ";
     out += "a smaller training.local_batch_size (training.global_batch_size keeps the global batch by gradient "
@@ -893,7 +899,8 @@ int run_training(const JobConfig& cfg, const std::function<void()>& preflight) {
     started.emplace(cfg, preflight);
   } catch (const c10::OutOfMemoryError& e) {
     throw UserError(
-        out_of_memory_message(cfg, "during start-up (building, initializing or loading the model)", e, true));
+        out_of_memory_message(cfg, "during start-up (building, initializing or loading the model)", e,
+                              OutOfMemoryAt::StartUp));
   }
   Trainer& trainer = *started;
   if (cfg.checkpoint.create_seed_checkpoint) {

@@ -34,6 +34,10 @@
 
 namespace titan {
 
+// Where a run ran out of memory: while the model is built, initialized or loaded; in a training step;
+// or in the evaluation of the validation data. Each has its own advice.
+enum class OutOfMemoryAt { StartUp, Step, Validation };
+
 // What one optimizer step produced (the loss is averaged over every token of the global batch).
 struct StepResult {
   double loss = 0;      // global average over the data-parallel ranks
@@ -146,7 +150,8 @@ class Trainer {
   std::vector<StepResult> read_steps(const std::vector<StepOnDevice>& steps);
   // After an out-of-memory error in a step: writes the memory snapshot (when configured) and throws
   // the UserError that names the step, the snapshot and what to change.
-  [[noreturn]] void throw_out_of_memory(const c10::OutOfMemoryError& e, int64_t step);
+  [[noreturn]] void throw_out_of_memory(const c10::OutOfMemoryError& e, int64_t step,
+                                       OutOfMemoryAt where = OutOfMemoryAt::Step);
   // ---- preemption (job.preemption_signals): whether any rank received a preemption signal, as the
   // ranks agree by a MAX all-reduce on the host group "preemption" (Gloo, beside training). Called on
   // every rank once per step: returns the signal found by the vote issued at the previous call
@@ -252,10 +257,10 @@ class Trainer {
 
 // `titan train`: trains with `cfg`, printing torchtitan's log lines. Returns the process exit code.
 int run_training(const JobConfig& cfg, const std::function<void()>& preflight = {});
-// What ran out `when` ("at step 3") and what to change (`start_up`: the model itself, before any
-// step): the error of a run that is out of memory.
+// What ran out `when` ("at step 3") and what to change at `where`: the error of a run that is out of
+// memory.
 std::string out_of_memory_message(const JobConfig& cfg, const std::string& when, const c10::OutOfMemoryError& e,
-                                  bool start_up = false);
+                                  OutOfMemoryAt where = OutOfMemoryAt::Step);
 
 // The options whose values differ from the defaults, one "section.key = value" per line.
 std::string config_changes(const JobConfig& cfg);

@@ -429,6 +429,15 @@ TEST(TitanTrain, OutOfMemoryDuringTheRunEndsWithTitansMessage) {
   EXPECT_NE(r.output.find("the pre-flight memory check was skipped (debug.skip_memory_check)"), std::string::npos)
       << r.output;
   EXPECT_EQ(r.output.find("enforce fail"), std::string::npos) << r.output;
+  // The training step fits and the validation's batch does not: the advice is the validation's.
+  r = run("1 --validation.enable --validation.dataset c4_test --validation.freq 1 --validation.steps 1 "
+          "--validation.seq_len 2048 --validation.local_batch_size 64");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("titan train: error: out of memory in the validation after step 1: a CPU tensor of "),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("to fit: a smaller validation.local_batch_size (now 64) or validation.seq_len (now 2048), "
+                          "or validation.enable = false"),
+            std::string::npos) << r.output;
   // The 1B flavor's parameters alone exceed the limit: the model does not fit during start-up.
   r = run("1 --model.flavor 1B --training.seq_len 128");
   EXPECT_EQ(r.exit_code, 1) << r.output;
