@@ -200,7 +200,8 @@ TEST(ModelFamiliesTrain, AHuggingFaceQwen3OfItsOwnSizeContinuesPretrainingUnderP
 }
 
 TEST(ModelFamiliesTrain, Qwen3MoeUnderEveryLayoutAndItsCheckpointHoldsTheRoutingBiases) {
-  // The small Qwen3-MoE from its config.json text: every layout routes the same tokens to the same
+  // The small Qwen3-MoE from its config.json text (over the shipped qwen3_debugmodel_moe.toml, whose
+  // 64-expert flavor it replaces): every layout routes the same tokens to the same
   // experts, and every step's routing-bias update counts the tokens of every data-parallel,
   // context-parallel and (under sequence parallelism) tensor-parallel rank (a rank that counted only
   // its own would steer differently from one process).
@@ -221,14 +222,14 @@ TEST(ModelFamiliesTrain, Qwen3MoeUnderEveryLayoutAndItsCheckpointHoldsTheRouting
                   {"--activation_checkpoint.mode", "full", "--checkpoint.enable", "--checkpoint.interval", "5",
                    "--checkpoint.folder", one_dir / "checkpoint"},
                   1});
-  const safetensors::Tensors ref = expect_layouts_train_as_one_process("qwen3_debugmodel.toml", moe, runs);
+  const safetensors::Tensors ref = expect_layouts_train_as_one_process("qwen3_debugmodel_moe.toml", moe, runs);
   ASSERT_FALSE(ref.empty());
   EXPECT_TRUE(ref.count("layers.2.moe.experts.w1"));
   // Each logged step says how unbalanced the two MoE layers' experts were: 1 is balanced, and at
   // most E / K = 4 (an expert receives at most one copy of each token, the mean is K / E of them).
   {
     test::TempDir dir;
-    const test::LaunchedRun r = test::run_titan(1, train_args("qwen3_debugmodel.toml", dir.path(), moe), dir);
+    const test::LaunchedRun r = test::run_titan(1, train_args("qwen3_debugmodel_moe.toml", dir.path(), moe), dir);
     ASSERT_EQ(r.exit_code, 0) << r.output;
     const std::vector<double> load = moe_load_figures(dir.path());
     ASSERT_EQ(load.size(), 6u);  // steps 1, 5 and 10
@@ -261,7 +262,7 @@ TEST(ModelFamiliesTrain, Qwen3MoeUnderEveryLayoutAndItsCheckpointHoldsTheRouting
   test::TempDir dir;
   std::vector<std::string> resume = moe;
   resume.insert(resume.end(), {"--checkpoint.enable", "--checkpoint.folder", one_dir / "checkpoint"});
-  const test::LaunchedRun resumed = test::run_titan(1, train_args("qwen3_debugmodel.toml", dir.path(), resume), dir);
+  const test::LaunchedRun resumed = test::run_titan(1, train_args("qwen3_debugmodel_moe.toml", dir.path(), resume), dir);
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_NE(resumed.output.find("resumed from"), std::string::npos) << resumed.output;
   test::expect_same_training(ref, resumed.weights, 0.01 * kLr * kSteps, /*first_step=*/6);
@@ -302,7 +303,7 @@ TEST(ModelFamiliesTrain, Qwen3MoeUnderExpertParallelismAndItsCheckpointReshardsA
             ep(2)),
        4},
   };
-  const safetensors::Tensors ref = expect_layouts_train_as_one_process("qwen3_debugmodel.toml", moe, runs);
+  const safetensors::Tensors ref = expect_layouts_train_as_one_process("qwen3_debugmodel_moe.toml", moe, runs);
   ASSERT_FALSE(ref.empty());
 
   ASSERT_TRUE(std::filesystem::exists(ckpt_dir / "checkpoint/step-5/index.json"));
@@ -314,7 +315,7 @@ TEST(ModelFamiliesTrain, Qwen3MoeUnderExpertParallelismAndItsCheckpointReshardsA
     std::filesystem::remove_all(ckpt_dir / "checkpoint/step-10");  // each resume starts from step 5
     test::TempDir dir;
     const test::LaunchedRun resumed =
-        test::run_titan(nproc, train_args("qwen3_debugmodel.toml", dir.path(), with(with(moe, resume), args)), dir, kOrderMatched);
+        test::run_titan(nproc, train_args("qwen3_debugmodel_moe.toml", dir.path(), with(with(moe, resume), args)), dir, kOrderMatched);
     ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
     EXPECT_NE(resumed.output.find("resumed from"), std::string::npos) << resumed.output;
     ASSERT_EQ(resumed.weights.at("__losses__").numel(), 5);

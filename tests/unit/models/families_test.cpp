@@ -28,6 +28,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <regex>
 
 namespace titan {
 namespace {
@@ -89,6 +91,31 @@ TEST(ModelFamilies, EstimateCoversEveryFamilyOnTheMetaDevice) {
     EXPECT_NE(r.output.find("parameters: " + params), std::string::npos) << r.output;
     std::printf("[titan estimate %s %s, tp 8 x pp 4 x fsdp 8]\n%s\n", model.c_str(), flavor.c_str(), r.output.c_str());
   }
+}
+
+// A shipped config whose header names its `titan estimate ... --world-size N` run fits 80 GB GPUs at
+// that size, with the peak the header states (within 1 GiB).
+TEST(ModelFamilies, ShippedConfigsFitTheLayoutTheirHeadersName) {
+  int checked = 0;
+  for (const auto& e : std::filesystem::directory_iterator(std::string(TITAN_SOURCE_DIR) + "/configs")) {
+    std::ifstream in(e.path());
+    const std::string text((std::istreambuf_iterator<char>(in)), {});
+    std::smatch m;
+    const std::string flat = std::regex_replace(text, std::regex("\n# "), " ");
+    if (!std::regex_search(flat, m, std::regex("`titan estimate --job.config_file configs/([a-z0-9_.]+) --world-size "
+                                                 "([0-9]+)` puts the peak at about ([0-9]+) GiB")))
+      continue;
+    SCOPED_TRACE(e.path().string());
+    EXPECT_EQ(m[1].str(), e.path().filename().string());
+    auto r = test::run_process({kTitan, "estimate", "--job.config_file", e.path().string(), "--world-size", m[2].str()},
+                               {{"OMP_NUM_THREADS", "1"}});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    std::smatch v;
+    ASSERT_TRUE(std::regex_search(r.output, v, std::regex("verdict: fits: peak ([0-9.]+) GiB of 80.00 GiB"))) << r.output;
+    EXPECT_NEAR(std::stod(v[1].str()), std::stod(m[3].str()), 1.0) << r.output;
+    ++checked;
+  }
+  EXPECT_GE(checked, 5);  // Qwen3 debugmodel_moe, 30B-A3B and 235B-A22B, DeepSeek-V3 16B and 236B
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@
 // Pipeline and context parallelism (EstimateMatchesEveryRank): every rank's trainer runs in a worker
 // of this binary; each rank's measured peak and counted bytes are compared with the estimate's for
 // its pipeline rank.
+#include "distributed/launched_training.h"
 #include "models/tiny_llama.h"
 #include "test_util.h"
 
@@ -151,6 +152,7 @@ struct MemoryRun {
   std::string ac;  // none | full | selective k | selective op
   int replicate = 1;  // data_parallel_replicate_degree: DDP (replicas only) or HSDP
   int tp = 1;         // tensor_parallel_degree (with sequence and loss parallel)
+  std::vector<std::string> extra = {};  // more options (expert parallelism)
 };
 
 void PrintTo(const MemoryRun& r, std::ostream* os) { *os << r.name; }
@@ -175,6 +177,7 @@ std::vector<std::string> config_args(const MemoryRun& r) {
                                 "--parallelism.tensor_parallel_degree", std::to_string(r.tp)};
   const auto ac = ac_args(r.ac);
   a.insert(a.end(), ac.begin(), ac.end());
+  a.insert(a.end(), r.extra.begin(), r.extra.end());
   return a;
 }
 
@@ -182,7 +185,7 @@ std::vector<std::string> config_args(const MemoryRun& r) {
 std::string train(const MemoryRun& r, const test::TempDir& dir) {
   std::vector<std::string> args = config_args(r);
   args.insert(args.end(), {"--job.dump_folder", dir.path()});
-  if (r.model == "llama3") {
+  if (r.model != "llama3_shapes") {
     std::vector<std::string> argv = {kTitan};
     if (r.nproc > 1) argv = {kTitan, "launch", "--nproc-per-node", std::to_string(r.nproc), "--master-port", "0", "--"};
     argv.push_back("train");
@@ -219,6 +222,8 @@ TEST_P(EstimateMatchesMeasuredPeak, WithinTenPercent) {
                                 << format_estimate(e);
 }
 
+const std::string kMoeFlavor = test::qwen3_moe_config().dump();
+
 // clang-format off
 INSTANTIATE_TEST_SUITE_P(Runs, EstimateMatchesMeasuredPeak, ::testing::Values(
     //        name                           model            flavor        nproc seq  batch  AC
@@ -237,7 +242,15 @@ INSTANTIATE_TEST_SUITE_P(Runs, EstimateMatchesMeasuredPeak, ::testing::Values(
     MemoryRun{"DebugDdp2Seq512NoAC",         "llama3",        "debugmodel", 2,    512, 4,     "none",        2},
     MemoryRun{"DebugHsdp2x2Seq512Full",      "llama3",        "debugmodel", 4,    512, 4,     "full",        2},
     MemoryRun{"DebugTp2Seq512NoAC",          "llama3",        "debugmodel", 2,    512, 4,     "none",        1, 2},
-    MemoryRun{"DebugTp2Fsdp2Seq512Full",     "llama3",        "debugmodel", 4,    512, 4,     "full",        1, 2}),
+    MemoryRun{"DebugTp2Fsdp2Seq512Full",     "llama3",        "debugmodel", 4,    512, 4,     "full",        1, 2},
+    // A small Qwen3-MoE (a dense first layer, then MoE layers of 8 experts, top-2): the routed copies,
+    // the grouped experts' activations and, under expert parallelism, the dispatch buffers of the
+    // all-to-alls (the estimate takes the routing as balanced; a random router is close to it).
+    MemoryRun{"Moe1Seq512NoAC",              "qwen3",         kMoeFlavor,   1,    512, 4,     "none"},
+    MemoryRun{"MoeEp2Seq512NoAC",            "qwen3",         kMoeFlavor,   2,    512, 4,     "none",        1, 1,
+              {"--parallelism.expert_parallel_degree", "2"}},
+    MemoryRun{"MoeEp2Seq512Full",            "qwen3",         kMoeFlavor,   2,    512, 4,     "full",        1, 1,
+              {"--parallelism.expert_parallel_degree", "2"}}),
     [](const ::testing::TestParamInfo<MemoryRun>& info) { return info.param.name; });
 // clang-format on
 
