@@ -79,6 +79,8 @@ def create(config_path, model_dir, seed):
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.copy_(1 + 0.2 * torch.randn_like(p))
+            elif name.endswith(".bias"):  # attention_bias / mlp_bias, zeros when created
+                p.copy_(0.1 * torch.randn_like(p))
         # DeepSeek-V3's routing bias (a buffer, zero when created): random, so that one mapped to
         # the wrong place, or dropped, changes the experts chosen.
         for name, b in model.named_buffers():

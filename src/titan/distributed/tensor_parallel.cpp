@@ -393,6 +393,8 @@ void check_float8_shard(const nn::LinearImpl& linear, int tp) {
 std::vector<std::pair<std::string, Placement>> TensorParallel::column_wise(nn::LinearImpl& linear) {
   if (linear.float8) linear.float8_sharding = float8_split(group_, 'N');
   std::vector<std::pair<std::string, Placement>> out = {{"weight", shard(linear.weight, 0)}};
+  // The bias of the rows this rank computes.
+  if (linear.bias.defined()) out.push_back({"bias", shard(linear.bias, 0)});
   check_float8_shard(linear, degree());
   return out;
 }
@@ -400,6 +402,9 @@ std::vector<std::pair<std::string, Placement>> TensorParallel::column_wise(nn::L
 std::vector<std::pair<std::string, Placement>> TensorParallel::row_wise(nn::LinearImpl& linear) {
   if (linear.float8) linear.float8_sharding = float8_split(group_, 'K');
   std::vector<std::pair<std::string, Placement>> out = {{"weight", shard(linear.weight, 1)}};
+  // The whole bias on every rank, added once after the reduction of the partial outputs (region()):
+  // its gradient is partial over tp under sequence parallelism (each rank's tokens), like a norm's.
+  if (linear.bias.defined()) out.push_back({"bias", whole(linear.bias, {group_.name()}, group_.rank() == 0)});
   check_float8_shard(linear, degree());
   return out;
 }
@@ -432,12 +437,18 @@ std::vector<std::pair<std::string, Placement>> TensorParallel::replicated(torch:
 void TensorParallel::region(nn::HookedModule& module, const std::vector<nn::LinearImpl*>& first,
                             nn::LinearImpl& last) {
   Group* g = &group_;
+  // The region's output is the last layer's, a partial sum until reduced: its bias goes on after.
+  nn::LinearImpl* l = &last;
+  l->bias_added_after = l->bias.defined();
+  auto add_bias = [l](const at::Tensor& out) {
+    return l->bias.defined() ? out + l->bias.to(out.scalar_type()) : out;
+  };
   if (!options_.sequence_parallel) {
     module.add_forward_input_hook([g](std::vector<at::Tensor> in) {
       in[0] = tp_copy(in[0], *g);
       return in;
     });
-    module.add_forward_hook([g](const at::Tensor& out) { return tp_all_reduce(out, *g); });
+    module.add_forward_hook([g, add_bias](const at::Tensor& out) { return add_bias(tp_all_reduce(out, *g)); });
     return;
   }
   if (!options_.async) {
@@ -445,7 +456,7 @@ void TensorParallel::region(nn::HookedModule& module, const std::vector<nn::Line
       in[0] = tp_all_gather(in[0], *g, 1);
       return in;
     });
-    module.add_forward_hook([g](const at::Tensor& out) { return tp_reduce_scatter(out, *g, 1); });
+    module.add_forward_hook([g, add_bias](const at::Tensor& out) { return add_bias(tp_reduce_scatter(out, *g, 1)); });
     return;
   }
   // Async: the region's input hook gathers and computes every first layer's output in pieces; the
@@ -461,15 +472,16 @@ void TensorParallel::region(nn::HookedModule& module, const std::vector<nn::Line
     return in;
   });
   for (size_t i = 0; i < first.size(); ++i) {
-    first[i]->set_forward_wrapper([pending, i](const nn::HookedModule::Body& body, const std::vector<at::Tensor>& in) {
+    nn::LinearImpl* f = first[i];
+    f->set_forward_wrapper([pending, i, f](const nn::HookedModule::Body& body, const std::vector<at::Tensor>& in) {
       at::Tensor out = std::move((*pending)[i]);
       (*pending)[i] = at::Tensor();
-      return out.defined() ? out : body(in);
+      if (!out.defined()) return body(in);
+      return f->bias.defined() ? out + f->bias.to(out.scalar_type()) : out;  // the fused product has none
     });
   }
-  nn::LinearImpl* l = &last;
-  last.set_forward_wrapper([g, l](const nn::HookedModule::Body&, const std::vector<at::Tensor>& in) {
-    return matmul_reduce_scatter(in[0], l->weight, *g, kAsyncChunks);
+  last.set_forward_wrapper([g, l, add_bias](const nn::HookedModule::Body&, const std::vector<at::Tensor>& in) {
+    return add_bias(matmul_reduce_scatter(in[0], l->weight, *g, kAsyncChunks));
   });
 }
 

@@ -464,6 +464,13 @@ void ones(at::Tensor out) {
   out.fill_(1.0);
 }
 
+void zeros(at::Tensor out) {
+  if (out.numel() == 0) return;
+  TITAN_ASSERT(has_storage(out), "init::zeros: the tensor has no storage");
+  c10::NoGradGuard no_grad;
+  out.zero_();
+}
+
 namespace detail {
 
 std::array<uint32_t, 4> philox4x32_10(std::array<uint32_t, 4> c, std::array<uint32_t, 2> k) {

@@ -42,6 +42,7 @@ void normal(at::Tensor out, uint64_t seed, std::string_view name, int64_t first_
 void trunc_normal(at::Tensor out, uint64_t seed, std::string_view name, int64_t first_element, double mean,
                   double std, double a, double b);
 void ones(at::Tensor out);
+void zeros(at::Tensor out);
 
 namespace detail {
 // For tests. Philox-4x32-10 of one counter (Salmon et al., SC'11): the reference of the vectorized one.

@@ -110,13 +110,17 @@ struct SwiGluFunction : public torch::autograd::Function<SwiGluFunction> {
 // ---------------------------------------------------------------------------------------------
 // Modules and layer functions.
 
-LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, const at::TensorOptions& opts) {
+LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, const at::TensorOptions& opts, bool with_bias) {
   weight = register_parameter("weight", new_parameter({out_features, in_features}, opts));
+  if (with_bias) bias = register_parameter("bias", new_parameter({out_features}, opts));
 }
 
 at::Tensor LinearImpl::forward(const at::Tensor& x) {
   return with_hooks({x}, [this](const std::vector<at::Tensor>& in) {
-    return saveable_linear(in[0], weight, float8.get(), float8_sharding.get(), float8_weight.get());
+    at::Tensor y = saveable_linear(in[0], weight, float8.get(), float8_sharding.get(), float8_weight.get());
+    // Under autocast the product is in the autocast dtype, as torch.nn.Linear's (bias included) is.
+    if (bias.defined() && !bias_added_after) y = y + bias.to(y.scalar_type());
+    return y;
   });
 }
 
@@ -252,12 +256,12 @@ AttentionKernels causal_attention_kernels() {
 }
 
 AttentionImpl::AttentionImpl(int64_t dim, int64_t n_heads_, int64_t n_kv_heads_, int64_t head_dim_,
-                             std::optional<double> qk_norm_eps, const at::TensorOptions& opts)
+                             std::optional<double> qk_norm_eps, const at::TensorOptions& opts, bool bias)
     : n_heads(n_heads_), n_kv_heads(n_kv_heads_), head_dim(head_dim_) {
-  wq = register_module("wq", Linear(dim, n_heads * head_dim, opts));
-  wk = register_module("wk", Linear(dim, n_kv_heads * head_dim, opts));
-  wv = register_module("wv", Linear(dim, n_kv_heads * head_dim, opts));
-  wo = register_module("wo", Linear(n_heads * head_dim, dim, opts));
+  wq = register_module("wq", Linear(dim, n_heads * head_dim, opts, bias));
+  wk = register_module("wk", Linear(dim, n_kv_heads * head_dim, opts, bias));
+  wv = register_module("wv", Linear(dim, n_kv_heads * head_dim, opts, bias));
+  wo = register_module("wo", Linear(n_heads * head_dim, dim, opts, bias));
   if (qk_norm_eps) {
     q_norm = register_module("q_norm", RMSNorm(head_dim, *qk_norm_eps, opts));
     k_norm = register_module("k_norm", RMSNorm(head_dim, *qk_norm_eps, opts));
@@ -290,10 +294,10 @@ at::Tensor AttentionImpl::body(const at::Tensor& x_BSD, const at::Tensor& cis_SE
   return wo(out_BHSE.transpose(1, 2).contiguous().view({B, S, -1}));
 }
 
-FeedForwardImpl::FeedForwardImpl(int64_t dim, int64_t hidden_dim, const at::TensorOptions& opts) {
-  w1 = register_module("w1", Linear(dim, hidden_dim, opts));
-  w2 = register_module("w2", Linear(hidden_dim, dim, opts));
-  w3 = register_module("w3", Linear(dim, hidden_dim, opts));
+FeedForwardImpl::FeedForwardImpl(int64_t dim, int64_t hidden_dim, const at::TensorOptions& opts, bool bias) {
+  w1 = register_module("w1", Linear(dim, hidden_dim, opts, bias));
+  w2 = register_module("w2", Linear(hidden_dim, dim, opts, bias));
+  w3 = register_module("w3", Linear(dim, hidden_dim, opts, bias));
 }
 
 at::Tensor swiglu(const at::Tensor& h1, const at::Tensor& h3) { return SwiGluFunction::apply(h1, h3); }

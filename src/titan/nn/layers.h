@@ -29,13 +29,18 @@ struct Float8Recipe;
 struct Float8Sharding;
 struct Float8Weight;
 
-// y = x W^T, W (out, in). No bias (Llama uses none). With a float8 recipe (set by the float8
-// converter, nn/float8.h) its matmuls run in float8.
+// y = x W^T (+ b), W (out, in), b (out) when built with a bias (Llama and Qwen3 have none; their
+// configs' attention_bias / mlp_bias add them). With a float8 recipe (set by the float8 converter,
+// nn/float8.h) its matmuls run in float8; the bias is added in the output's dtype.
 class LinearImpl : public HookedModule {
  public:
-  LinearImpl(int64_t in_features, int64_t out_features, const at::TensorOptions& opts);
+  LinearImpl(int64_t in_features, int64_t out_features, const at::TensorOptions& opts, bool bias = false);
   at::Tensor forward(const at::Tensor& x);
   at::Tensor weight;
+  at::Tensor bias;  // undefined without a bias
+  // Set by tensor parallelism on a row-wise split layer: its output is a partial sum that is reduced
+  // over the ranks after the layer, and the bias is added once, after that reduction.
+  bool bias_added_after = false;
   std::shared_ptr<const Float8Recipe> float8;
   std::shared_ptr<const Float8Sharding> float8_sharding;  // tensor parallelism's split (float8 layers)
   std::shared_ptr<const Float8Weight> float8_weight;      // the weight cast beforehand (FSDP's float8 all-gather)
@@ -113,12 +118,13 @@ struct AttentionKernels {
 AttentionKernels causal_attention_kernels();
 
 // Grouped-query causal self-attention through ATen's scaled_dot_product_attention, with heads of
-// head_dim (not necessarily dim / n_heads). With qk_norm_eps, q and k are normalized per head by an
+// head_dim (not necessarily dim / n_heads); `bias`: the four projections have biases (transformers'
+// attention_bias). With qk_norm_eps, q and k are normalized per head by an
 // RMSNorm over head_dim (weights q_norm, k_norm (E)) before RoPE: Qwen3's QK-norm.
 class AttentionImpl : public HookedModule {
  public:
   AttentionImpl(int64_t dim, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
-                std::optional<double> qk_norm_eps, const at::TensorOptions& opts);
+                std::optional<double> qk_norm_eps, const at::TensorOptions& opts, bool bias = false);
   at::Tensor forward(const at::Tensor& x_BSD, const at::Tensor& cis_SE2);
   // Heads are read from the projections' outputs, so a tensor-parallel shard of them (a subset of
   // the heads) runs the same code; n_heads and n_kv_heads stay the model's totals.
@@ -140,10 +146,10 @@ TORCH_MODULE(Attention);
 // silu(h1) * h3, saving h1 and h3 only (silu is recomputed in backward).
 at::Tensor swiglu(const at::Tensor& h1, const at::Tensor& h3);
 
-// SwiGLU: w2(silu(w1 x) * w3 x).
+// SwiGLU: w2(silu(w1 x) * w3 x), the three projections with biases when `bias`.
 class FeedForwardImpl : public HookedModule {
  public:
-  FeedForwardImpl(int64_t dim, int64_t hidden_dim, const at::TensorOptions& opts);
+  FeedForwardImpl(int64_t dim, int64_t hidden_dim, const at::TensorOptions& opts, bool bias = false);
   at::Tensor forward(const at::Tensor& x_BSD);
   Linear w1{nullptr}, w2{nullptr}, w3{nullptr};
 };

@@ -469,6 +469,31 @@ TEST(ModelFamiliesTrain, DeepseekV3UnderEveryLayoutItSupports) {
   EXPECT_TRUE(ref.count("layers.1.attention.wkv_b.weight"));
 }
 
+// A Llama with biases (attention_bias and mlp_bias, from its config.json): the column-wise split
+// layers hold their rows' biases, the row-wise ones (wo, w2) the whole bias, added once after the
+// reduction (its gradient summed over tp under sequence parallelism).
+TEST(ModelFamiliesTrain, LlamaWithBiasesUnderEveryLayout) {
+  const nlohmann::json config = {{"model_type", "llama"},    {"hidden_size", 64},      {"intermediate_size", 96},
+                                 {"num_attention_heads", 4}, {"num_key_value_heads", 2}, {"num_hidden_layers", 2},
+                                 {"vocab_size", 2048},       {"rms_norm_eps", 1e-5},   {"rope_theta", 10000.0},
+                                 {"attention_bias", true},   {"mlp_bias", true},       {"tie_word_embeddings", false}};
+  std::vector<Layout> runs = layouts();
+  runs.push_back({"tp2_without_sequence_parallel",
+                  {"--parallelism.tensor_parallel_degree", "2", "--parallelism.enable_sequence_parallel", "false"}});
+  runs.push_back({"tp2_async", {"--parallelism.tensor_parallel_degree", "2", "--parallelism.enable_async_tensor_parallel"}});
+  runs.push_back({"pp2", {"--parallelism.pipeline_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "1"}});
+  runs.push_back({"tp2_fsdp2_full_ac", {"--parallelism.tensor_parallel_degree", "2", "--training.local_batch_size", "4",
+                                        "--activation_checkpoint.mode", "full"}, 4});
+  const safetensors::Tensors ref =
+      expect_layouts_train_as_one_process("llama2_debugmodel.toml", {"--model.flavor", config.dump()}, runs);
+  ASSERT_FALSE(ref.empty());
+  // The biases trained (initialized to zeros; each moved).
+  for (const char* name : {"layers.1.attention.wo.bias", "layers.1.attention.wq.bias", "layers.1.feed_forward.w2.bias"}) {
+    ASSERT_TRUE(ref.count(name)) << name;
+    EXPECT_GT(ref.at(name).abs().max().item<double>(), 0.0) << name;
+  }
+}
+
 TEST(ModelFamiliesTrain, Llama2DebugModelUnderEveryLayout) {
   std::vector<Layout> runs = layouts();
   runs[0].args.push_back("--training.enable_cpu_offload");

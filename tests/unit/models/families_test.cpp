@@ -122,7 +122,7 @@ TEST(ModelFamilies, ShippedConfigsFitTheLayoutTheirHeadersName) {
 // Against transformers
 
 // A titan model of `flavor` with random weights (norms too, so that a norm weight in the wrong
-// place or order shows).
+// place or order shows), and biases (zeros when initialized) random too.
 LanguageModel random_model(const std::string& model, const std::string& flavor) {
   LanguageModel m = model_spec(model).build(flavor, at::TensorOptions().dtype(at::kFloat), 128);
   m->init_weights(7);
@@ -130,6 +130,8 @@ LanguageModel random_model(const std::string& model, const std::string& flavor) 
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(11);
   for (auto& p : m->named_parameters())
     if (p.key().find("norm") != std::string::npos) p.value().copy_(1 + 0.3 * at::randn(p.value().sizes(), gen));
+    else if (p.key().size() > 5 && p.key().compare(p.key().size() - 5, 5, ".bias") == 0)
+      p.value().copy_(0.1 * at::randn(p.value().sizes(), gen));
   return m;
 }
 
@@ -162,6 +164,13 @@ std::vector<GradCase> grad_cases() {
                              {"low_freq_factor", 1.0},
                              {"high_freq_factor", 4.0},
                              {"original_max_position_embeddings", 8192}};
+  // Biases (transformers' attention_bias, and Llama's mlp_bias), with a tied Llama.
+  nlohmann::json llama_biased_tied = llama31;
+  llama_biased_tied["attention_bias"] = true;
+  llama_biased_tied["mlp_bias"] = true;
+  llama_biased_tied["tie_word_embeddings"] = true;
+  nlohmann::json qwen3_biased = qwen3_untied;
+  qwen3_biased["attention_bias"] = true;
   // Qwen3-MoE (model.name qwen3 reads it): a dense layer, then a layer of 8 experts, 2 per token,
   // which transformers stores one tensor per expert and titan stacks.
   nlohmann::json qwen3_moe = qwen3_untied;
@@ -185,7 +194,8 @@ std::vector<GradCase> grad_cases() {
       {"rope_scaling", {{"rope_type", "yarn"}, {"factor", 40.0}, {"original_max_position_embeddings", 4096},
                         {"beta_fast", 32.0}, {"beta_slow", 1.0}, {"mscale", 1.0}, {"mscale_all_dim", 1.0}}}};
   return {{"qwen3", qwen3},         {"qwen3", qwen3_untied}, {"llama2", llama2},
-          {"llama3", llama31},      {"qwen3", qwen3_moe},    {"deepseek_v3", deepseek_v3}};
+          {"llama3", llama31},      {"qwen3", qwen3_moe},    {"deepseek_v3", deepseek_v3},
+          {"llama2", llama_biased_tied}, {"qwen3", qwen3_biased}};
 }
 
 TEST(ModelFamilies, LogitsLossAndEveryGradientEqualTransformers) {
@@ -358,7 +368,8 @@ TEST(ModelFamilies, ConfigFieldsTitanCannotHonourAreNamed) {
   test::TempDir dir;
   const nlohmann::json base = grad_cases()[0].config;  // qwen3
   const std::vector<std::tuple<std::string, nlohmann::json, std::string>> bad = {
-      {"attention_bias", true, "attention_bias is true"},
+      {"mlp_bias", true, "mlp_bias is true"},  // Qwen3's feed-forwards have no biases
+      {"attention_bias", "yes", "attention_bias is \"yes\""},
       {"use_sliding_window", true, "use_sliding_window is true"},
       {"hidden_act", "gelu", "hidden_act is \"gelu\""},
       {"model_type", "llama", "model_type is \"llama\""},

@@ -26,12 +26,13 @@ DecoderBlockImpl::DecoderBlockImpl(int64_t layer_id, const DecoderArgs& args, co
                                               args.yarn ? yarn_scaling(*args.yarn).softmax_scale() : 1.0, opts));
   } else {
     attention = register_module(
-        "attention", nn::Attention(args.dim, args.n_heads, args.kv_heads(), args.head_dim(), qk_norm_eps, opts));
+        "attention", nn::Attention(args.dim, args.n_heads, args.kv_heads(), args.head_dim(), qk_norm_eps, opts,
+                                   args.attention_bias));
   }
   if (args.is_moe_layer(layer_id))
     moe = register_module("moe", nn::MoE(moe_options(args), opts));
   else
-    feed_forward = register_module("feed_forward", nn::FeedForward(args.dim, args.ffn_hidden_dim(), opts));
+    feed_forward = register_module("feed_forward", nn::FeedForward(args.dim, args.ffn_hidden_dim(), opts, args.mlp_bias));
   attention_norm = register_module("attention_norm", nn::RMSNorm(args.dim, args.norm_eps, opts));
   ffn_norm = register_module("ffn_norm", nn::RMSNorm(args.dim, args.norm_eps, opts));
 }
@@ -158,6 +159,8 @@ void DecoderImpl::init_elements(uint64_t seed, const std::string& name, at::Tens
   };
   if (ends_with("norm.weight")) {
     init::ones(rows);
+  } else if (ends_with(".bias")) {  // attention_bias / mlp_bias: zeros, as transformers initializes them
+    init::zeros(rows);
   } else if (name == "tok_embeddings.weight" && !args_.tie_embeddings) {
     init::normal(rows, seed, name, first, 0.0, 1.0);
   } else if (name == "tok_embeddings.weight" || name == "output.weight") {

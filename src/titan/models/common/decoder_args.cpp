@@ -26,6 +26,7 @@ void DecoderArgs::validate() const {
                      "model: multi-head latent attention needs kv_lora_rank > 0, an even qk_rope_head_dim > 0, "
                      "qk_nope_head_dim >= 0, q_lora_rank >= 0 and 0 < v_head_dim <= qk_nope_head_dim + qk_rope_head_dim");
     TITAN_USER_CHECK(!rope_scaling, "model: multi-head latent attention scales RoPE with YaRN, not Llama 3.1's scaling");
+    TITAN_USER_CHECK(!attention_bias, "model: multi-head latent attention has no attention biases (attention_bias)");
   } else {
     TITAN_USER_CHECK(attention_head_dim > 0 || dim % n_heads == 0, "model: dim ", dim, " is not divisible by n_heads ",
                      n_heads, " (or set head_dim)");

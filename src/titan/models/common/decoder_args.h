@@ -79,6 +79,8 @@ struct DecoderArgs {
   int64_t max_seq_len = 131072;  // longest sequence RoPE is defined for
   bool tie_embeddings = false;   // output projection shares tok_embeddings.weight
   bool qk_norm = false;          // per-head RMSNorm of q and k before RoPE (Qwen3)
+  bool attention_bias = false;   // biases on wq, wk, wv and wo (transformers' attention_bias)
+  bool mlp_bias = false;         // biases on the dense feed-forwards' w1, w2, w3 (transformers' mlp_bias)
   bool depth_init = true;        // output projections' init std shrinks with layer depth
   std::optional<DecoderMoE> moe;  // mixture-of-experts feed-forward (in layers from moe->n_dense_layers)
   std::optional<DecoderMLA> mla;  // multi-head latent attention (n_kv_heads and head_dim then unused)

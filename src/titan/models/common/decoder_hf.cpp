@@ -20,6 +20,9 @@ const Names& attention_names() {
       {"attention.wq.weight", "self_attn.q_proj.weight"},     {"attention.wk.weight", "self_attn.k_proj.weight"},
       {"attention.wv.weight", "self_attn.v_proj.weight"},     {"attention.wo.weight", "self_attn.o_proj.weight"},
       {"attention.q_norm.weight", "self_attn.q_norm.weight"}, {"attention.k_norm.weight", "self_attn.k_norm.weight"},
+      // attention_bias
+      {"attention.wq.bias", "self_attn.q_proj.bias"},         {"attention.wk.bias", "self_attn.k_proj.bias"},
+      {"attention.wv.bias", "self_attn.v_proj.bias"},         {"attention.wo.bias", "self_attn.o_proj.bias"},
   };
   return names;
 }
@@ -41,6 +44,9 @@ const Names& block_names() {
       {"feed_forward.w1.weight", "mlp.gate_proj.weight"},   {"feed_forward.w2.weight", "mlp.down_proj.weight"},
       {"feed_forward.w3.weight", "mlp.up_proj.weight"},     {"attention_norm.weight", "input_layernorm.weight"},
       {"ffn_norm.weight", "post_attention_layernorm.weight"},
+      // mlp_bias
+      {"feed_forward.w1.bias", "mlp.gate_proj.bias"},       {"feed_forward.w2.bias", "mlp.down_proj.bias"},
+      {"feed_forward.w3.bias", "mlp.up_proj.bias"},
   };
   return names;
 }
@@ -139,9 +145,13 @@ StateDict convert(const StateDict& in, const DecoderArgs& args, const HFDialect&
         if (suffix != (to_hf ? t : h)) continue;
         mapped = to_hf ? "model.layers." + layer + "." + h : "layers." + layer + "." + t;
         if (args.mla) break;  // stored as titan holds it (RoPE pairs interleaved in both)
-        const int64_t heads = t == "attention.wq.weight" ? args.n_heads
-                              : t == "attention.wk.weight" ? args.kv_heads() : 0;
-        if (heads) value = to_hf ? interleaved_to_halves(tensor, heads) : halves_to_interleaved(tensor, heads);
+        const int64_t heads = t == "attention.wq.weight" || t == "attention.wq.bias"   ? args.n_heads
+                              : t == "attention.wk.weight" || t == "attention.wk.bias" ? args.kv_heads()
+                                                                                       : 0;
+        // A q/k bias is one entry per row of its projection: its rows move with them.
+        const at::Tensor rows = tensor.dim() == 1 ? tensor.reshape({-1, 1}) : tensor;
+        if (heads)
+          value = (to_hf ? interleaved_to_halves(rows, heads) : halves_to_interleaved(rows, heads)).reshape(tensor.sizes());
         // A QK-norm weight scales the head's elements before the rotation: it follows the same order.
         if (t == "attention.q_norm.weight" || t == "attention.k_norm.weight") {
           const at::Tensor column = tensor.reshape({-1, 1});
@@ -271,7 +281,7 @@ std::string config_json(const DecoderArgs& args, const HFDialect& dialect, at::S
       {"max_position_embeddings", args.max_seq_len},
       {"vocab_size", args.vocab_size},
       {"tie_word_embeddings", args.tie_embeddings},
-      {"attention_bias", false},
+      {"attention_bias", args.attention_bias},
       {"torch_dtype", torch_dtype_name(dtype)},
       {"initializer_range", 0.02},
   };
@@ -295,7 +305,7 @@ std::string config_json(const DecoderArgs& args, const HFDialect& dialect, at::S
     cfg["output_router_logits"] = m.aux_loss_coeff > 0;
     cfg["router_aux_loss_coef"] = m.aux_loss_coeff > 0 ? m.aux_loss_coeff : 0.001;
   }
-  if (dialect.model_type == "llama") cfg["mlp_bias"] = false;
+  if (dialect.model_type == "llama") cfg["mlp_bias"] = args.mlp_bias;
   if (dialect.model_type == "qwen3") {  // and qwen3_moe
     cfg["use_sliding_window"] = false;
     cfg["sliding_window"] = nullptr;
@@ -472,9 +482,16 @@ DecoderArgs decoder_args_from_hf_config(const std::string& text, const HFDialect
                    " does not divide num_attention_heads ", a.n_heads);
   const nlohmann::json act = c.field("hidden_act", "silu");
   if (act != "silu") c.fail("hidden_act", act, "\"silu\" (SwiGLU feed-forward)");
-  for (const char* bias : {"attention_bias", "mlp_bias"}) {
-    const nlohmann::json v = c.field(bias, false);
-    if (v != false) c.fail(bias, v, "false (titan's decoder has no biases)");
+  const nlohmann::json attention_bias = c.field("attention_bias", false);
+  if (!attention_bias.is_boolean()) c.fail("attention_bias", attention_bias, "true or false");
+  a.attention_bias = attention_bias.get<bool>();
+  // mlp_bias: LlamaMLP's; Qwen3's feed-forwards have no biases whatever the field says.
+  const nlohmann::json mlp_bias = c.field("mlp_bias", false);
+  if (dialect.model_type == "llama") {
+    if (!mlp_bias.is_boolean()) c.fail("mlp_bias", mlp_bias, "true or false");
+    a.mlp_bias = mlp_bias.get<bool>();
+  } else if (mlp_bias != false) {
+    c.fail("mlp_bias", mlp_bias, "false (" + dialect.architecture + "'s feed-forwards have no biases)");
   }
   const nlohmann::json dropout = c.field("attention_dropout", 0.0);
   if (!dropout.is_number() || dropout.get<double>() != 0.0)
@@ -618,6 +635,9 @@ std::string config_mismatch(const DecoderArgs& args, const HFDialect& dialect, c
     return differs("tie_word_embeddings", got.tie_embeddings, args.tie_embeddings);
   if (!close(got.norm_eps, args.norm_eps)) return differs("rms_norm_eps", got.norm_eps, args.norm_eps);
   if (got.qk_norm != args.qk_norm) return differs("model_type", dialect.model_type, args.qk_norm ? "qwen3" : "llama");
+  if (got.attention_bias != args.attention_bias)
+    return differs("attention_bias", got.attention_bias, args.attention_bias);
+  if (got.mlp_bias != args.mlp_bias) return differs("mlp_bias", got.mlp_bias, args.mlp_bias);
   if (!close(got.rope_theta, args.rope_theta)) return differs("rope_theta", got.rope_theta, args.rope_theta);
   if (got.rope_scaling.has_value() != args.rope_scaling.has_value())
     return differs("rope_scaling.rope_type", got.rope_scaling ? "llama3" : "default",
