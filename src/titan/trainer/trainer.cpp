@@ -124,6 +124,178 @@ Trainer::Trainer(JobConfig cfg, const std::function<void()>& preflight) : cfg_(s
   mem::PhaseScope setup_phase(mem::Phase::Setup);  // parameters, buffers, data structures
 
   // ---- processes, mesh, device, seed, determinism, precision
+  set_up_process();
+  const Precision precision = resolve_precision();
+
+  // ---- cheap checks before anything expensive (the model's build, its memory)
+  check_before_build();
+
+  if (preflight) on_every_rank(preflight, "pass the pre-flight memory check");
+
+  // ---- tokenizer and model
+  {
+    const auto tokenizer_start = Clock::now();
+    tokenizer_ = load_tokenizer(cfg_.model.hf_assets_path);
+    char line[256];
+    std::snprintf(line, sizeof line, "Tokenizer: %s, vocabulary %lld (%.2f s)", cfg_.model.hf_assets_path.c_str(),
+                  static_cast<long long>(tokenizer_->vocab_size()),
+                  std::chrono::duration<double>(Clock::now() - tokenizer_start).count());
+    log_info(line);
+  }
+  const ModelSpec& spec = model_spec(cfg_.model.name);
+  log_info("Model " + cfg_.model.name + " " + cfg_.model.flavor + ": building, initializing and sharding it on " +
+           device_.str() + " ...");
+  float8_ = float8_conversion(cfg_, dims_->tp());  // its options checked before the model is built
+  const auto model_start = Clock::now();  // build, initialization and sharding: for the start-up line
+  // Long enough for the validation sequences too (the RoPE table is built per sequence length).
+  const int64_t max_seq_len = std::max(tr.seq_len, cfg_.validation.enable ? cfg_.validation.seq_len : int64_t{0});
+  {
+    // Parameters get memory and values only once their layout is known: FSDP fills each rank's
+    // rows of a unit while sharding it, the other layouts each rank's local tensor (a TP shard or
+    // the whole parameter) when the data-parallel layer finishes.
+    DeferAllocation defer;
+    model_ = spec.build(cfg_.model.flavor, at::TensorOptions().device(device_).dtype(precision.param_dtype), max_seq_len);
+  }
+  // Model converters (float8) before the parallelisms, as torchtitan applies them.
+  convert_to_float8(*model_, float8_, cfg_.float8);
+  check_float8_on_cuda();
+  model_record_ = checkpoint::model_record(spec, cfg_.model.flavor);
+  const int64_t vocab = model_->vocab_size();
+  TITAN_USER_CHECK(tokenizer_->vocab_size() <= vocab, "the tokenizer at ", cfg_.model.hf_assets_path, " has ",
+                   tokenizer_->vocab_size(), " tokens but model ", cfg_.model.name, " ", cfg_.model.flavor,
+                   " has a vocabulary of ", vocab, ": choose the flavor's tokenizer with --model.hf_assets_path");
+
+  // ---- parallelisms, applied by the model's parallelize function
+  const dist::DataParallelOptions dpo = apply_parallelisms(spec, precision, max_seq_len);
+  const double model_seconds = std::chrono::duration<double>(Clock::now() - model_start).count();
+  const std::vector<std::pair<std::string, at::Tensor>> named = collect_parameters();
+
+  // ---- optimizer and learning-rate schedule
+  optimizer_ = std::make_unique<Optimizer>(named, optimizer_options(cfg_.optimizer));
+  lr_schedule_ = std::make_unique<LRSchedule>(lr_schedule_options(cfg_.lr_scheduler),
+                                              cfg_.lr_scheduler.total_steps.value_or(tr.steps));
+
+  // ---- data: each data-parallel rank reads its local_batch_size part of every global batch, in
+  // gradient_accumulation_steps micro-batches
+  const int64_t dp = dims_->dp_size();
+  const int64_t global_batch = tr.global_batch_size < 0 ? tr.local_batch_size * dp : tr.global_batch_size;
+  grad_accum_steps_ = global_batch / (tr.local_batch_size * dp);
+  set_up_moe_aux_loss();
+  dataloader_ = data::make_dataloader(data::data_config(tr, (*mesh_)["dp"].rank(), static_cast<int>(dp)), *tokenizer_);
+
+  // ---- metrics
+  metrics::MetricsOptions mo = metrics::metrics_options(cfg_.metrics, cfg_.job, tr.steps);
+  mo.device = device_;
+  mo.rank = env_.rank;
+  mo.non_data_parallel_size = dims_->non_data_parallel_size();
+  metrics_ = std::make_unique<metrics::MetricsLogger>(mo);
+
+  // ---- profiler traces and memory snapshots at the configured steps
+  if (std::optional<metrics::ProfilerOptions> po = metrics::profiler_options(cfg_.profiling, cfg_.job)) {
+    po->rank = env_.rank;
+    po->device = device_;
+    po->log = [this](const std::string& line) { log_info(line); };
+    profiler_ = std::make_unique<metrics::Profiler>(*po);
+  }
+
+  // ---- what this run is, for the log
+  int64_t float8_gathered = 0;
+  for (const auto& d : data_parallel_)
+    if (d->fsdp()) float8_gathered += d->fsdp()->num_float8_gathered();
+  precompute_float8_scales_ =
+      dpo.fsdp.float8_all_gather && float8_gathered > 0 && cfg_.float8.precompute_float8_dynamic_scale_for_fsdp;
+  log_run(model_seconds, global_batch, dpo.fsdp.float8_all_gather, float8_gathered);
+
+  set_up_validation();
+
+  // ---- checkpoints: resume from the latest one in the folder (or the initial load)
+  set_up_checkpointing();
+  // Set up: the run's config and the start of its records (a run that fails before this leaves the
+  // folder's earlier records alone).
+  if (env_.rank == 0) std::ofstream(saved_config_path()) << to_toml(cfg_);
+  metrics_->record_start(step_);
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "Start-up: %.2f s (the model's build, initialization and sharding %.2f s)",
+                seconds_since_process_start(), model_seconds);
+  log_info(buf);
+}
+
+
+// fp32 master weights. On CUDA, mixed_precision_param bfloat16 computes in bf16: FSDP all-gathers
+// bf16 parameters; without FSDP the forward runs under bf16 autocast (as torchtitan does).
+Trainer::Precision Trainer::resolve_precision() {
+  const auto& tr = cfg_.training;
+  Precision p;
+  p.param_dtype = tr.dtype == "bfloat16" ? at::kBFloat16 : at::kFloat;
+  p.bf16_compute = device_.is_cuda() && tr.mixed_precision_param == "bfloat16" && p.param_dtype == at::kFloat;
+  // CPU offload keeps FSDP's shards in CPU memory: it shards over dp_shard_cp even when that is one
+  // rank (one GPU, or replicas only), as torchtitan's fully_shard with an offload policy does.
+  p.use_fsdp = dims_->fsdp_enabled() || tr.enable_cpu_offload;
+  TITAN_USER_CHECK(!p.use_fsdp || p.param_dtype == at::kFloat, "training.dtype bfloat16 with FSDP",
+                   tr.enable_cpu_offload ? " (CPU offload shards with FSDP)" : "",
+                   dims_->cp() > 1 ? " (context parallelism shards the parameters over dp_shard x cp with FSDP)" : "",
+                   " is not supported; FSDP keeps fp32 shards (use float32)");
+  bf16_autocast_ = p.bf16_compute && !p.use_fsdp;
+  return p;
+}
+
+// Tensor parallelism inside, FSDP/HSDP/DDP/none outside, through the model's parallelize function
+// (or its pipeline stages'); every parameter's values depend on (seed, name) only, whatever the
+// layout. Returns the data-parallel options used.
+dist::DataParallelOptions Trainer::apply_parallelisms(const ModelSpec& spec, const Precision& precision,
+                                                      int64_t max_seq_len) {
+  const auto& tr = cfg_.training;
+  const auto& par = cfg_.parallelism;
+  const uint64_t seed = this->seed();
+  dist::DataParallelOptions dpo = dist::data_parallel_options(par, tr, dims_->pp() > 1, precision.bf16_compute);
+  dpo.fsdp.float8_all_gather = float8_.recipe && cfg_.float8.enable_fsdp_float8_all_gather;
+  // A large model's initialization takes a while (a 1B model about 15 s on a CPU): a line every 5 s
+  // says which layer it has reached.
+  std::vector<std::string> parameter_names;
+  for (const auto& p : model_->named_parameters()) parameter_names.push_back(p.key());
+  auto init_progress = std::make_shared<PhaseProgress>(
+      "Model: initializing", count_layers(parameter_names), 5.0, [this](const std::string& line) { log_info(line); });
+  auto make_data_parallel = [&, seed, init_progress] {
+    return std::make_unique<dist::DataParallel>(
+        (*mesh_)["dp_shard_cp"], (*mesh_)["dp_replicate"], dpo,
+        [this, seed, init_progress](const std::string& name, at::Tensor out, const std::vector<int64_t>& begin) {
+          init_progress->reached(name);
+          model_->init_region(seed, name, std::move(out), begin);
+        },
+        mesh_->device(), dims_->ep() > 1 ? &(*mesh_)["efsdp"] : nullptr);
+  };
+  if (dims_->tp() > 1) {
+    const dist::TensorParallelOptions tpo = dist::tensor_parallel_options(par);
+    dist::check_sequence_length(tr.seq_len, dims_->tp(), tpo.sequence_parallel);
+    tensor_parallel_ = std::make_unique<dist::TensorParallel>((*mesh_)["tp"], tpo);
+  }
+  if (dims_->cp() > 1) {
+    const auto cpo = dist::context_parallel_options(par.context_parallel_load_balancer, par.context_parallel_rotate_method);
+    dist::check_context_parallel_sequence(tr.seq_len, dims_->cp(), cpo.load_balance, dims_->tp(),
+                                          dims_->tp() > 1 && par.enable_sequence_parallel);
+    context_parallel_ = std::make_unique<dist::ContextParallel>((*mesh_)["cp"], cpo);
+  }
+  if (dims_->ep() > 1) expert_parallel_ = std::make_unique<dist::ExpertParallel>((*mesh_)["ep"]);
+  TITAN_ASSERT(spec.parallelize, "model ", spec.name, " has no parallelize function");
+  ParallelizeContext pctx;
+  pctx.tensor_parallel = tensor_parallel_.get();
+  pctx.context_parallel = context_parallel_.get();
+  pctx.expert_parallel = expert_parallel_.get();
+  set_activation_checkpointing(pctx, cfg_.activation_checkpoint);
+  if (dims_->pp() > 1) {
+    // The whole model above holds only shapes (for initialization and the figures); the stages hold
+    // the parameters. Hidden states cross between stages in the compute dtype (FSDP's param_dtype).
+    set_up_pipeline(spec, pctx, make_data_parallel, at::TensorOptions().device(device_).dtype(precision.param_dtype),
+                    max_seq_len, precision.use_fsdp ? dpo.fsdp.param_dtype : precision.param_dtype);
+  } else {
+    data_parallel_.push_back(make_data_parallel());
+    pctx.data_parallel = data_parallel_[0].get();
+    parallelized_ = spec.parallelize(*model_, pctx);
+  }
+  return dpo;
+}
+
+void Trainer::set_up_process() {
   fault::check_environment();
   // One run per dump folder, held by rank 0 from before the other ranks meet it (a refused run
   // stops there; the launcher stops the other ranks).
@@ -143,8 +315,7 @@ Trainer::Trainer(JobConfig cfg, const std::function<void()>& preflight) : cfg_(s
     preemption_ballot_ = at::zeros({1}, at::kInt);
   }
   // What this run is, said as start-up goes (each phase logs when it is done, with its time).
-  const std::string saved_config = cfg_.job.dump_folder + "/" +
-                                   (cfg_.job.save_config_file.empty() ? "config.toml" : cfg_.job.save_config_file);
+  const std::string saved_config = saved_config_path();
   log_info("Starting job: " + cfg_.job.description);
   log_info("Processes: " + dist::describe(env_) + "; parallelism " + dims_->describe());
   if (cfg_.job.print_config && env_.rank == 0) {
@@ -153,8 +324,7 @@ Trainer::Trainer(JobConfig cfg, const std::function<void()>& preflight) : cfg_(s
     log_info("Config (differences from the defaults; full config in " + saved_config + "):\n" + config_changes(cfg_));
   }
   for (const auto& w : config_warnings(cfg_)) log_warning(w);
-  const uint64_t seed = static_cast<uint64_t>(cfg_.debug.seed.value_or(0));
-  at::manual_seed(seed);
+  at::manual_seed(seed());
   if (cfg_.debug.deterministic) {
     // cuBLAS reproducible only with a fixed workspace: without it deterministic mode throws at the
     // first CUDA matmul. Read when cuBLAS creates its handle (not yet: no matmul has run); a value
@@ -164,21 +334,18 @@ Trainer::Trainer(JobConfig cfg, const std::function<void()>& preflight) : cfg_(s
     at::globalContext().setDeterministicCuDNN(true);
     at::globalContext().setBenchmarkCuDNN(false);
   }
-  // fp32 master weights. On CUDA, mixed_precision_param bfloat16 computes in bf16: FSDP all-gathers
-  // bf16 parameters; without FSDP the forward runs under bf16 autocast (as torchtitan does).
-  const at::ScalarType param_dtype = tr.dtype == "bfloat16" ? at::kBFloat16 : at::kFloat;
-  const bool bf16_compute = device_.is_cuda() && tr.mixed_precision_param == "bfloat16" && param_dtype == at::kFloat;
-  // CPU offload keeps FSDP's shards in CPU memory: it shards over dp_shard_cp even when that is one
-  // rank (one GPU, or replicas only), as torchtitan's fully_shard with an offload policy does.
-  const bool use_fsdp = dims_->fsdp_enabled() || tr.enable_cpu_offload;
-  TITAN_USER_CHECK(!use_fsdp || param_dtype == at::kFloat, "training.dtype bfloat16 with FSDP",
-                   tr.enable_cpu_offload ? " (CPU offload shards with FSDP)" : "",
-                   dims_->cp() > 1 ? " (context parallelism shards the parameters over dp_shard x cp with FSDP)" : "",
-                   " is not supported; FSDP keeps fp32 shards (use float32)");
-  bf16_autocast_ = bf16_compute && !use_fsdp;
+}
 
-  // ---- cheap checks before anything expensive (the model's build, its memory): the data's files,
-  // the batch arithmetic, the initial load path
+std::string Trainer::saved_config_path() const {
+  return cfg_.job.dump_folder + "/" + (cfg_.job.save_config_file.empty() ? "config.toml" : cfg_.job.save_config_file);
+}
+
+uint64_t Trainer::seed() const { return static_cast<uint64_t>(cfg_.debug.seed.value_or(0)); }
+
+// The data's files, the batch arithmetic, the output folders and the initial load path: mistakes
+// found in seconds, before the model's build and its memory.
+void Trainer::check_before_build() {
+  const auto& tr = cfg_.training;
   if (tr.dataset_mix.empty()) {
     (void)data::resolve_dataset(tr.dataset, tr.dataset_path, "training");
   } else {
@@ -227,35 +394,12 @@ Trainer::Trainer(JobConfig cfg, const std::function<void()>& preflight) : cfg_(s
                        c.initial_load_path, "' does not exist: give a titan checkpoint's step folder or a Hugging "
                        "Face model folder (config.json and safetensors)");
   }
+}
 
-  if (preflight) on_every_rank(preflight, "pass the pre-flight memory check");
-
-  // ---- tokenizer and model
-  {
-    const auto tokenizer_start = Clock::now();
-    tokenizer_ = load_tokenizer(cfg_.model.hf_assets_path);
-    char line[256];
-    std::snprintf(line, sizeof line, "Tokenizer: %s, vocabulary %lld (%.2f s)", cfg_.model.hf_assets_path.c_str(),
-                  static_cast<long long>(tokenizer_->vocab_size()),
-                  std::chrono::duration<double>(Clock::now() - tokenizer_start).count());
-    log_info(line);
-  }
-  const ModelSpec& spec = model_spec(cfg_.model.name);
-  log_info("Model " + cfg_.model.name + " " + cfg_.model.flavor + ": building, initializing and sharding it on " +
-           device_.str() + " ...");
-  float8_ = float8_conversion(cfg_, dims_->tp());  // its options checked before the model is built
-  const auto model_start = Clock::now();  // build, initialization and sharding: for the start-up line
-  // Long enough for the validation sequences too (the RoPE table is built per sequence length).
-  const int64_t max_seq_len = std::max(tr.seq_len, cfg_.validation.enable ? cfg_.validation.seq_len : int64_t{0});
-  {
-    // Parameters get memory and values only once their layout is known: FSDP fills each rank's
-    // rows of a unit while sharding it, the other layouts each rank's local tensor (a TP shard or
-    // the whole parameter) when the data-parallel layer finishes.
-    DeferAllocation defer;
-    model_ = spec.build(cfg_.model.flavor, at::TensorOptions().device(device_).dtype(param_dtype), max_seq_len);
-  }
-  // Model converters (float8) before the parallelisms, as torchtitan applies them.
-  convert_to_float8(*model_, float8_, cfg_.float8);
+// The weight gradient's float8 matmul sums over a rank's tokens of a micro-batch (under sequence
+// parallelism a replicated layer's, 1/tp of them): CUDA's kernels need a multiple of 16.
+void Trainer::check_float8_on_cuda() {
+  const auto& tr = cfg_.training;
   if (float8_.recipe && device_.is_cuda() && !float8_.recipe->emulate) {
     // The weight gradient's float8 matmul sums over a rank's tokens of a micro-batch (under sequence
     // parallelism a replicated layer's, 1/tp of them): CUDA's kernels need a multiple of 16.
@@ -266,61 +410,12 @@ Trainer::Trainer(JobConfig cfg, const std::function<void()>& preflight) : cfg_(s
                      " tokens per micro-batch, which float8 matmuls need a multiple of 16 of: choose training.seq_len "
                      "or the batch so that they are, or set quantize.linear.float8.emulate");
   }
-  model_record_ = checkpoint::model_record(spec, cfg_.model.flavor);
-  const int64_t vocab = model_->vocab_size();
-  TITAN_USER_CHECK(tokenizer_->vocab_size() <= vocab, "the tokenizer at ", cfg_.model.hf_assets_path, " has ",
-                   tokenizer_->vocab_size(), " tokens but model ", cfg_.model.name, " ", cfg_.model.flavor,
-                   " has a vocabulary of ", vocab, ": choose the flavor's tokenizer with --model.hf_assets_path");
+}
 
-  // ---- parallelisms, applied by the model's parallelize function: tensor parallelism inside,
-  // FSDP/HSDP/DDP/none outside (every parameter's values depend on (seed, name) only, whatever the layout)
-  const auto& par = cfg_.parallelism;
-  dist::DataParallelOptions dpo = dist::data_parallel_options(par, tr, dims_->pp() > 1, bf16_compute);
-  dpo.fsdp.float8_all_gather = float8_.recipe && cfg_.float8.enable_fsdp_float8_all_gather;
-  // A large model's initialization takes a while (a 1B model about 15 s on a CPU): a line every 5 s
-  // says which layer it has reached.
-  std::vector<std::string> parameter_names;
-  for (const auto& p : model_->named_parameters()) parameter_names.push_back(p.key());
-  auto init_progress = std::make_shared<PhaseProgress>(
-      "Model: initializing", count_layers(parameter_names), 5.0, [this](const std::string& line) { log_info(line); });
-  auto make_data_parallel = [&, seed, init_progress] {
-    return std::make_unique<dist::DataParallel>(
-        (*mesh_)["dp_shard_cp"], (*mesh_)["dp_replicate"], dpo,
-        [this, seed, init_progress](const std::string& name, at::Tensor out, const std::vector<int64_t>& begin) {
-          init_progress->reached(name);
-          model_->init_region(seed, name, std::move(out), begin);
-        },
-        mesh_->device(), dims_->ep() > 1 ? &(*mesh_)["efsdp"] : nullptr);
-  };
-  if (dims_->tp() > 1) {
-    const dist::TensorParallelOptions tpo = dist::tensor_parallel_options(par);
-    dist::check_sequence_length(tr.seq_len, dims_->tp(), tpo.sequence_parallel);
-    tensor_parallel_ = std::make_unique<dist::TensorParallel>((*mesh_)["tp"], tpo);
-  }
-  if (dims_->cp() > 1) {
-    const auto cpo = dist::context_parallel_options(par.context_parallel_load_balancer, par.context_parallel_rotate_method);
-    dist::check_context_parallel_sequence(tr.seq_len, dims_->cp(), cpo.load_balance, dims_->tp(),
-                                          dims_->tp() > 1 && par.enable_sequence_parallel);
-    context_parallel_ = std::make_unique<dist::ContextParallel>((*mesh_)["cp"], cpo);
-  }
-  if (dims_->ep() > 1) expert_parallel_ = std::make_unique<dist::ExpertParallel>((*mesh_)["ep"]);
-  TITAN_ASSERT(spec.parallelize, "model ", spec.name, " has no parallelize function");
-  ParallelizeContext pctx;
-  pctx.tensor_parallel = tensor_parallel_.get();
-  pctx.context_parallel = context_parallel_.get();
-  pctx.expert_parallel = expert_parallel_.get();
-  set_activation_checkpointing(pctx, cfg_.activation_checkpoint);
-  if (dims_->pp() > 1) {
-    // The whole model above holds only shapes (for initialization and the figures); the stages hold
-    // the parameters. Hidden states cross between stages in the compute dtype (FSDP's param_dtype).
-    set_up_pipeline(spec, pctx, make_data_parallel, at::TensorOptions().device(device_).dtype(param_dtype), max_seq_len,
-                    use_fsdp ? dpo.fsdp.param_dtype : param_dtype);
-  } else {
-    data_parallel_.push_back(make_data_parallel());
-    pctx.data_parallel = data_parallel_[0].get();
-    parallelized_ = spec.parallelize(*model_, pctx);
-  }
-  const double model_seconds = std::chrono::duration<double>(Clock::now() - model_start).count();
+// Every parameter this rank holds (FSDP shards, TP shards, whole), in the optimizer's order, with the
+// MoE layers and the shared (tied) parameters' positions.
+std::vector<std::pair<std::string, at::Tensor>> Trainer::collect_parameters() {
+  std::vector<std::pair<std::string, at::Tensor>> named;
   if (dims_->pp() > 1) {
     for (const LanguageModel& stage : stage_models_)
       for (auto& layer : stage->moe_layers()) moe_layers_.push_back(layer);
@@ -328,7 +423,6 @@ Trainer::Trainer(JobConfig cfg, const std::function<void()>& preflight) : cfg_(s
     moe_layers_ = model_->moe_layers();
   }
   moe_model_ = !model_->moe_layers().empty();  // the whole model's (a pipeline stage may hold none)
-  std::vector<std::pair<std::string, at::Tensor>> named;
   for (const auto& dp : data_parallel_) {
     params_.insert(params_.end(), dp->parameters().begin(), dp->parameters().end());
     for (auto& p : dp->named_parameters()) named.push_back(std::move(p));
@@ -341,38 +435,11 @@ Trainer::Trainer(JobConfig cfg, const std::function<void()>& preflight) : cfg_(s
   if (!shared_gradients_.empty())
     for (const auto& p : params_)
       if (!is_shared_copy(p.name)) norm_params_.push_back(p);
+  return named;
+}
 
-  // ---- optimizer and learning-rate schedule
-  optimizer_ = std::make_unique<Optimizer>(named, optimizer_options(cfg_.optimizer));
-  lr_schedule_ = std::make_unique<LRSchedule>(lr_schedule_options(cfg_.lr_scheduler),
-                                              cfg_.lr_scheduler.total_steps.value_or(tr.steps));
-
-  // ---- data: each data-parallel rank reads its local_batch_size part of every global batch, in
-  // gradient_accumulation_steps micro-batches
-  const int64_t dp = dims_->dp_size();
-  const int64_t global_batch = tr.global_batch_size < 0 ? tr.local_batch_size * dp : tr.global_batch_size;
-  grad_accum_steps_ = global_batch / (tr.local_batch_size * dp);
-  set_up_moe_aux_loss();
-  dataloader_ = data::make_dataloader(data::data_config(tr, (*mesh_)["dp"].rank(), static_cast<int>(dp)), *tokenizer_);
-
-  // ---- metrics
-  metrics::MetricsOptions mo = metrics::metrics_options(cfg_.metrics, cfg_.job, tr.steps);
-  mo.device = device_;
-  mo.rank = env_.rank;
-  mo.non_data_parallel_size = dims_->non_data_parallel_size();
-  metrics_ = std::make_unique<metrics::MetricsLogger>(mo);
-
-  // ---- profiler traces and memory snapshots at the configured steps
-  if (std::optional<metrics::ProfilerOptions> po = metrics::profiler_options(cfg_.profiling, cfg_.job)) {
-    po->rank = env_.rank;
-    po->device = device_;
-    po->log = [this](const std::string& line) { log_info(line); };
-    profiler_ = std::make_unique<metrics::Profiler>(*po);
-  }
-
-  // ---- what this run is, for the log; the resolved config goes to dump_folder
-  std::filesystem::create_directories(cfg_.job.dump_folder);
-  const std::string& saved = saved_config;
+void Trainer::log_run(double model_seconds, int64_t global_batch, bool float8_all_gather, int64_t float8_gathered) {
+  const auto& tr = cfg_.training;
   log_info("Parallelism: " + dims_->describe() +
            (data_parallel_[0]->kind() != "none" ? " (" + data_parallel_[0]->kind() + ")" : "") +
            (tensor_parallel_ ? std::string(" (TP") + (tensor_parallel_->options().sequence_parallel ? ", sequence parallel" : "") +
@@ -397,13 +464,9 @@ Trainer::Trainer(JobConfig cfg, const std::function<void()>& preflight) : cfg_(s
                 device_.str().c_str(), bf16_autocast_ ? ", bf16 autocast" : "", model_seconds);
   log_info(buf);
   if (float8_.recipe || float8_.grouped_recipe) log_info(describe(float8_));
-  if (dpo.fsdp.float8_all_gather) {
-    int64_t gathered = 0;
-    for (const auto& dp : data_parallel_)
-      if (dp->fsdp()) gathered += dp->fsdp()->num_float8_gathered();
-    if (gathered > 0) {
-      precompute_float8_scales_ = cfg_.float8.precompute_float8_dynamic_scale_for_fsdp;
-      log_info("float8 all-gather: FSDP gathers " + std::to_string(gathered) + " float8 weights in float8 (" +
+  if (float8_all_gather) {
+    if (float8_gathered > 0) {
+      log_info("float8 all-gather: FSDP gathers " + std::to_string(float8_gathered) + " float8 weights in float8 (" +
                (precompute_float8_scales_ ? "scales precomputed after each optimizer step with one all-reduce"
                                           : "scales from an all-reduce of their amaxes at each unit's first gather of a micro-batch") + ")");
     } else {
@@ -426,18 +489,6 @@ Trainer::Trainer(JobConfig cfg, const std::function<void()>& preflight) : cfg_(s
   log_info("Training " + std::to_string(tr.steps) + " steps: local batch " + std::to_string(tr.local_batch_size) +
            ", global batch " + std::to_string(global_batch) + ", gradient accumulation steps " +
            std::to_string(grad_accum_steps_) + ", sequence length " + std::to_string(tr.seq_len));
-
-  set_up_validation();
-
-  // ---- checkpoints: resume from the latest one in the folder (or the initial load)
-  set_up_checkpointing();
-  // Set up: the run's config and the start of its records (a run that fails before this leaves the
-  // folder's earlier records alone).
-  if (env_.rank == 0) std::ofstream(saved) << to_toml(cfg_);
-  metrics_->record_start(step_);
-  std::snprintf(buf, sizeof buf, "Start-up: %.2f s (the model's build, initialization and sharding %.2f s)",
-                seconds_since_process_start(), model_seconds);
-  log_info(buf);
 }
 
 at::Tensor Trainer::loss_of(const at::Tensor& logits_BSV, const at::Tensor& labels_BS, int64_t step,

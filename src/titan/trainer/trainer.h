@@ -161,6 +161,21 @@ class Trainer {
   // Ends the run after the agreed step: its checkpoint saved (with checkpoint.enable), a log line
   // naming it, then Preempted (exit code kExitPreempted). `saved_now`: this step's save was issued.
   [[noreturn]] void stop_for_preemption(int sig, bool saved_now);
+  // ---- start-up, in the constructor's order
+  void set_up_process();  // the dump folder's lock, preemption, processes and mesh, the first log lines, seed
+  std::string saved_config_path() const;
+  uint64_t seed() const;
+  struct Precision {
+    at::ScalarType param_dtype = at::kFloat;
+    bool bf16_compute = false;  // CUDA and mixed_precision_param bfloat16
+    bool use_fsdp = false;      // FSDP (or CPU offload, which shards with it)
+  };
+  Precision resolve_precision();
+  void check_before_build();
+  void check_float8_on_cuda();
+  dist::DataParallelOptions apply_parallelisms(const ModelSpec& spec, const Precision& precision, int64_t max_seq_len);
+  std::vector<std::pair<std::string, at::Tensor>> collect_parameters();
+  void log_run(double model_seconds, int64_t global_batch, bool float8_all_gather, int64_t float8_gathered);
   void save_checkpoint_at_step();  // the periodic save, or the last one (model only / Hugging Face)  // the checkpointer, then the resume (or initial load) if there is one
   // The tensors of a checkpoint by checkpoint name: "model.<param>", "optimizer.<param>.exp_avg", ...
   // saving: without the copies of shared parameters that another rank writes (is_shared_copy).

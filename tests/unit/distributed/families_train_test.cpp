@@ -118,6 +118,12 @@ TEST(ModelFamiliesTrain, Qwen3DebugModelUnderEveryLayoutAndItsPipelineCheckpoint
                   {"--parallelism.pipeline_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "2",
                    "--training.local_batch_size", "2", "--parallelism.pipeline_parallel_microbatch_size", "1"},
                   4});
+  // HSDP (2 replicas of 2 shards) with CPU offload and full activation checkpointing.
+  runs.push_back({"hsdp2x2_offload_full_ac",
+                  {"--parallelism.data_parallel_replicate_degree", "2", "--parallelism.data_parallel_shard_degree", "2",
+                   "--training.local_batch_size", "2", "--training.enable_cpu_offload", "--activation_checkpoint.mode",
+                   "full"},
+                  4});
   const safetensors::Tensors ref = expect_layouts_train_as_one_process("qwen3_debugmodel.toml", {}, runs);
   ASSERT_FALSE(ref.empty());
 
@@ -484,6 +490,8 @@ TEST(ModelFamiliesTrain, LlamaWithBiasesUnderEveryLayout) {
   runs.push_back({"pp2", {"--parallelism.pipeline_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "1"}});
   runs.push_back({"tp2_fsdp2_full_ac", {"--parallelism.tensor_parallel_degree", "2", "--training.local_batch_size", "4",
                                         "--activation_checkpoint.mode", "full"}, 4});
+  runs.push_back({"ddp2", {"--parallelism.data_parallel_replicate_degree", "2", "--parallelism.data_parallel_shard_degree",
+                           "1", "--training.local_batch_size", "4"}});
   const safetensors::Tensors ref =
       expect_layouts_train_as_one_process("llama2_debugmodel.toml", {"--model.flavor", config.dump()}, runs);
   ASSERT_FALSE(ref.empty());
