@@ -3,14 +3,14 @@
 // positions it returned (as a resume from a checkpoint does) and checks that the same text comes back.
 #include "fuzz_util.h"
 
-#include "titan/components/data/jsonl_reader.h"
+#include "titan/components/data/document_reader.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace titan;
   const std::string path = fuzz::fresh_dir() + "/data.jsonl";
   fuzz::write_file(path, std::string_view(reinterpret_cast<const char*>(data), size));
   return fuzz::run_one("jsonl", [&] {
-    data::JsonlReader reader({path}, "text");
+    data::DocumentReader reader({path}, "text");
     reader.rewind(0);
     std::vector<std::pair<std::string, data::DocPos>> docs;
     std::string text;

@@ -4,7 +4,7 @@
 #include "test_util.h"
 
 #include "titan/common/error.h"
-#include "titan/components/data/jsonl_reader.h"
+#include "titan/components/data/document_reader.h"
 
 #include <gtest/gtest.h>
 
@@ -14,7 +14,7 @@ namespace titan {
 namespace {
 
 using data::DocPos;
-using data::JsonlReader;
+using data::DocumentReader;
 
 std::vector<std::string> sample_docs() {
   std::vector<std::string> docs = {"first document", "", "second\nwith a newline and \"quotes\"", "ünïcödé ✓",
@@ -23,7 +23,7 @@ std::vector<std::string> sample_docs() {
   return docs;
 }
 
-std::vector<std::string> read_all(JsonlReader& r, std::vector<DocPos>* positions = nullptr) {
+std::vector<std::string> read_all(DocumentReader& r, std::vector<DocPos>* positions = nullptr) {
   std::vector<std::string> out;
   std::string text;
   DocPos pos;
@@ -62,7 +62,7 @@ TEST(DataJsonl, PlainGzipAndZstdReadAlike) {
   test::TempDir dir;
   auto docs = sample_docs();
   for (const auto& path : write_all_kinds(dir, docs)) {
-    JsonlReader r({path}, "text");
+    DocumentReader r({path}, "text");
     EXPECT_EQ(read_all(r), docs) << path;
   }
 }
@@ -73,7 +73,7 @@ TEST(DataJsonl, LongLinesAcrossReadChunks) {
   std::vector<std::string> docs = {std::string(1500000, 'a'), "short", std::string(2100000, 'b') + "end"};
   std::string all = test::jsonl(docs);
   test::write_file(dir / "long.jsonl.zst", test::zstd_bytes({all.substr(0, 700000), all.substr(700000)}));
-  JsonlReader r({dir / "long.jsonl.zst"}, "text");
+  DocumentReader r({dir / "long.jsonl.zst"}, "text");
   EXPECT_EQ(read_all(r), docs);
 }
 
@@ -86,7 +86,7 @@ TEST(DataJsonl, FolderFilesInSortedOrderAndOnlyDataFiles) {
   test::write_file(dir / "README.txt", "not data");
   auto files = data::list_data_files(dir.path());
   ASSERT_EQ(files.size(), 3u);
-  JsonlReader r(files, "text");
+  DocumentReader r(files, "text");
   EXPECT_EQ(read_all(r), (std::vector<std::string>{"a", "b", "c"}));
 }
 
@@ -98,9 +98,9 @@ TEST(DataJsonl, AllenaiC4LayoutPicksTheSplit) {
   test::write_gzip(dir / "en/c4-train.00000-of-00002.json.gz", {test::jsonl({"t0"})});
   test::write_gzip(dir / "en/c4-validation.00000-of-00001.json.gz", {test::jsonl({"v0"})});
   test::write_gzip(dir / "realnewslike/c4-train.00000-of-00001.json.gz", {test::jsonl({"r0"})});
-  JsonlReader train(data::list_data_files(dir.path(), "train"), "text");
+  DocumentReader train(data::list_data_files(dir.path(), "train"), "text");
   EXPECT_EQ(read_all(train), (std::vector<std::string>{"t0", "t1"}));
-  JsonlReader val(data::list_data_files(dir.path(), "validation"), "text");
+  DocumentReader val(data::list_data_files(dir.path(), "validation"), "text");
   EXPECT_EQ(read_all(val), (std::vector<std::string>{"v0"}));
 }
 
@@ -109,11 +109,11 @@ TEST(DataJsonl, SeekContinuesAtASavedPosition) {
   auto docs = sample_docs();
   auto paths = write_all_kinds(dir, docs);
   for (const auto& path : paths) {
-    JsonlReader r({path}, "text");
+    DocumentReader r({path}, "text");
     std::vector<DocPos> pos;
     read_all(r, &pos);
     for (size_t k : {size_t{0}, size_t{3}, docs.size() / 2 + 1, docs.size() - 1}) {
-      JsonlReader again({path}, "text");
+      DocumentReader again({path}, "text");
       again.seek(pos[k]);
       std::vector<DocPos> rest_pos;
       auto rest = read_all(again, &rest_pos);
@@ -122,12 +122,12 @@ TEST(DataJsonl, SeekContinuesAtASavedPosition) {
     }
   }
   // Across files, with an epoch stamp.
-  JsonlReader multi(paths, "text");
+  DocumentReader multi(paths, "text");
   multi.rewind(3);
   std::vector<DocPos> pos;
   auto all = read_all(multi, &pos);
   ASSERT_EQ(all.size(), 3 * docs.size());
-  JsonlReader again(paths, "text");
+  DocumentReader again(paths, "text");
   again.seek(pos[docs.size() + 2]);
   EXPECT_EQ(read_all(again).size(), 2 * docs.size() - 2);
   EXPECT_EQ(pos.back().epoch, 3);
@@ -143,19 +143,19 @@ TEST(DataJsonl, ClearErrors) {
 
   test::write_file(dir / "nofield.jsonl", "{\"text\": \"ok\"}\n{\"content\": \"x\", \"url\": \"u\"}\n");
   msg = expect_user_error([&] {
-    JsonlReader r({dir / "nofield.jsonl"}, "text");
+    DocumentReader r({dir / "nofield.jsonl"}, "text");
     read_all(r);
   });
   EXPECT_NE(msg.find("nofield.jsonl:2"), std::string::npos) << msg;
   EXPECT_NE(msg.find("'text'"), std::string::npos) << msg;
   EXPECT_NE(msg.find("content, url"), std::string::npos) << msg;
   // The field name is configurable.
-  JsonlReader content({dir / "nofield.jsonl"}, "content");
+  DocumentReader content({dir / "nofield.jsonl"}, "content");
   EXPECT_THROW(read_all(content), UserError);  // line 1 has no "content"
 
   test::write_file(dir / "bad.jsonl", "{\"text\": \"ok\"}\n{\"text\": \"ok\"}\n{\"text\": \"unterminated}\n");
   msg = expect_user_error([&] {
-    JsonlReader r({dir / "bad.jsonl"}, "text");
+    DocumentReader r({dir / "bad.jsonl"}, "text");
     read_all(r);
   });
   EXPECT_NE(msg.find("bad.jsonl:3"), std::string::npos) << msg;
@@ -164,7 +164,7 @@ TEST(DataJsonl, ClearErrors) {
   // A number beyond a double's range is the parser's out_of_range, not a parse error: still a user error.
   test::write_file(dir / "huge.jsonl", "{\"text\": \"ok\"}\n{\"text\": \"b\", \"score\": 2e22222222226}\n");
   msg = expect_user_error([&] {
-    JsonlReader r({dir / "huge.jsonl"}, "text");
+    DocumentReader r({dir / "huge.jsonl"}, "text");
     read_all(r);
   });
   EXPECT_NE(msg.find("huge.jsonl:2"), std::string::npos) << msg;
@@ -172,14 +172,14 @@ TEST(DataJsonl, ClearErrors) {
 
   test::write_file(dir / "array.json", "[{\"text\": \"a\"}, {\"text\": \"b\"}]\n");
   msg = expect_user_error([&] {
-    JsonlReader r({dir / "array.json"}, "text");
+    DocumentReader r({dir / "array.json"}, "text");
     read_all(r);
   });
   EXPECT_NE(msg.find("one object per line"), std::string::npos) << msg;
 
   test::write_file(dir / "number.jsonl", "{\"text\": 5}\n");
   msg = expect_user_error([&] {
-    JsonlReader r({dir / "number.jsonl"}, "text");
+    DocumentReader r({dir / "number.jsonl"}, "text");
     read_all(r);
   });
   EXPECT_NE(msg.find("expected a string"), std::string::npos) << msg;
@@ -189,7 +189,7 @@ TEST(DataJsonl, ClearErrors) {
   std::string z = test::zstd_bytes({big});
   test::write_file(dir / "cut.jsonl.zst", z.substr(0, z.size() / 2));
   msg = expect_user_error([&] {
-    JsonlReader r({dir / "cut.jsonl.zst"}, "text");
+    DocumentReader r({dir / "cut.jsonl.zst"}, "text");
     read_all(r);
   });
   EXPECT_NE(msg.find("cut.jsonl.zst"), std::string::npos) << msg;
@@ -198,7 +198,7 @@ TEST(DataJsonl, ClearErrors) {
   std::string gz((std::istreambuf_iterator<char>(in)), {});
   test::write_file(dir / "cut.jsonl.gz", gz.substr(0, gz.size() / 2));
   msg = expect_user_error([&] {
-    JsonlReader r({dir / "cut.jsonl.gz"}, "text");
+    DocumentReader r({dir / "cut.jsonl.gz"}, "text");
     read_all(r);
   });
   EXPECT_NE(msg.find("cut.jsonl.gz"), std::string::npos) << msg;

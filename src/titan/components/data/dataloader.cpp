@@ -3,7 +3,7 @@
 #include "titan/common/assets.h"
 
 #include "titan/common/error.h"
-#include "titan/components/data/jsonl_reader.h"
+#include "titan/components/data/document_reader.h"
 #include "titan/components/data/mixture.h"
 #include "titan/components/data/text_windows.h"
 #include "titan/components/data/token_shards.h"
@@ -59,11 +59,12 @@ ResolvedDataset resolve_dataset(const std::string& name_in, const std::string& d
     if (r.path.empty()) r.path = find_asset(kCorpus);
     TITAN_USER_CHECK(!r.path.empty(), "dataset '", name, "': the bundled corpus ", kCorpus,
                      " was not found (looked in the current folder and beside the titan binary): run titan from the "
-                     "repository, or set ", path_key, " to a local .jsonl file or folder");
+                     "repository, or set ", path_key, " to a local data file or folder");
   } else if (name == "c4" || name == "c4_validation") {
     TITAN_USER_CHECK(!dataset_path.empty(), "dataset '", name, "' has no default location (titan downloads nothing at run "
-                     "time): set ", path_key, " to a local copy of allenai/c4 (the folder holding en/, or en/ "
-                     "itself), to JSON Lines files with a 'text' field, or to token shards from `titan tokenize`");
+                     "time): set ", path_key, " to a local copy of allenai/c4 (the folder holding en/, en/ "
+                     "itself, or its Hugging Face cache folder datasets--allenai--c4), to JSON Lines, Parquet or "
+                     "Arrow files with a 'text' field, or to token shards from `titan tokenize`");
     r.path = dataset_path;
   } else {
     TITAN_USER_CHECK(false, "unknown dataset '", name_in,
@@ -72,7 +73,8 @@ ResolvedDataset resolve_dataset(const std::string& name_in, const std::string& d
   }
   TITAN_USER_CHECK(names_existing_data(r.path), "dataset '", name, "': path '", r.path,
                    "' does not exist: set ", path_key, " to a local .jsonl/.json file (optionally .gz/.zst), "
-                   "a folder of them, a token shard folder, a Megatron-LM dataset prefix or llm.c token files");
+                   "a .parquet or .arrow file, a folder of them (Hugging Face cache and save_to_disk folders "
+                   "included), a token shard folder, a Megatron-LM dataset prefix or llm.c token files");
   r.kind = token_file_kind(r.path);
   if (r.kind.empty()) r.kind = "text";
   return r;

@@ -46,17 +46,19 @@ struct Batch {
   at::Tensor labels;
 };
 
-// Where a dataset's data is. `kind` is "text" (JSON Lines) or "shards" (a folder of token shards).
+// Where a dataset's data is. `kind` is "text" (JSON Lines, Parquet, Arrow IPC, Hugging Face folders),
+// "shards" (a folder of token shards), "megatron" or "llmc".
 struct ResolvedDataset {
   std::string path;
   std::string kind;
-  std::string split;  // for allenai/c4 clone folders: "train" or "validation"
+  std::string split;  // "train" or "validation": which files of a folder with splits (list_data_files)
 };
 
 // Maps a dataset name and optional path to local data; nothing is downloaded:
 //   c4_test       dataset_path, else assets/c4_test if present, else the bundled corpus
-//   c4            dataset_path (required: a local copy of allenai/c4, its en/ folder, or any JSON Lines)
-//   c4_validation dataset_path (required), the validation split of an allenai/c4 folder
+//   c4            dataset_path (required: a local copy of allenai/c4, its en/ folder, its Hugging Face cache
+//                 folder datasets--allenai--c4, or any text data: JSON Lines, Parquet, Arrow IPC)
+//   c4_validation dataset_path (required), the validation split of such a folder
 //   titan_corpus  dataset_path, else the bundled corpus assets/corpus/corpus.jsonl.zst
 // Relative asset paths are looked up in the current folder, then beside and above the titan binary.
 // A dataset_path that is a folder holding manifest.json is read as token shards, whatever the name.

@@ -1,6 +1,7 @@
 #include "titan/components/data/text_windows.h"
 
 #include "titan/common/error.h"
+#include "titan/components/data/table_reader.h"
 
 #include <algorithm>
 
@@ -92,7 +93,8 @@ void TextWindowSource::load_state(const nlohmann::json& s) {
   read_document();
   const BufferedDoc& doc = docs_.front();
   TITAN_USER_CHECK(doc.pos == anchor && skip >= 0 && skip < doc.num_tokens, "the dataset no longer matches the data loader state (",
-                   reader_.files()[anchor.file], ":", anchor.line, " at byte ", anchor.offset,
+                   reader_.files()[anchor.file], ":", anchor.line, " at ",
+                   is_table_file(reader_.files()[anchor.file]) ? "row " : "byte ", anchor.offset,
                    "): resume with the same dataset files and tokenizer");
   head_ = static_cast<size_t>(skip);
   pop_consumed();

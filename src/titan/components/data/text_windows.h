@@ -1,7 +1,7 @@
-// Windows of the token stream of JSON Lines text files, tokenized on the fly.
+// Windows of the token stream of text data (JSON Lines, Parquet, Arrow IPC files), tokenized on the fly.
 #pragma once
 
-#include "titan/components/data/jsonl_reader.h"
+#include "titan/components/data/document_reader.h"
 #include "titan/components/data/window_source.h"
 #include "titan/components/tokenizer/tokenizer.h"
 
@@ -40,7 +40,7 @@ class TextWindowSource : public WindowSource {
     int64_t num_tokens;
   };
 
-  JsonlReader reader_;
+  DocumentReader reader_;
   const Tokenizer& tokenizer_;
   int64_t window_len_;
   int64_t epoch_ = 0;                // epoch the reader is in

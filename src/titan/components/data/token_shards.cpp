@@ -3,7 +3,7 @@
 #include "titan/common/error.h"
 #include "titan/common/plain_name.h"
 #include "titan/common/json_integer.h"
-#include "titan/components/data/jsonl_reader.h"
+#include "titan/components/data/document_reader.h"
 
 #include <algorithm>
 #include <condition_variable>
@@ -103,11 +103,12 @@ bool is_shard_folder(const std::string& path) {
 
 namespace {
 
-// The documents of a JSON Lines source, tokenized with BOS and EOS by `workers` threads and handed to
-// `write` in the source's order (so the output does not depend on the number of workers). The calling
-// thread reads lines and writes shards; the workers extract the text (JSON) and encode, a chunk of 256 KiB of text or 128 documents at a
-// time, with at most 4 chunks per worker in flight.
-void tokenize_in_order(JsonlReader& reader, const Tokenizer& tokenizer, int workers,
+// The documents of a text source (JSON Lines, Parquet, Arrow), tokenized with BOS and EOS by `workers`
+// threads and handed to `write` in the source's order (so the output does not depend on the number of
+// workers). The calling thread reads lines (a table file's rows, as text) and writes shards; the workers
+// extract the text (JSON) and encode, a chunk of 256 KiB of text or 128 documents at a time, with at
+// most 4 chunks per worker in flight.
+void tokenize_in_order(DocumentReader& reader, const Tokenizer& tokenizer, int workers,
                        const std::function<void(const std::vector<int32_t>&)>& write) {
   std::string text;
   DocPos pos;
@@ -296,7 +297,7 @@ ShardWriteResult tokenize_to_shards(const std::string& input_path, const Tokeniz
   const int workers = options.workers > 0 ? options.workers
                                           : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (!files.empty()) {
-    JsonlReader reader(files, options.text_field);
+    DocumentReader reader(files, options.text_field);
     reader.rewind(0);
     tokenize_in_order(reader, tokenizer, workers, [&](const std::vector<int32_t>& ids) {
       for (int32_t id : ids) TITAN_ASSERT(id >= 0 && id < vocab, "token id ", id, " outside the vocabulary of ", vocab);

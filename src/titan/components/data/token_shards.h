@@ -54,9 +54,9 @@ struct ShardWriteResult {
   int64_t own_tokens = 0;  // tokens this process wrote (all of them for one process)
 };
 
-// Tokenizes every document of `input_path` (a JSON Lines file or folder, as the text data path reads
-// it) with BOS and EOS and writes the shards and manifest.json to `out_dir`, which must be absent or
-// empty. Throws UserError for bad input (see JsonlReader) or an unusable out_dir.
+// Tokenizes every document of `input_path` (a JSON Lines, Parquet or Arrow file, or a folder of them,
+// as the text data path reads it) with BOS and EOS and writes the shards and manifest.json to
+// `out_dir`, which must be absent or empty. Throws UserError for bad input (see DocumentReader) or an unusable out_dir.
 ShardWriteResult tokenize_to_shards(const std::string& input_path, const Tokenizer& tokenizer, const std::string& out_dir,
                                     const ShardWriteOptions& options = {});
 

@@ -1,6 +1,7 @@
-#include "titan/components/data/jsonl_reader.h"
+#include "titan/components/data/document_reader.h"
 
 #include "titan/common/error.h"
+#include "titan/components/data/table_reader.h"
 
 #include <nlohmann/json.hpp>
 #include <zlib.h>
@@ -10,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 namespace titan::data {
 namespace fs = std::filesystem;
@@ -22,26 +24,83 @@ bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
+// Hugging Face datasets' metadata, beside the data of save_to_disk and cache folders.
+bool is_hf_metadata(const std::string& name) {
+  return name == "dataset_info.json" || name == "dataset_infos.json" || name == "dataset_dict.json" ||
+         name == "state.json";
+}
+
 bool is_data_file(const std::string& name) {
+  if (is_table_file(name)) return true;
+  if (is_hf_metadata(name)) return false;
   for (const char* ext : {".json", ".jsonl"})
     for (const char* z : {"", ".gz", ".zst"})
       if (ends_with(name, std::string(ext) + z)) return true;
   return false;
 }
 
+// Whether the file at relative path `rel` belongs to split `split` (the rule of list_data_files).
+bool in_split(const fs::path& rel, const std::string& split) {
+  for (const auto& part : rel) {
+    const std::string c = part.string();
+    if (c == split) return true;
+    if (c.size() > split.size() && c.compare(0, split.size(), split) == 0) {
+      const char next = c[split.size()];
+      if (next == '-' || next == '.' || next == '_' || (next >= '0' && next <= '9')) return true;
+    }
+  }
+  const std::string name = rel.filename().string();
+  return name.find("-" + split + "-") != std::string::npos || name.find("-" + split + ".") != std::string::npos;
+}
+
+// A Hugging Face Hub cache folder (datasets--org--name: blobs/, refs/main, snapshots/<rev>/ whose files
+// link into blobs/) stands for the snapshot refs/main names, or its only one; other folders for themselves.
+fs::path hub_snapshot(const fs::path& root) {
+  std::error_code ec;
+  const fs::path snapshots = root / "snapshots";
+  if (!fs::is_directory(snapshots, ec) || !(fs::is_directory(root / "refs", ec) || fs::is_directory(root / "blobs", ec)))
+    return root;
+  if (std::ifstream ref(root / "refs" / "main"); ref) {
+    std::string rev;
+    std::getline(ref, rev);
+    rev.erase(rev.find_last_not_of(" \t\r\n") + 1);
+    TITAN_USER_CHECK(!rev.empty() && fs::is_directory(snapshots / rev, ec), "Hugging Face cache folder '", root.string(),
+                     "': refs/main names revision '", rev, "' but snapshots/", rev,
+                     " is missing (an incomplete download?): download it again, or set the dataset path to a folder "
+                     "of snapshots/");
+    return snapshots / rev;
+  }
+  std::vector<std::string> revs;
+  for (const auto& e : fs::directory_iterator(snapshots))
+    if (e.is_directory()) revs.push_back(e.path().filename().string());
+  std::sort(revs.begin(), revs.end());
+  TITAN_USER_CHECK(revs.size() == 1, "Hugging Face cache folder '", root.string(), "' has no refs/main and ",
+                   revs.empty() ? std::string("no snapshot") : std::to_string(revs.size()) + " snapshots", revs.empty() ? "" : " (",
+                   [&] {
+                     std::string l;
+                     for (const auto& r : revs) l += (l.empty() ? "" : ", ") + r;
+                     return l;
+                   }(),
+                   revs.empty() ? "" : ")", ": set the dataset path to the snapshot to read, snapshots/<revision>");
+  return snapshots / revs.front();
+}
+
+constexpr const char* kAccepted =
+    "expected .json or .jsonl files (one JSON object per line, optionally compressed as .gz or .zst), Parquet files "
+    "(.parquet) or Arrow IPC files (.arrow, as Hugging Face datasets' save_to_disk writes)";
+
 }  // namespace
 
 std::vector<std::string> list_data_files(const std::string& path, const std::string& split) {
   std::error_code ec;
   TITAN_USER_CHECK(fs::exists(path, ec), "dataset path '", path,
-                   "' does not exist: set training.dataset_path to a .jsonl/.json file (optionally .gz or .zst) "
-                   "or a folder of them");
+                   "' does not exist: set training.dataset_path to a data file or a folder of them (", kAccepted, ")");
   if (!fs::is_directory(path)) return {path};
 
-  fs::path root(path);
+  fs::path root = hub_snapshot(fs::path(path));
   // allenai/c4 layout: en/c4-train.00000-of-01024.json.gz, en/c4-validation.*, plus other variants.
   std::string prefix;
-  if (fs::is_directory(root / "en")) {
+  if (fs::is_directory(root / "en", ec)) {
     for (const auto& e : fs::directory_iterator(root / "en"))
       if (e.path().filename().string().rfind("c4-", 0) == 0) {
         root /= "en";
@@ -49,17 +108,28 @@ std::vector<std::string> list_data_files(const std::string& path, const std::str
         break;
       }
   }
-  std::vector<std::string> rel;
-  for (const auto& e : fs::recursive_directory_iterator(root, fs::directory_options::follow_directory_symlink)) {
-    if (!e.is_regular_file()) continue;
-    std::string name = e.path().filename().string();
+  std::vector<fs::path> rel;
+  fs::recursive_directory_iterator it(root, fs::directory_options::follow_directory_symlink), end;
+  for (; it != end; ++it) {
+    const std::string name = it->path().filename().string();
+    if (!name.empty() && name[0] == '.') {  // .git, .cache/huggingface, ...
+      if (it->is_directory(ec)) it.disable_recursion_pending();
+      continue;
+    }
+    if (!it->is_regular_file(ec)) continue;  // follows links: a Hub snapshot's files link into blobs/
     if (!is_data_file(name) || (!prefix.empty() && name.rfind(prefix, 0) != 0)) continue;
-    rel.push_back(fs::relative(e.path(), root).string());
+    rel.push_back(it->path().lexically_relative(root));  // not fs::relative, which resolves links
   }
   TITAN_USER_CHECK(!rel.empty(), "dataset folder '", root.string(), "' holds no data file",
-                   prefix.empty() ? "" : " named " + prefix + "*",
-                   ": expected .json or .jsonl files (one JSON object per line), optionally compressed as .gz or .zst");
-  std::sort(rel.begin(), rel.end());
+                   prefix.empty() ? "" : " named " + prefix + "*", ": ", kAccepted);
+  // Narrowed to the split's files where some belong to it (train/, data/train-00000-of-00002.parquet, ...).
+  if (prefix.empty()) {
+    std::vector<fs::path> of_split;
+    for (const auto& r : rel)
+      if (in_split(r, split)) of_split.push_back(r);
+    if (!of_split.empty()) rel = std::move(of_split);
+  }
+  std::sort(rel.begin(), rel.end(), [](const fs::path& a, const fs::path& b) { return a.string() < b.string(); });
   std::vector<std::string> files;
   for (const auto& r : rel) files.push_back((root / r).string());
   return files;
@@ -217,29 +287,51 @@ void LineReader::seek(int64_t offset, int64_t line_no) {
 
 // ---------------------------------------------------------------------------------------------
 
-JsonlReader::JsonlReader(std::vector<std::string> files, std::string text_field)
+DocumentReader::DocumentReader(std::vector<std::string> files, std::string text_field)
     : files_(std::move(files)), field_(std::move(text_field)) {
   TITAN_USER_CHECK(!files_.empty(), "no dataset files given");
   TITAN_USER_CHECK(!field_.empty(), "the dataset text field name is empty");
+  for (const auto& f : files_) table_.push_back(is_table_file(f));
 }
 
-void JsonlReader::rewind(int64_t epoch) {
+DocumentReader::~DocumentReader() = default;
+
+void DocumentReader::rewind(int64_t epoch) {
   reader_.reset();
+  table_reader_.reset();
   file_ = 0;
   epoch_ = epoch;
 }
 
-void JsonlReader::seek(const DocPos& pos) {
+void DocumentReader::seek(const DocPos& pos) {
   TITAN_USER_CHECK(pos.file >= 0 && pos.file < static_cast<int64_t>(files_.size()), "saved dataset position names file #",
                    pos.file, " but the dataset has ", files_.size(), " files: was the dataset changed?");
   epoch_ = pos.epoch;
   file_ = pos.file;
-  reader_ = std::make_unique<LineReader>(files_[file_]);
-  reader_->seek(pos.offset, pos.line);
+  reader_.reset();
+  table_reader_.reset();
+  if (table_[file_]) {
+    table_reader_ = std::make_unique<TableReader>(files_[file_], field_);
+    table_reader_->seek(pos.offset);
+  } else {
+    reader_ = std::make_unique<LineReader>(files_[file_]);
+    reader_->seek(pos.offset, pos.line);
+  }
 }
 
-bool JsonlReader::next_line(std::string& line, DocPos& pos) {
+bool DocumentReader::next_line(std::string& line, DocPos& pos) {
   while (file_ < static_cast<int64_t>(files_.size())) {
+    if (table_[file_]) {
+      if (!table_reader_) table_reader_ = std::make_unique<TableReader>(files_[file_], field_);
+      int64_t row = 0;
+      if (!table_reader_->next(line, row)) {
+        table_reader_.reset();
+        ++file_;
+        continue;
+      }
+      pos = DocPos{epoch_, file_, row, row + 1};
+      return true;
+    }
     if (!reader_) reader_ = std::make_unique<LineReader>(files_[file_]);
     int64_t offset = 0, line_no = 0;
     if (!reader_->next(line, offset, line_no)) {
@@ -254,7 +346,8 @@ bool JsonlReader::next_line(std::string& line, DocPos& pos) {
   return false;
 }
 
-std::string JsonlReader::text_of(const std::string& line, const DocPos& pos) const {
+std::string DocumentReader::text_of(const std::string& line, const DocPos& pos) const {
+  if (table_[static_cast<size_t>(pos.file)]) return line;  // a row's text as it is
   const std::string& path = files_[static_cast<size_t>(pos.file)];
   const int64_t line_no = pos.line;
   nlohmann::json obj;
@@ -280,9 +373,12 @@ std::string JsonlReader::text_of(const std::string& line, const DocPos& pos) con
   return it->get<std::string>();
 }
 
-bool JsonlReader::next(std::string& text, DocPos& pos) {
+bool DocumentReader::next(std::string& text, DocPos& pos) {
   if (!next_line(line_, pos)) return false;
-  text = text_of(line_, pos);
+  if (table_[static_cast<size_t>(pos.file)])
+    text.swap(line_);
+  else
+    text = text_of(line_, pos);
   return true;
 }
 
