@@ -148,6 +148,7 @@ int run_tokenize(std::vector<std::string> args) {
   opts.tokenizer_name = cfg.model.hf_assets_path;
   opts.split = dataset.split.empty() ? "train" : dataset.split;
   opts.workers = workers;
+  opts.text_field = cfg.training.dataset_text_field;
   // Started by a launcher (titan launch, torchrun): each process takes its part of the files.
   if (const char* rank = std::getenv("RANK"), *world = std::getenv("WORLD_SIZE"); rank && world) {
     opts.process = std::atoi(rank);

@@ -204,6 +204,7 @@ struct Validation {
   bool enable = false;
   std::string dataset = "c4_validation";
   std::string dataset_path;
+  std::string dataset_text_field = "text";
   int64_t local_batch_size = 8;
   int64_t seq_len = 2048;
   int64_t freq = 10;
@@ -214,6 +215,8 @@ struct Validation {
     v(enable, "enable", "evaluate the loss on a validation set during training");
     v(dataset, "dataset", "validation dataset name");
     v(dataset_path, "dataset_path", "local path of the validation dataset");
+    v(dataset_text_field, "dataset_text_field",
+      "the field (JSON Lines) or column (Parquet, Arrow) holding each document's text");
     v(local_batch_size, "local_batch_size", "validation sequences per data-parallel rank");
     v(seq_len, "seq_len", "tokens per validation sequence");
     v(freq, "freq", "validate every this many training steps");

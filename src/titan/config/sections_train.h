@@ -88,6 +88,7 @@ struct Training {
   std::string dataset = "c4_test";
   std::string dataset_path;  // empty: resolved from the dataset name
   std::vector<std::string> dataset_mix;  // "WEIGHT [NAME=]LOCATION" entries; non-empty replaces dataset/dataset_path
+  std::string dataset_text_field = "text";
   int64_t local_batch_size = 8;
   int64_t global_batch_size = -1;
   int64_t seq_len = 2048;
@@ -107,6 +108,8 @@ struct Training {
       "a weighted mixture of datasets instead of dataset/dataset_path: entries \"WEIGHT PATH\" or \"WEIGHT "
       "NAME=PATH\" (PATH: any dataset path, or c4_test / titan_corpus); sample k comes from the source furthest "
       "behind its share, so the shares hold at every step");
+    v(dataset_text_field, "dataset_text_field",
+      "the field (JSON Lines) or column (Parquet, Arrow) holding each document's text");
     v(local_batch_size, "local_batch_size", "sequences per data-parallel rank per step");
     v(global_batch_size, "global_batch_size",
       "sequences per step over all ranks; -1 means local_batch_size * data-parallel degree");

@@ -115,6 +115,32 @@ json.dump(out, open(sys.argv[4], "w"))
   EXPECT_EQ(loader->global_samples(), B * steps);
 }
 
+// training.dataset_text_field / validation.dataset_text_field name the field holding the text.
+TEST(DataLoader, TheTextFieldKeyNamesTheFieldOfEachSection) {
+  test::TempDir dir;
+  test::write_file(dir / "d.jsonl", "{\"content\": \"ab\", \"text\": \"xyz\"}\n");
+  test::ByteTokenizer tok;
+  config::Training t;
+  t.dataset = "c4";
+  t.dataset_path = dir / "d.jsonl";
+  t.local_batch_size = 1;
+  t.seq_len = 3;
+  Batch b = data::make_dataloader(data::data_config(t, 0, 1), tok)->next();
+  EXPECT_TRUE(at::equal(b.inputs[0], at::tensor(std::vector<int64_t>{256, 'x', 'y'}, at::kLong)));
+  t.dataset_text_field = "content";
+  b = data::make_dataloader(data::data_config(t, 0, 1), tok)->next();
+  EXPECT_TRUE(at::equal(b.inputs[0], at::tensor(std::vector<int64_t>{256, 'a', 'b'}, at::kLong)));
+  config::Validation v;
+  v.dataset = "c4";
+  v.dataset_path = dir / "d.jsonl";
+  v.local_batch_size = 1;
+  v.seq_len = 3;
+  v.dataset_text_field = "body";
+  const std::string msg = test::error_of([&] { data::make_dataloader(data::data_config(v, 0, 1), tok)->next(); });
+  EXPECT_NE(msg.find("no text field 'body' (fields: content, text)"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("training.dataset_text_field"), std::string::npos) << msg;
+}
+
 TEST(DataLoader, BosAndEosAroundEveryDocument) {
   test::TempDir dir;
   test::write_file(dir / "d.jsonl", test::jsonl({"ab", "", "cde"}));

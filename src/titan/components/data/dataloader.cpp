@@ -23,6 +23,7 @@ DataConfig data_config(const config::Training& t, int dp_rank, int dp_world) {
   dc.dataset = t.dataset;
   dc.dataset_path = t.dataset_path;
   dc.dataset_mix = t.dataset_mix;
+  dc.text_field = t.dataset_text_field;
   dc.local_batch_size = t.local_batch_size;
   dc.seq_len = t.seq_len;
   dc.dp_rank = dp_rank;
@@ -34,6 +35,7 @@ DataConfig data_config(const config::Validation& v, int dp_rank, int dp_world) {
   DataConfig dc;
   dc.dataset = v.dataset;
   dc.dataset_path = v.dataset_path;
+  dc.text_field = v.dataset_text_field;
   dc.local_batch_size = v.local_batch_size;
   dc.seq_len = v.seq_len;
   dc.dp_rank = dp_rank;

@@ -290,7 +290,7 @@ void LineReader::seek(int64_t offset, int64_t line_no) {
 DocumentReader::DocumentReader(std::vector<std::string> files, std::string text_field)
     : files_(std::move(files)), field_(std::move(text_field)) {
   TITAN_USER_CHECK(!files_.empty(), "no dataset files given");
-  TITAN_USER_CHECK(!field_.empty(), "the dataset text field name is empty");
+  TITAN_USER_CHECK(!field_.empty(), "the dataset text field name is empty (training.dataset_text_field, validation.dataset_text_field)");
   for (const auto& f : files_) table_.push_back(is_table_file(f));
 }
 
@@ -366,7 +366,7 @@ std::string DocumentReader::text_of(const std::string& line, const DocPos& pos) 
     std::string keys;
     for (auto k = obj.begin(); k != obj.end(); ++k) keys += (keys.empty() ? "" : ", ") + k.key();
     TITAN_USER_CHECK(false, path, ":", line_no, ": no text field '", field_, "' (fields: ", keys,
-                     "); set the dataset text field to the one holding the text");
+                     "); set training.dataset_text_field (validation.dataset_text_field for validation data) to the one holding the text");
   }
   TITAN_USER_CHECK(it->is_string(), path, ":", line_no, ": field '", field_, "' is a ", it->type_name(),
                    ", expected a string");
