@@ -378,6 +378,28 @@ Group& Mesh::host_group(const std::string& name, std::chrono::milliseconds conne
   return *g;
 }
 
+Group& Mesh::host_group(const std::string& name, const std::vector<int>& members,
+                        std::chrono::milliseconds connect_timeout, std::chrono::milliseconds timeout,
+                        const std::string& label) {
+  auto& g = host_groups_[name];
+  if (g) return *g;
+  TITAN_ASSERT(!members.empty() && std::is_sorted(members.begin(), members.end()), "host group ", name,
+               ": members must be sorted global ranks");
+  const auto me = std::find(members.begin(), members.end(), rank_);
+  TITAN_ASSERT(me != members.end(), "host group ", name, ": rank ", rank_, " is not among its members");
+  const int index = static_cast<int>(me - members.begin());
+  // One store prefix per member set: the groups of one name on other nodes do not meet this one.
+  const std::string prefix = name + "/" + std::to_string(members.front());
+  c10::intrusive_ptr<c10d::Backend> b;
+  if (members.size() > 1)
+    b = make_backend(BackendKind::Gloo, c10::make_intrusive<c10d::PrefixStore>("host/" + prefix, store_), index,
+                     static_cast<int>(members.size()), connect_timeout, gloo_host_);
+  g = std::make_unique<Group>(name, members, index, b, &host_bytes_, &host_calls_,
+                              c10::make_intrusive<c10d::PrefixStore>("titan/host/" + prefix, store_), timeout);
+  g->set_timeout(timeout, label);
+  return *g;
+}
+
 at::Device Mesh::device() const {
   if (backend_ != BackendKind::NCCL) return at::Device(at::kCPU);
   return at::Device(at::kCUDA, c10::impl::getDeviceGuardImpl(at::kCUDA)->getDevice().index());

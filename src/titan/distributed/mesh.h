@@ -159,6 +159,11 @@ class Mesh {
   // `connect_timeout` (comm.init_timeout_seconds: ranks start apart).
   Group& host_group(const std::string& name, std::chrono::milliseconds connect_timeout, std::chrono::milliseconds timeout,
                     const std::string& label);
+  // The same over some ranks only: `members` (global ranks, sorted, this rank among them), which
+  // every member passes alike; disjoint member sets of one name are separate groups (e.g. each
+  // node's ranks). Every rank of the job makes the call at the same point.
+  Group& host_group(const std::string& name, const std::vector<int>& members, std::chrono::milliseconds connect_timeout,
+                    std::chrono::milliseconds timeout, const std::string& label);
   const CommBytes& host_bytes() const { return host_bytes_; }
 
  private:

@@ -107,13 +107,13 @@ at::Tensor float8_mm(const at::Tensor& a, const at::Tensor& b, const Float8Cast&
     return at::_scaled_mm(fa.data.contiguous(), b_col, sa, sb, std::nullopt, std::nullopt, at::kBFloat16, fast_accum)
         .to(out_dtype);
   }
-  // The CPU kernel takes tensorwise scales only: an axiswise product is the float8 product with
-  // unit scales, scaled afterwards (each scale is constant along K, so the value is the same).
-  if (tensorwise)
-    return at::_scaled_mm(fa.data, fb.data, inv_a.reshape({}), inv_b.reshape({}), std::nullopt, std::nullopt, out_dtype,
-                          false);
-  const at::Tensor one = at::ones({}, inv_a.options());
-  const at::Tensor product = at::_scaled_mm(fa.data, fb.data, one, one, std::nullopt, std::nullopt, at::kFloat, false);
+  // CPU: the float8 values multiplied in fp32, as ATen's own CPU _scaled_mm computes them where it
+  // emulates (each operand times its tensorwise scale, one fp32 matmul). ATen's oneDNN path, which it
+  // takes instead on CPUs with AVX512-FP16, runs oneDNN's reference float8 kernel there: thousands of
+  // times slower. An axiswise product is the product of the float8 values, scaled afterwards (each
+  // scale is constant along K, so the value is the same).
+  if (tensorwise) return at::mm(fa.data.to(at::kFloat) * inv_a, fb.data.to(at::kFloat) * inv_b).to(out_dtype);
+  const at::Tensor product = at::mm(fa.data.to(at::kFloat), fb.data.to(at::kFloat));
   return (product * inv_a * inv_b).to(out_dtype);
 }
 

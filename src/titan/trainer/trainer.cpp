@@ -181,7 +181,9 @@ Trainer::Trainer(JobConfig cfg, const std::function<void()>& preflight) : cfg_(s
   const int64_t global_batch = tr.global_batch_size < 0 ? tr.local_batch_size * dp : tr.global_batch_size;
   grad_accum_steps_ = global_batch / (tr.local_batch_size * dp);
   set_up_moe_aux_loss();
-  dataloader_ = data::make_dataloader(data::data_config(tr, (*mesh_)["dp"].rank(), static_cast<int>(dp)), *tokenizer_);
+  data::DataConfig dc = data::data_config(tr, (*mesh_)["dp"].rank(), static_cast<int>(dp));
+  dc.together = tokenize_together("data_training");
+  dataloader_ = data::make_dataloader(dc, *tokenizer_);
 
   // ---- metrics
   metrics::MetricsOptions mo = metrics::metrics_options(cfg_.metrics, cfg_.job, tr.steps);
@@ -334,6 +336,22 @@ void Trainer::set_up_process() {
     at::globalContext().setDeterministicCuDNN(true);
     at::globalContext().setBenchmarkCuDNN(false);
   }
+}
+
+// Every rank reads the same global sample stream (each keeps its own samples of it), so the ranks of
+// a node share the text's tokenization: each encodes 1/local_world_size of the documents (text data
+// only; token files need none). Across nodes each node tokenizes the stream itself: the exchange stays
+// within a node, however many nodes train.
+data::TokenizeTogether Trainer::tokenize_together(const std::string& name) {
+  const int local = env_.local_world_size;
+  if (local <= 1 || env_.world_size % local != 0) return {};
+  // Each rank tokenizing the whole stream, as before: the peer of bench/data's measurement.
+  if (const char* alone = std::getenv("TITAN_DEBUG_TOKENIZE_ALONE"); alone && std::string(alone) == "1") return {};
+  std::vector<int> members;
+  for (int r = env_.rank - env_.local_rank; r < env_.rank - env_.local_rank + local; ++r) members.push_back(r);
+  if (members.front() < 0 || members.back() >= env_.world_size) return {};  // ranks not laid out node by node
+  const auto timeout = std::chrono::seconds(cfg_.comm.init_timeout_seconds);
+  return data::tokenize_together(mesh_->host_group(name, members, timeout, timeout, "comm.init_timeout_seconds"));
 }
 
 std::string Trainer::saved_config_path() const {

@@ -164,6 +164,8 @@ class Trainer {
   // ---- start-up, in the constructor's order
   void set_up_process();  // the dump folder's lock, preemption, processes and mesh, the first log lines, seed
   std::string saved_config_path() const;
+  // The tokenization of text data shared by this node's ranks, over host group `name`.
+  data::TokenizeTogether tokenize_together(const std::string& name);
   uint64_t seed() const;
   struct Precision {
     at::ScalarType param_dtype = at::kFloat;

@@ -19,7 +19,8 @@ void Trainer::set_up_validation() {
     dist::check_context_parallel_sequence(v.seq_len, dims_->cp(), context_parallel_->options().load_balance,
                                           dims_->tp(), tensor_parallel_ && tensor_parallel_->options().sequence_parallel,
                                           "validation.seq_len");
-  const data::DataConfig dc = data::data_config(v, (*mesh_)["dp"].rank(), static_cast<int>(dims_->dp_size()));
+  data::DataConfig dc = data::data_config(v, (*mesh_)["dp"].rank(), static_cast<int>(dims_->dp_size()));
+  dc.together = tokenize_together("data_validation");
   try {
     val_loader_ = data::make_dataloader(dc, *tokenizer_);
   } catch (const UserError& e) {

@@ -3,8 +3,11 @@
 #pragma once
 
 #include "titan/components/data/dataloader.h"
+#include "titan/components/data/document_reader.h"
 #include "titan/components/tokenizer/tokenizer.h"
 
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <zlib.h>
 #include <zstd.h>
@@ -118,6 +121,33 @@ inline void write_llmc_gpt2(const std::string& path, int n, const std::function<
     const auto v = static_cast<uint16_t>(id(i));
     out.write(reinterpret_cast<const char*>(&v), 2);
   }
+}
+
+// The next n batches of a loader.
+inline std::vector<data::Batch> take(data::DataLoader& loader, int n) {
+  std::vector<data::Batch> out;
+  for (int i = 0; i < n; ++i) out.push_back(loader.next());
+  return out;
+}
+
+inline void expect_same(const std::vector<data::Batch>& a, const std::vector<data::Batch>& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(at::equal(a[i].inputs, b[i].inputs)) << what << ": batch " << i;
+    EXPECT_TRUE(at::equal(a[i].labels, b[i].labels)) << what << ": batch " << i;
+  }
+}
+
+// Every document a reader has left (and their positions).
+inline std::vector<std::string> read_all(data::DocumentReader& r, std::vector<data::DocPos>* positions = nullptr) {
+  std::vector<std::string> out;
+  std::string text;
+  data::DocPos pos;
+  while (r.next(text, pos)) {
+    out.push_back(text);
+    if (positions) positions->push_back(pos);
+  }
+  return out;
 }
 
 }  // namespace titan::test

@@ -20,6 +20,9 @@
 namespace titan {
 namespace {
 
+using test::expect_same;
+using test::take;
+
 using data::Batch;
 using data::DataConfig;
 using data::DataLoader;
@@ -50,19 +53,7 @@ std::string write_corpus(const test::TempDir& dir, const std::vector<std::string
 
 using test::config;
 
-std::vector<Batch> take(DataLoader& loader, int n) {
-  std::vector<Batch> out;
-  for (int i = 0; i < n; ++i) out.push_back(loader.next());
-  return out;
-}
 
-void expect_same(const std::vector<Batch>& a, const std::vector<Batch>& b, const std::string& what) {
-  ASSERT_EQ(a.size(), b.size()) << what;
-  for (size_t i = 0; i < a.size(); ++i) {
-    EXPECT_TRUE(at::equal(a[i].inputs, b[i].inputs)) << what << ": batch " << i;
-    EXPECT_TRUE(at::equal(a[i].labels, b[i].labels)) << what << ": batch " << i;
-  }
-}
 
 // Sample k of the reference stream: tokens (k*L + i) mod T.
 at::Tensor reference_window(const std::vector<int32_t>& stream, int64_t k, int64_t L) {

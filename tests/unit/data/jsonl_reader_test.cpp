@@ -13,6 +13,8 @@
 namespace titan {
 namespace {
 
+using test::read_all;
+
 using data::DocPos;
 using data::DocumentReader;
 
@@ -23,16 +25,6 @@ std::vector<std::string> sample_docs() {
   return docs;
 }
 
-std::vector<std::string> read_all(DocumentReader& r, std::vector<DocPos>* positions = nullptr) {
-  std::vector<std::string> out;
-  std::string text;
-  DocPos pos;
-  while (r.next(text, pos)) {
-    out.push_back(text);
-    if (positions) positions->push_back(pos);
-  }
-  return out;
-}
 
 std::string expect_user_error(const std::function<void()>& fn) {
   try {

@@ -20,6 +20,10 @@
 namespace titan {
 namespace {
 
+using test::expect_same;
+using test::read_all;
+using test::take;
+
 namespace fs = std::filesystem;
 using data::Batch;
 using data::DocPos;
@@ -56,30 +60,8 @@ std::string write_tables(const test::TempDir& dir, const json& specs) {
   return r.output;
 }
 
-std::vector<Batch> take(data::DataLoader& loader, int n) {
-  std::vector<Batch> out;
-  for (int i = 0; i < n; ++i) out.push_back(loader.next());
-  return out;
-}
 
-void expect_same(const std::vector<Batch>& a, const std::vector<Batch>& b, const std::string& what) {
-  ASSERT_EQ(a.size(), b.size()) << what;
-  for (size_t i = 0; i < a.size(); ++i) {
-    EXPECT_TRUE(at::equal(a[i].inputs, b[i].inputs)) << what << ": batch " << i;
-    EXPECT_TRUE(at::equal(a[i].labels, b[i].labels)) << what << ": batch " << i;
-  }
-}
 
-std::vector<std::string> read_all(DocumentReader& r, std::vector<DocPos>* positions = nullptr) {
-  std::vector<std::string> out;
-  std::string text;
-  DocPos pos;
-  while (r.next(text, pos)) {
-    out.push_back(text);
-    if (positions) positions->push_back(pos);
-  }
-  return out;
-}
 
 std::vector<std::string> names_of(const std::vector<std::string>& files, const std::string& root) {
   std::vector<std::string> out;
@@ -390,12 +372,39 @@ TEST(DataHuggingFace, SplitRuleNarrowsOnlyWhenTheSplitHasFiles) {
   }
   EXPECT_EQ(names_of(data::list_data_files(flat.path(), "validation"), flat.path()),
             (std::vector<std::string>{"a.jsonl", "b/c.parquet", "d.arrow"}));
+  // Files of other splits only: refused, not read in place of the split asked for (validating on the
+  // training data). The validation split's other names (the Pile's val.jsonl.zst, dev sets) count.
+  test::TempDir other;
+  for (const char* name : {"train/a.jsonl", "test/b.jsonl"}) {
+    fs::create_directories((fs::path(other.path()) / name).parent_path());
+    test::write_file(other / name, "{\"text\": \"x\"}\n");
+  }
+  std::string refused = test::error_of([&] { data::list_data_files(other.path(), "validation"); });
+  EXPECT_NE(refused.find("holds files of the test and train split(s) but none of the validation split (files or "
+                         "folders named validation, valid, val or dev)"),
+            std::string::npos) << refused;
+  test::write_file(other / "val.jsonl", "{\"text\": \"v\"}\n");
+  EXPECT_EQ(names_of(data::list_data_files(other.path(), "validation"), other.path()),
+            (std::vector<std::string>{"val.jsonl"}));
   // A folder of metadata only holds no data.
   test::TempDir meta;
   test::write_file(meta / "dataset_info.json", "{}");
   const std::string msg = test::error_of([&] { data::list_data_files(meta.path()); });
   EXPECT_NE(msg.find("holds no data file"), std::string::npos) << msg;
   EXPECT_NE(msg.find(".parquet"), std::string::npos) << msg;
+}
+
+// Links: a folder reached again through a link (here its own parent) is read once; a data file whose
+// link points at a missing blob is an error, not data dropped without a word.
+TEST(DataHuggingFace, LinkedFoldersAreReadOnceAndBrokenLinksAreErrors) {
+  test::TempDir dir;
+  fs::create_directories(fs::path(dir.path()) / "data");
+  test::write_file(dir / "data/a.jsonl", "{\"text\": \"x\"}\n");
+  fs::create_directory_symlink(fs::path(dir.path()), fs::path(dir.path()) / "data/loop");
+  EXPECT_EQ(names_of(data::list_data_files(dir.path(), "train"), dir.path()), (std::vector<std::string>{"data/a.jsonl"}));
+  fs::create_symlink(fs::path(dir.path()) / "blobs/gone", fs::path(dir.path()) / "data/b.parquet");
+  const std::string msg = test::error_of([&] { data::list_data_files(dir.path(), "train"); });
+  EXPECT_NE(msg.find("b.parquet' is a link to a missing file"), std::string::npos) << msg;
 }
 
 std::string read_bytes(const std::string& path) {

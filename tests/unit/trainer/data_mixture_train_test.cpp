@@ -1,7 +1,7 @@
 // Training on a data mixture (training.dataset_mix): FSDP over 2 processes trains on the same global
 // batches as one process (same per-step losses, 1e-5 relative), a checkpoint saved under one layout
 // resumes under the other with the losses of the run that was not interrupted, and the per-source token
-// counts reach metrics.jsonl.
+// counts reach metrics.jsonl. The two processes tokenize the text source together.
 #include "data/data_test_util.h"
 #include "test_util.h"
 
@@ -55,7 +55,12 @@ TEST(DataMixtureTraining, Fsdp2EqualsOneProcessAndResumesAcrossLayouts) {
   const std::vector<std::string> two = {kTitan, "launch", "--nproc-per-node", "2", "--master-port", "0", "--"};
   auto one = run({kTitan}, args(dir / "one", 4, 6, {}), "one.safetensors");
   EXPECT_NE(one.output.find("Data: mixture of titan_corpus (weight 0.7, text from"), std::string::npos) << one.output;
-  run(two, args(dir / "two", 2, 6, {}), "two.safetensors");
+  // The two processes of the node tokenize the text source together (text_windows.h).
+  const auto two_run = run(two, args(dir / "two", 2, 6, {}), "two.safetensors");
+  EXPECT_NE(two_run.output.find("text from"), std::string::npos) << two_run.output;
+  EXPECT_NE(two_run.output.find("tokenized together by 2 ranks, each encoding 1/2 of the documents"), std::string::npos)
+      << two_run.output;
+  EXPECT_EQ(one.output.find("tokenized together"), std::string::npos) << one.output;
   const std::vector<double> a = losses_of(dir, "one.safetensors"), b = losses_of(dir, "two.safetensors");
   ASSERT_EQ(a.size(), 6u);
   ASSERT_EQ(b.size(), 6u);

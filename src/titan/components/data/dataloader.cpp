@@ -7,6 +7,7 @@
 #include "titan/components/data/mixture.h"
 #include "titan/components/data/text_windows.h"
 #include "titan/components/data/token_shards.h"
+#include "titan/distributed/mesh.h"
 
 #include <ATen/ATen.h>
 
@@ -42,6 +43,30 @@ DataConfig data_config(const config::Validation& v, int dp_rank, int dp_world) {
   dc.dp_world = dp_world;
   dc.section = "validation";
   return dc;
+}
+
+TokenizeTogether tokenize_together(dist::Group& group) {
+  TokenizeTogether t;
+  t.rank = group.rank();
+  t.size = group.size();
+  dist::Group* g = &group;
+  t.all_gather = [g](const std::vector<int32_t>& mine) {
+    // The lengths first, then every part padded to the longest.
+    at::Tensor length = at::tensor({static_cast<int64_t>(mine.size())}, at::kLong);
+    at::Tensor lengths = at::empty({g->size()}, at::kLong);
+    g->all_gather(lengths, length).wait();
+    const int64_t longest = lengths.max().item<int64_t>();
+    at::Tensor padded = at::zeros({longest}, at::kInt);
+    std::copy(mine.begin(), mine.end(), padded.data_ptr<int32_t>());
+    at::Tensor parts = at::empty({g->size() * longest}, at::kInt);
+    g->all_gather(parts, padded).wait();
+    std::vector<std::vector<int32_t>> out(static_cast<size_t>(g->size()));
+    const int32_t* p = parts.data_ptr<int32_t>();
+    for (int m = 0; m < g->size(); ++m)
+      out[static_cast<size_t>(m)].assign(p + m * longest, p + m * longest + lengths[m].item<int64_t>());
+    return out;
+  };
+  return t;
 }
 
 namespace {
@@ -144,7 +169,13 @@ std::unique_ptr<WindowSource> make_source(const ResolvedDataset& r, const DataCo
   if (r.kind == "shards") return std::make_unique<ShardWindowSource>(r.path, tokenizer, config.seq_len);
   if (r.kind == "megatron") return std::make_unique<MegatronWindowSource>(r.path, tokenizer.vocab_size(), config.seq_len);
   if (r.kind == "llmc") return std::make_unique<LlmcWindowSource>(r.path, tokenizer.vocab_size(), config.seq_len);
-  return std::make_unique<TextWindowSource>(list_data_files(r.path, r.split), config.text_field, tokenizer, config.seq_len);
+  return std::make_unique<TextWindowSource>(list_data_files(r.path, r.split), config.text_field, tokenizer, config.seq_len,
+                                            config.together);
+}
+
+std::string together_note(const TokenizeTogether& t) {
+  return "; tokenized together by " + std::to_string(t.size) + " ranks, each encoding 1/" + std::to_string(t.size) +
+         " of the documents";
 }
 
 const std::string& kind_description(const std::string& kind) {
@@ -180,7 +211,9 @@ std::unique_ptr<DataLoader> make_dataloader(const DataConfig& config, const Toke
                      ".dataset_path are both set: the mixture names its datasets' paths; clear one of them");
     std::vector<MixtureWindowSource::Source> sources;
     std::string description = "mixture of";
+    bool text = false;
     for (auto& [entry, r] : resolve_mixture(config.dataset_mix, config.section)) {
+      text = text || r.kind == "text";
       char weight[32];
       std::snprintf(weight, sizeof weight, "%g", entry.weight);
       description += std::string(sources.empty() ? " " : ", ") + entry.name + " (weight " + weight + ", " +
@@ -191,12 +224,14 @@ std::unique_ptr<DataLoader> make_dataloader(const DataConfig& config, const Toke
         throw UserError(config.section + ".dataset_mix source '" + entry.name + "': " + err.what());
       }
     }
+    if (text && config.together.size > 1) description += together_note(config.together);
     return std::make_unique<DataLoader>(config, std::make_unique<MixtureWindowSource>(std::move(sources)),
                                         std::move(description));
   }
   ResolvedDataset r = resolve_dataset(config.dataset, config.dataset_path, config.section);
   std::unique_ptr<WindowSource> source = make_source(r, config, tokenizer);
   std::string description = config.dataset + ": " + kind_description(r.kind) + " from " + r.path;
+  if (r.kind == "text" && config.together.size > 1) description += together_note(config.together);
   return std::make_unique<DataLoader>(config, std::move(source), std::move(description));
 }
 

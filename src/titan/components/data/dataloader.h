@@ -8,6 +8,7 @@
 #pragma once
 
 #include "titan/components/data/mixture.h"
+#include "titan/components/data/text_windows.h"
 #include "titan/components/data/window_source.h"
 #include "titan/config/sections_run.h"
 #include "titan/config/sections_train.h"
@@ -21,6 +22,10 @@
 #include <utility>
 #include <vector>
 
+namespace titan::dist {
+class Group;
+}
+
 namespace titan::data {
 
 struct DataConfig {
@@ -33,7 +38,12 @@ struct DataConfig {
   int dp_rank = 0;                  // this rank among the data-parallel ranks
   int dp_world = 1;                 // number of data-parallel ranks
   std::string section = "training"; // the config table errors name ("training" or "validation")
+  TokenizeTogether together;        // text data: the processes sharing its tokenization (text_windows.h)
 };
+
+// Tokenization shared by the members of `group` (a Gloo host group: CPU tensors), which must outlive
+// the data loaders using it.
+TokenizeTogether tokenize_together(dist::Group& group);
 
 // The [training] and [validation] sections' data options, for data-parallel rank dp_rank of dp_world.
 DataConfig data_config(const config::Training& section, int dp_rank, int dp_world);

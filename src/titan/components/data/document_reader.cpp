@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <set>
 #include <fstream>
 
 namespace titan::data {
@@ -39,8 +40,8 @@ bool is_data_file(const std::string& name) {
   return false;
 }
 
-// Whether the file at relative path `rel` belongs to split `split` (the rule of list_data_files).
-bool in_split(const fs::path& rel, const std::string& split) {
+// Whether the file at relative path `rel` is named for split name `split` (the rule of list_data_files).
+bool named_for(const fs::path& rel, const std::string& split) {
   for (const auto& part : rel) {
     const std::string c = part.string();
     if (c == split) return true;
@@ -51,6 +52,18 @@ bool in_split(const fs::path& rel, const std::string& split) {
   }
   const std::string name = rel.filename().string();
   return name.find("-" + split + "-") != std::string::npos || name.find("-" + split + ".") != std::string::npos;
+}
+
+// The names a split goes by in datasets (the Pile's val.jsonl.zst, dev sets).
+std::vector<std::string> split_names(const std::string& split) {
+  if (split == "validation") return {"validation", "valid", "val", "dev"};
+  return {split};
+}
+
+bool in_split(const fs::path& rel, const std::string& split) {
+  for (const std::string& name : split_names(split))
+    if (named_for(rel, name)) return true;
+  return false;
 }
 
 // A Hugging Face Hub cache folder (datasets--org--name: blobs/, refs/main, snapshots/<rev>/ whose files
@@ -71,8 +84,10 @@ fs::path hub_snapshot(const fs::path& root) {
     return snapshots / rev;
   }
   std::vector<std::string> revs;
-  for (const auto& e : fs::directory_iterator(snapshots))
-    if (e.is_directory()) revs.push_back(e.path().filename().string());
+  std::error_code ec2;
+  for (fs::directory_iterator e(snapshots, ec2), end; !ec2 && e != end; e.increment(ec2))
+    if (e->is_directory(ec2)) revs.push_back(e->path().filename().string());
+  TITAN_USER_CHECK(!ec2, "cannot list '", snapshots.string(), "': ", ec2.message());
   std::sort(revs.begin(), revs.end());
   TITAN_USER_CHECK(revs.size() == 1, "Hugging Face cache folder '", root.string(), "' has no refs/main and ",
                    revs.empty() ? std::string("no snapshot") : std::to_string(revs.size()) + " snapshots", revs.empty() ? "" : " (",
@@ -101,33 +116,68 @@ std::vector<std::string> list_data_files(const std::string& path, const std::str
   // allenai/c4 layout: en/c4-train.00000-of-01024.json.gz, en/c4-validation.*, plus other variants.
   std::string prefix;
   if (fs::is_directory(root / "en", ec)) {
-    for (const auto& e : fs::directory_iterator(root / "en"))
-      if (e.path().filename().string().rfind("c4-", 0) == 0) {
+    for (fs::directory_iterator e(root / "en", ec), end; !ec && e != end; e.increment(ec))
+      if (e->path().filename().string().rfind("c4-", 0) == 0) {
         root /= "en";
         prefix = "c4-" + split + ".";
         break;
       }
   }
   std::vector<fs::path> rel;
-  fs::recursive_directory_iterator it(root, fs::directory_options::follow_directory_symlink), end;
-  for (; it != end; ++it) {
+  // Folders are entered once each, however many links lead to them (a link to a parent ends there).
+  std::set<fs::path> entered = {fs::weakly_canonical(root, ec)};
+  auto fail = [&](const fs::path& where, const std::error_code& e) {
+    TITAN_USER_CHECK(false, "cannot list the dataset folder '", where.string(), "': ", e.message(),
+                     ": make it readable, or set the dataset path to the files to read");
+  };
+  fs::recursive_directory_iterator it(root, fs::directory_options::follow_directory_symlink, ec), end;
+  if (ec) fail(root, ec);
+  for (; it != end; it.increment(ec)) {
+    if (ec) fail(root, ec);
     const std::string name = it->path().filename().string();
     if (!name.empty() && name[0] == '.') {  // .git, .cache/huggingface, ...
       if (it->is_directory(ec)) it.disable_recursion_pending();
       continue;
     }
-    if (!it->is_regular_file(ec)) continue;  // follows links: a Hub snapshot's files link into blobs/
-    if (!is_data_file(name) || (!prefix.empty() && name.rfind(prefix, 0) != 0)) continue;
+    if (it->is_directory(ec)) {
+      if (!entered.insert(fs::weakly_canonical(it->path(), ec)).second) it.disable_recursion_pending();
+      continue;
+    }
+    const bool data = is_data_file(name) && (prefix.empty() || name.rfind(prefix, 0) == 0);
+    if (!data) continue;
+    // A data file's link into a missing blob (a cache cleaned up, a partial copy) would drop its data.
+    TITAN_USER_CHECK(it->is_regular_file(ec), "dataset file '", it->path().string(), "' is ",
+                     it->is_symlink(ec) ? "a link to a missing file" : "not a regular file",
+                     " (in a Hugging Face cache: a deleted blob; download the dataset again)");
     rel.push_back(it->path().lexically_relative(root));  // not fs::relative, which resolves links
   }
+  if (ec) fail(root, ec);
   TITAN_USER_CHECK(!rel.empty(), "dataset folder '", root.string(), "' holds no data file",
                    prefix.empty() ? "" : " named " + prefix + "*", ": ", kAccepted);
   // Narrowed to the split's files where some belong to it (train/, data/train-00000-of-00002.parquet, ...).
+  // A folder whose files are named for other splits only is refused: reading them all would validate
+  // on training data (or train on the test set) without a word.
   if (prefix.empty()) {
     std::vector<fs::path> of_split;
     for (const auto& r : rel)
       if (in_split(r, split)) of_split.push_back(r);
-    if (!of_split.empty()) rel = std::move(of_split);
+    if (of_split.empty()) {
+      std::set<std::string> others;
+      for (const std::string& s : {"train", "validation", "test", "eval"})
+        for (const auto& r : rel)
+          if (s != split && in_split(r, s)) others.insert(s);
+      auto listed = [](const auto& names, const char* last) {
+        std::string l;
+        size_t k = 0;
+        for (const auto& n : names) l += (k++ == 0 ? "" : k == names.size() ? last : ", ") + std::string(n);
+        return l;
+      };
+      TITAN_USER_CHECK(others.empty(), "dataset folder '", root.string(), "' holds files of the ",
+                       listed(others, " and "), " split(s) but none of the ", split, " split (files or folders named ",
+                       listed(split_names(split), " or "), "): set the dataset path to the ", split, " data");
+    } else {
+      rel = std::move(of_split);
+    }
   }
   std::sort(rel.begin(), rel.end(), [](const fs::path& a, const fs::path& b) { return a.string() < b.string(); });
   std::vector<std::string> files;

@@ -163,6 +163,7 @@ struct TableReader::Impl {
   // mapping through a buffer of its own, so a second one (to count rows) leaves the first in place.
   std::shared_ptr<arrow::ipc::RecordBatchStreamReader> new_stream(int only) {
     arrow::ipc::IpcReadOptions options = arrow::ipc::IpcReadOptions::Defaults();
+    options.use_threads = false;  // no Arrow thread pool beside training (compressed batches decode here)
     if (only >= 0) options.included_fields = {only};
     return guard("reading the schema", [&] {
       if (!whole) {
@@ -182,6 +183,7 @@ struct TableReader::Impl {
       return ipc_stream->schema();
     }
     arrow::ipc::IpcReadOptions options = arrow::ipc::IpcReadOptions::Defaults();
+    options.use_threads = false;  // no Arrow thread pool beside training (compressed batches decode here)
     if (only >= 0) options.included_fields = {only};
     return guard("reading the schema", [&] {
       ipc_file = value(arrow::ipc::RecordBatchFileReader::Open(mapped, options), "reading the schema");
@@ -252,6 +254,11 @@ struct TableReader::Impl {
       }
       TITAN_USER_CHECK(batch->num_columns() == 1, "dataset file '", path, "': record batch ", u, " has ",
                        batch->num_columns(), " columns, expected the text column only");
+      // Rows are numbered by the batch's row count (count()) and read by its column: they must agree.
+      TITAN_USER_CHECK(batch->column(0)->length() == batch->num_rows() &&
+                           (u >= static_cast<int64_t>(unit_rows.size()) || unit_rows[u] < 0 || unit_rows[u] == batch->num_rows()),
+                       "dataset file '", path, "': record batch ", u, " says ", batch->num_rows(),
+                       " rows but its text column holds ", batch->column(0)->length(), ": is the file damaged?");
       column_data = std::make_shared<arrow::ChunkedArray>(batch->column(0));
     }
     TITAN_USER_CHECK(is_text_type(*column_data->type()), "dataset file '", path, "': column '", column, "' is ",
@@ -302,6 +309,9 @@ struct TableReader::Impl {
     TITAN_ASSERT(load(u), "row group / record batch ", u, " of '", path, "' vanished");
     int64_t skip = row - unit_start[u];
     while (skip > 0) {
+      TITAN_USER_CHECK(chunk < chunks.size(), "dataset file '", path, "': ",
+                       format == Format::kParquet ? "row group " : "record batch ", u, " holds fewer rows than its "
+                       "count: is the file damaged?");
       const int64_t left = chunks[chunk]->length() - in_chunk;
       if (skip < left) {
         in_chunk += skip;

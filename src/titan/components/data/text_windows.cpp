@@ -8,28 +8,90 @@
 namespace titan::data {
 
 TextWindowSource::TextWindowSource(std::vector<std::string> files, std::string text_field, const Tokenizer& tokenizer,
-                                   int64_t seq_len)
-    : reader_(std::move(files), std::move(text_field)), tokenizer_(tokenizer), window_len_(seq_len + 1) {
+                                   int64_t seq_len, TokenizeTogether together)
+    : reader_(std::move(files), std::move(text_field)),
+      tokenizer_(tokenizer),
+      window_len_(seq_len + 1),
+      together_(std::move(together)) {
   TITAN_USER_CHECK(seq_len >= 1, "seq_len must be at least 1, got ", seq_len);
+  TITAN_ASSERT(together_.size >= 1 && together_.rank >= 0 && together_.rank < together_.size &&
+                   (together_.size == 1 || together_.all_gather),
+               "TokenizeTogether: bad member ", together_.rank, " of ", together_.size);
   reader_.rewind(0);
   pass_tokens_ = 0;
+  pass_lines_ = 0;
+  appended_epoch_ = 0;
   while (head_ == buf_.size()) read_document();
 }
 
-void TextWindowSource::read_document() {
-  DocPos pos;
-  while (!reader_.next(text_, pos)) {
-    TITAN_USER_CHECK(pass_tokens_ != 0, "the dataset yields no tokens (", reader_.files().size(), " file(s) starting with '",
-                     reader_.files().front(), "', field '", reader_.text_field(),
-                     "'): it has no documents, or they are all empty and the tokenizer has no BOS/EOS");
+void TextWindowSource::next_line(std::string& line, DocPos& pos) {
+  while (!reader_.next_line(line, pos)) {
+    TITAN_USER_CHECK(pass_lines_ != 0, "the dataset yields no tokens (", reader_.files().size(), " file(s) starting with '",
+                     reader_.files().front(), "', field '", reader_.text_field(), "'): it has no documents");
     ++epoch_;
     reader_.rewind(epoch_);
+    pass_lines_ = 0;
+  }
+  if (pass_lines_ >= 0) ++pass_lines_;
+}
+
+void TextWindowSource::append(const DocPos& pos, const std::vector<int32_t>& ids) {
+  if (pos.epoch != appended_epoch_) {  // the previous epoch was appended whole
+    TITAN_USER_CHECK(pass_tokens_ != 0, "the dataset yields no tokens (", reader_.files().size(), " file(s) starting with '",
+                     reader_.files().front(), "', field '", reader_.text_field(),
+                     "'): its documents are all empty and the tokenizer has no BOS/EOS");
+    appended_epoch_ = pos.epoch;
     pass_tokens_ = 0;
   }
-  std::vector<int32_t> ids = tokenizer_.encode(text_, /*add_bos=*/true, /*add_eos=*/true);
   buf_.insert(buf_.end(), ids.begin(), ids.end());
   docs_.push_back({pos, static_cast<int64_t>(ids.size())});
   if (pass_tokens_ >= 0) pass_tokens_ += static_cast<int64_t>(ids.size());
+}
+
+void TextWindowSource::read_document() {
+  if (together_.size == 1) {
+    DocPos pos;
+    next_line(text_, pos);
+    append(pos, tokenizer_.encode(reader_.text_of(text_, pos), /*add_bos=*/true, /*add_eos=*/true));
+    return;
+  }
+  // A block: every member reads its lines; member r encodes documents r, r + size, ...
+  const int64_t n = kDocsPerMember * together_.size;
+  std::vector<std::string> lines(static_cast<size_t>(n));
+  std::vector<DocPos> positions(static_cast<size_t>(n));
+  for (int64_t k = 0; k < n; ++k) next_line(lines[k], positions[k]);
+  // Mine: [1, count, length..., tokens...], or [0, the error's bytes...] when a document of mine
+  // cannot be read, so that every member stops with it rather than wait.
+  std::vector<int32_t> mine = {1, 0};
+  try {
+    std::vector<std::vector<int32_t>> encoded;
+    for (int64_t k = together_.rank; k < n; k += together_.size)
+      encoded.push_back(tokenizer_.encode(reader_.text_of(lines[k], positions[k]), /*add_bos=*/true, /*add_eos=*/true));
+    mine[1] = static_cast<int32_t>(encoded.size());
+    for (const auto& ids : encoded) mine.push_back(static_cast<int32_t>(ids.size()));
+    for (const auto& ids : encoded) mine.insert(mine.end(), ids.begin(), ids.end());
+  } catch (const std::exception& e) {  // a bad document (UserError), or anything else: said, not waited on
+    const std::string what = e.what();
+    mine.assign({0});
+    mine.insert(mine.end(), what.begin(), what.end());
+  }
+  const std::vector<std::vector<int32_t>> all = together_.all_gather(mine);
+  TITAN_ASSERT(static_cast<int>(all.size()) == together_.size, "TokenizeTogether: ", all.size(), " parts for ",
+               together_.size, " members");
+  for (const auto& part : all)
+    if (!part.empty() && part[0] == 0) throw UserError(std::string(part.begin() + 1, part.end()));
+  // Member m's documents in order: the next of each member in turn is the stream's next.
+  std::vector<size_t> length_at(all.size(), 2), tokens_at(all.size());
+  for (size_t m = 0; m < all.size(); ++m) tokens_at[m] = 2 + static_cast<size_t>(all[m].at(1));
+  for (int64_t k = 0; k < n; ++k) {
+    const size_t m = static_cast<size_t>(k % together_.size);
+    const std::vector<int32_t>& part = all[m];
+    const size_t len = static_cast<size_t>(part.at(length_at[m]++));
+    TITAN_ASSERT(tokens_at[m] + len <= part.size(), "TokenizeTogether: member ", m, "'s part is short");
+    append(positions[k], std::vector<int32_t>(part.begin() + static_cast<std::ptrdiff_t>(tokens_at[m]),
+                                              part.begin() + static_cast<std::ptrdiff_t>(tokens_at[m] + len)));
+    tokens_at[m] += len;
+  }
 }
 
 void TextWindowSource::pop_consumed() {
@@ -86,7 +148,9 @@ void TextWindowSource::load_state(const nlohmann::json& s) {
                    ": resume with the same dataset");
   reader_.seek(anchor);
   epoch_ = anchor.epoch;
+  appended_epoch_ = anchor.epoch;
   pass_tokens_ = -1;
+  pass_lines_ = -1;
   docs_.clear();
   buf_.clear();
   base_ = head_ = 0;

@@ -187,6 +187,8 @@ const LoggedMetrics& MetricsLogger::log(const StepStats& s, const Scalars& extra
                      {"memory_pct", number(m.memory.max_reserved_pct)},
                      {"memory_active_gib", number(m.memory.max_active_gib)}};
     if (s.ntokens_seen) j["tokens_seen"] = *s.ntokens_seen;
+    if (s.data_loading_seconds)  // per step, as TensorBoard's time_metrics/data_loading(s)
+      j["data_loading_s"] = number(*s.data_loading_seconds / static_cast<double>(s.steps_since_last_log));
     if (s.moe_imbalance) j["moe_imbalance"] = number(*s.moe_imbalance);
     if (s.moe_imbalance_max) j["moe_imbalance_max"] = number(*s.moe_imbalance_max);
     if (s.moe_aux_loss) j["moe_aux_loss"] = number(*s.moe_aux_loss);
