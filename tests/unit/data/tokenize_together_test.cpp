@@ -160,7 +160,7 @@ TEST(DataTokenizeTogether, EachMemberEncodesItsShareOfTheDocuments) {
       for (int i = 0; i < 40; ++i) source.read(window.data());  // 400 tokens: within the first block
     });
   for (auto& t : threads) t.join();
-  // One block of 16 x 4 documents, 16 encoded by each member.
+  // One block of 256 x 4 documents (the 64 of the file, 16 times over), 256 encoded by each member.
   ASSERT_EQ(tok.docs.size(), 4u);
   for (const auto& [id, n] : tok.docs) EXPECT_EQ(n, data::TextWindowSource::kDocsPerMember);
   EXPECT_EQ(exchange.rounds(), 1);

@@ -56,10 +56,16 @@ void TextWindowSource::read_document() {
     return;
   }
   // A block: every member reads its lines; member r encodes documents r, r + size, ...
-  const int64_t n = kDocsPerMember * together_.size;
-  std::vector<std::string> lines(static_cast<size_t>(n));
-  std::vector<DocPos> positions(static_cast<size_t>(n));
-  for (int64_t k = 0; k < n; ++k) next_line(lines[k], positions[k]);
+  std::vector<std::string> lines;
+  std::vector<DocPos> positions;
+  size_t bytes = 0;
+  while (static_cast<int64_t>(lines.size()) < kDocsPerMember * together_.size && bytes < kBlockBytes) {
+    lines.emplace_back();
+    positions.emplace_back();
+    next_line(lines.back(), positions.back());
+    bytes += lines.back().size();
+  }
+  const int64_t n = static_cast<int64_t>(lines.size());
   // Mine: [1, count, length..., tokens...], or [0, the error's bytes...] when a document of mine
   // cannot be read, so that every member stops with it rather than wait.
   std::vector<int32_t> mine = {1, 0};

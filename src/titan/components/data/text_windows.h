@@ -30,14 +30,18 @@ struct TokenizeTogether {
 // that document on were already consumed (plus the epoch). It stays a few integers however long the
 // documents are; restoring it re-reads and re-tokenizes from that document on.
 //
-// With `together` of size > 1, documents are read in blocks of kDocsPerMember x size: every member
+// With `together` of size > 1, documents are read in blocks (kDocsPerMember x size documents, at most
+// kBlockBytes of lines, an exchange serving several steps): every member
 // reads the block's lines, extracts (JSON) and encodes those of index rank, rank + size, ... and the
 // block's encodings are exchanged (one all-gather of lengths, one of tokens). The stream, and so every
 // window and state, is the one a single process reads. A member whose part fails (a bad line) sends
 // its error instead: every member then throws it, none waits.
 class TextWindowSource : public WindowSource {
  public:
-  static constexpr int64_t kDocsPerMember = 16;
+  // A block: kDocsPerMember x size documents, or fewer when their lines reach kBlockBytes (the same
+  // on every member: they read the same lines).
+  static constexpr int64_t kDocsPerMember = 256;
+  static constexpr size_t kBlockBytes = size_t{32} << 20;
   // `tokenizer` must outlive the source.
   TextWindowSource(std::vector<std::string> files, std::string text_field, const Tokenizer& tokenizer, int64_t seq_len,
                    TokenizeTogether together = {});
