@@ -206,11 +206,15 @@ void Trainer::load_checkpoint(checkpoint::Source& source, std::vector<std::strin
       TITAN_USER_CHECK(*tokens % dims_->dp_size() == 0, source.describe(), ": ", *tokens,
                        " tokens seen do not split over ", dims_->dp_size(), " data-parallel ranks");
     }
-    // The data position is checked (same dataset, same seq_len) by restoring it; on a failure the
-    // constructor throws, so the half-restored loader is never used.
     if (has(parts, "lr_scheduler")) lr_step = state.at("lr_scheduler").at("step").get<int64_t>();
-    if (has(parts, "dataloader")) dataloader_->load_state(state.at("dataloader").dump());
   }, "load " + source.describe());
+  // The data position is checked (same dataset, same seq_len) by restoring it; on a failure the
+  // constructor throws, so the half-restored loader is never used. Apart from the checks above, which
+  // one rank may fail alone: restoring text data exchanges tokens between the node's ranks, which must
+  // all reach it.
+  if (has(parts, "dataloader"))
+    on_every_rank([&] { dataloader_->load_state(state.at("dataloader").dump()); },
+                  "restore the data position of " + source.describe());
   on_every_rank([&] { checkpoint::load_into(source, tensors, allow_cast); },
                 "load " + source.describe() + " (after it was checked: the state is partly loaded, so the run stops)");
   if (step) step_ = *step;
