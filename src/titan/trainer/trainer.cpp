@@ -351,7 +351,10 @@ data::TokenizeTogether Trainer::tokenize_together(const std::string& name) {
   for (int r = env_.rank - env_.local_rank; r < env_.rank - env_.local_rank + local; ++r) members.push_back(r);
   if (members.front() < 0 || members.back() >= env_.world_size) return {};  // ranks not laid out node by node
   const auto timeout = std::chrono::seconds(cfg_.comm.init_timeout_seconds);
-  return data::tokenize_together(mesh_->host_group(name, members, timeout, timeout, "comm.init_timeout_seconds"));
+  dist::Group& group = mesh_->host_group(name, members, timeout, timeout, "comm.init_timeout_seconds");
+  if (timeout_set_) group.set_timeout(std::chrono::seconds(cfg_.comm.train_timeout_seconds), "comm.train_timeout_seconds");
+  if (std::find(data_groups_.begin(), data_groups_.end(), &group) == data_groups_.end()) data_groups_.push_back(&group);
+  return data::tokenize_together(group);
 }
 
 std::string Trainer::saved_config_path() const {
@@ -763,6 +766,8 @@ std::vector<double> Trainer::train() {
     // read): collectives get comm.init_timeout_seconds until it is done, then train_timeout_seconds.
     if (!timeout_set_) {
       mesh_->set_timeout(std::chrono::seconds(cfg_.comm.train_timeout_seconds), "comm.train_timeout_seconds");
+      // The data exchanges of text tokenized together wait as long as training's collectives.
+      for (dist::Group* g : data_groups_) g->set_timeout(std::chrono::seconds(cfg_.comm.train_timeout_seconds), "comm.train_timeout_seconds");
       timeout_set_ = true;
     }
     // Every rank stops after the same step: the one at which the vote finds a preemption signal (the

@@ -166,6 +166,7 @@ class Trainer {
   std::string saved_config_path() const;
   // The tokenization of text data shared by this node's ranks, over host group `name`.
   data::TokenizeTogether tokenize_together(const std::string& name);
+  std::vector<dist::Group*> data_groups_;  // the host groups of those exchanges
   uint64_t seed() const;
   struct Precision {
     at::ScalarType param_dtype = at::kFloat;
