@@ -363,19 +363,9 @@ Mesh::Mesh(const ParallelDims& dims, int rank, const c10::intrusive_ptr<c10d::St
 
 Group& Mesh::host_group(const std::string& name, std::chrono::milliseconds connect_timeout,
                         std::chrono::milliseconds timeout, const std::string& label) {
-  auto& g = host_groups_[name];
-  if (g) return *g;
   std::vector<int> ranks(static_cast<size_t>(dims_.world_size()));
   for (size_t i = 0; i < ranks.size(); ++i) ranks[i] = static_cast<int>(i);
-  c10::intrusive_ptr<c10d::Backend> b;
-  if (ranks.size() > 1)
-    b = make_backend(BackendKind::Gloo, c10::make_intrusive<c10d::PrefixStore>("host/" + name, store_), rank_,
-                     static_cast<int>(ranks.size()), connect_timeout, gloo_host_);
-  // Failure reports apart from the training groups' (a rank may fail in both at once).
-  g = std::make_unique<Group>(name, ranks, rank_, b, &host_bytes_, &host_calls_,
-                              c10::make_intrusive<c10d::PrefixStore>("titan/host/" + name, store_), timeout);
-  g->set_timeout(timeout, label);
-  return *g;
+  return host_group(name, ranks, connect_timeout, timeout, label);
 }
 
 Group& Mesh::host_group(const std::string& name, const std::vector<int>& members,
