@@ -153,9 +153,16 @@ std::string describe(const LaunchEnv& e) {
                         ", node ", e.node_rank, ") master ", e.master_addr, ":", e.master_port, " [", e.source, "]");
 }
 
-int local_device_index(const LaunchEnv& env, int visible_devices) {
+int local_device_index(const LaunchEnv& env, int visible_devices, bool visible_devices_set) {
   TITAN_ASSERT(visible_devices > 0, "local_device_index needs at least one device");
-  if (visible_devices == 1) return 0;
+  if (visible_devices == 1) {
+    TITAN_USER_CHECK(env.local_world_size == 1 || visible_devices_set, env.local_world_size,
+                     " processes run on this node (", describe(env), ") and they all see its one CUDA device: NCCL "
+                     "needs a GPU per rank. Start 1 process per node (--nproc-per-node 1), or bind one GPU to each "
+                     "process (CUDA_VISIBLE_DEVICES per process, e.g. srun --gpus-per-task=1), or train on the CPU "
+                     "(CUDA_VISIBLE_DEVICES= with an empty value)");
+    return 0;
+  }
   TITAN_USER_CHECK(env.local_rank < visible_devices, "local rank ", env.local_rank, " (", describe(env), ") has no GPU: "
                    "only ", visible_devices, " CUDA devices are visible on this node. Start at most ", visible_devices,
                    " processes per node (--nproc-per-node, --ntasks-per-node) or make more GPUs visible "

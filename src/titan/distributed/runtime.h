@@ -47,9 +47,11 @@ std::string describe(const LaunchEnv& env);
 
 // The CUDA device this process uses among the `visible_devices` (> 0) it sees: LOCAL_RANK when the
 // node's processes share its GPUs (torchrun, titan launch, srun with --gpus-per-node), or device 0 when
-// exactly one is visible because the scheduler bound one GPU to each task (srun --gpus-per-task=1).
-// Throws UserError when LOCAL_RANK exceeds the visible devices.
-int local_device_index(const LaunchEnv& env, int visible_devices);
+// exactly one is visible because the scheduler bound one GPU to each task (srun --gpus-per-task=1,
+// which sets CUDA_VISIBLE_DEVICES per task: `visible_devices_set`). Throws UserError when LOCAL_RANK
+// exceeds the visible devices, and when several processes of the node would share its one GPU (one
+// device visible, CUDA_VISIBLE_DEVICES unset): NCCL refuses two ranks on one GPU.
+int local_device_index(const LaunchEnv& env, int visible_devices, bool visible_devices_set);
 
 // Expands a SLURM hostlist: "node[01-03,07],gpu5" -> node01 node02 node03 node07 gpu5. Zero padding of
 // a range follows its lower bound; several bracket groups in one name expand as a product

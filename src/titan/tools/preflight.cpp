@@ -9,6 +9,7 @@
 #include <torch/cuda.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -94,14 +95,7 @@ AvailableMemory available_memory_per_rank(bool cuda, int device, int local_world
   AvailableMemory a;
   if (cuda) {
     a.bytes = static_cast<int64_t>(metrics::detail::cuda_free_memory(device));
-    a.what = "free memory of GPU " + std::to_string(device);
-    // Ranks beyond the GPUs of this node share them (local_device_index wraps around).
-    const int gpus = std::max(1, static_cast<int>(torch::cuda::device_count()));
-    const int sharing = (std::max(1, local_world_size) + gpus - 1) / gpus;
-    if (sharing > 1) {
-      a.bytes /= sharing;
-      a.what += ", shared by " + std::to_string(sharing) + " ranks";
-    }
+    a.what = "free memory of GPU " + std::to_string(device);  // each rank has its own (local_device_index)
     return a;
   }
   int64_t bytes = mem_available();
@@ -134,7 +128,9 @@ void check_memory_fits(const JobConfig& cfg) {
                 << ex.what() << ")" << std::endl;
     return;
   }
-  const int device = cuda ? dist::local_device_index(env, static_cast<int>(torch::cuda::device_count())) : 0;
+  const int device = cuda ? dist::local_device_index(env, static_cast<int>(torch::cuda::device_count()),
+                                                    std::getenv("CUDA_VISIBLE_DEVICES") != nullptr)
+                          : 0;
   const AvailableMemory a = available_memory_per_rank(cuda, device, env.local_world_size);
   if (a.bytes <= 0 || e.peak_device <= a.bytes) {
     if (env.rank == 0 && a.bytes > 0)

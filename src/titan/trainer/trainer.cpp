@@ -86,7 +86,8 @@ void Trainer::set_up_distributed() {
                                                p.pipeline_parallel_degree, env_.world_size, p.expert_parallel_degree);
   check_supported(cfg_, env_.world_size);
   if (torch::cuda::is_available()) {
-    const int index = dist::local_device_index(env_, static_cast<int>(torch::cuda::device_count()));
+    const int index = dist::local_device_index(env_, static_cast<int>(torch::cuda::device_count()),
+                                               std::getenv("CUDA_VISIBLE_DEVICES") != nullptr);
     device_ = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
     c10::impl::getDeviceGuardImpl(c10::kCUDA)->setDevice(device_);
   }

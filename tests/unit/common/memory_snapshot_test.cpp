@@ -122,7 +122,10 @@ TEST(MemorySnapshot, CudaSnapshotHoldsTheHistory) {
        "import pickle, sys\n"
        "s = pickle.load(open(sys.argv[1], 'rb'))\n"
        "sizes = [e['size'] for t in s['device_traces'] for e in t if e['action'] == 'alloc']\n"
-       "assert 4 * 2**20 in sizes, sizes\n",
+       "assert 4 * 2**20 in sizes, sizes\n"
+       "from torch.cuda import _memory_viz\n"  // the reader behind pytorch.org/memory_viz
+       "assert len(_memory_viz.trace_plot(s)) > 1000\n"
+       "assert len(_memory_viz.segment_plot(s)) > 1000\n",
        path});
   EXPECT_EQ(r.exit_code, 0) << r.output;
 }

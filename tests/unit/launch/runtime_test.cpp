@@ -1,6 +1,7 @@
 // launch_env_from_environment: torchrun's variables, SLURM's, the single-process default, and the
 // errors of partial or inconsistent environments. The environment is set in-process and restored.
 #include "titan/common/error.h"
+#include "test_util.h"
 #include "titan/distributed/runtime.h"
 
 #include <gtest/gtest.h>
@@ -194,10 +195,19 @@ TEST(LocalDevice, SharedOrBound) {
   e.local_rank = 3;
   e.local_world_size = 8;
   e.world_size = 8;
-  EXPECT_EQ(local_device_index(e, 8), 3);  // all GPUs visible to every process
-  EXPECT_EQ(local_device_index(e, 1), 0);  // one GPU bound to this task
+  EXPECT_EQ(local_device_index(e, 8, false), 3);  // all GPUs visible to every process
+  EXPECT_EQ(local_device_index(e, 1, true), 0);   // one GPU bound to this task (CUDA_VISIBLE_DEVICES)
+  // 8 processes and the node's one GPU: NCCL would refuse the duplicate GPU at the first collective.
+  const std::string shared = test::error_of([&] { local_device_index(e, 1, false); });
+  EXPECT_NE(shared.find("8 processes run on this node"), std::string::npos) << shared;
+  EXPECT_NE(shared.find("--nproc-per-node 1"), std::string::npos) << shared;
+  e.local_rank = 0;
+  e.local_world_size = 1;
+  EXPECT_EQ(local_device_index(e, 1, false), 0);  // one process, one GPU
+  e.local_rank = 3;
+  e.local_world_size = 8;
   try {
-    local_device_index(e, 2);
+    local_device_index(e, 2, false);
     ADD_FAILURE() << "no error";
   } catch (const UserError& err) {
     EXPECT_NE(std::string(err.what()).find("only 2 CUDA devices are visible"), std::string::npos) << err.what();

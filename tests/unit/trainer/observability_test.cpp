@@ -18,6 +18,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <torch/cuda.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -208,7 +209,9 @@ TEST(Profiling, OutOfMemoryWritesTheSnapshotAndNamesIt) {
   auto r = launch(1, train_args(dir.path(), 4, {"--profiling.enable_memory_snapshot", "true"}),
                   {{"TITAN_FAULT_INJECT", "action=oom,point=forward,step=3"}});
   EXPECT_NE(r.exit_code, 0);
-  const std::string snapshot = dir / "memory_snapshot/iteration_3_exit/rank0_cpu_memory.txt";
+  // The CPU's peak breakdown, or on a GPU the CUDA allocator's snapshot.
+  const std::string snapshot = dir / (torch::cuda::is_available() ? "memory_snapshot/iteration_3_exit/rank0_memory_snapshot.pickle"
+                                                                  : "memory_snapshot/iteration_3_exit/rank0_cpu_memory.txt");
   EXPECT_NE(r.output.find("titan train: error: out of memory at step 3: CUDA out of memory"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("memory snapshot: " + snapshot), std::string::npos) << r.output;
   EXPECT_TRUE(fs::exists(snapshot));
@@ -234,7 +237,9 @@ std::vector<std::string> validation_args(const std::string& local_batch = "2") {
 TEST(Validation, LossEqualsTheReferenceOnTheSameTokens) {
   test::TempDir dir;
   auto a = train_args(dir.path(), 3, validation_args());
-  a.insert(a.end(), {"--training.local_batch_size", "8", "--metrics.enable_tensorboard", "true"});
+  // fp32 compute on a GPU too (the reference below runs the model without autocast).
+  a.insert(a.end(), {"--training.local_batch_size", "8", "--metrics.enable_tensorboard", "true",
+                     "--training.mixed_precision_param", "float32"});
   Trainer t(parse_config(a));
   ASSERT_TRUE(t.validation_enabled());
   const metrics::ValidationStats v = t.validate();
@@ -252,8 +257,9 @@ TEST(Validation, LossEqualsTheReferenceOnTheSameTokens) {
     at::NoGradGuard no_grad;
     for (int b = 0; b < 2; ++b) {
       data::Batch batch = loader->next();
-      at::Tensor logits = t.model()->forward(batch.inputs).to(at::kDouble);
-      sum += at::cross_entropy_loss(logits.flatten(0, 1), batch.labels.flatten(), {}, at::Reduction::Sum).item<double>();
+      at::Tensor logits = t.model()->forward(batch.inputs.to(t.device())).to(at::kDouble);
+      sum += at::cross_entropy_loss(logits.flatten(0, 1), batch.labels.to(t.device()).flatten(), {}, at::Reduction::Sum)
+                 .item<double>();
       n += batch.labels.numel();
     }
   }
@@ -264,7 +270,7 @@ TEST(Validation, LossEqualsTheReferenceOnTheSameTokens) {
   // Training is not changed by validation.
   const auto with = t.train();
   test::TempDir plain_dir;
-  auto b = train_args(plain_dir.path(), 3, {"--training.local_batch_size", "8"});
+  auto b = train_args(plain_dir.path(), 3, {"--training.local_batch_size", "8", "--training.mixed_precision_param", "float32"});
   Trainer plain(parse_config(b));
   const auto without = plain.train();
   EXPECT_EQ(with, without);

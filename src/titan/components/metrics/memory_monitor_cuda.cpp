@@ -6,6 +6,7 @@
 
 #if __has_include(<c10/cuda/CUDACachingAllocator.h>) && __has_include(<cuda_runtime_api.h>)
 #define TITAN_METRICS_HAS_CUDA 1
+#include <ATen/Context.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -46,12 +47,14 @@ double cuda_free_memory(int index) {
 }
 
 CudaPeaks cuda_peaks(int index) {
+  at::globalContext().lazyInitDevice(c10::kCUDA);  // the allocator's statistics exist once CUDA is initialized
   const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(index));
   return {stats.active_bytes[kAllPools].peak, stats.reserved_bytes[kAllPools].peak, stats.num_alloc_retries,
           stats.num_ooms};
 }
 
 void cuda_reset_peaks(int index) {
+  at::globalContext().lazyInitDevice(c10::kCUDA);
   c10::cuda::CUDACachingAllocator::resetPeakStats(static_cast<c10::DeviceIndex>(index));
 }
 
