@@ -261,6 +261,25 @@ TEST(InitSlices, CudaTensorsHoldTheValuesOfCpuOnes) {
   }
 }
 
+// A device tensor of several 16 MB chunks goes through two pinned buffers that alternate, each chunk's
+// copy overlapping the next chunk's generation: every chunk lands where the CPU's values are, in fp32,
+// in bf16, and into a non-contiguous view.
+TEST(InitSlices, LargeCudaTensorsHoldTheValuesOfCpuOnes) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  const int64_t rows = 2333, cols = 4099;  // 9.6M elements: three chunks, the last one partial
+  at::Tensor cpu = at::empty({rows, cols}, at::kFloat);
+  init::normal(cpu, 9, "big", 77, 0.0, 0.02);
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    at::Tensor cuda = at::empty({rows, cols}, at::TensorOptions().device(at::kCUDA).dtype(dtype));
+    init::normal(cuda, 9, "big", 77, 0.0, 0.02);
+    EXPECT_TRUE(at::equal(cuda.cpu(), cpu.to(dtype))) << dtype;
+  }
+  at::Tensor storage = at::empty({cols, rows}, at::TensorOptions().device(at::kCUDA));
+  at::Tensor transposed = storage.t();  // (rows, cols), not contiguous
+  init::normal(transposed, 9, "big", 77, 0.0, 0.02);
+  EXPECT_TRUE(at::equal(transposed.cpu(), cpu));
+}
+
 // ---- the model's rows
 
 TEST(InitLlama3, InitRowsOfARowRangeEqualsThoseRowsOfInitWeights) {
