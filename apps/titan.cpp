@@ -4,7 +4,7 @@
 //   titan train     [--job.config_file F] [--section.key value ...]   train (torchtitan's log lines)
 //   titan estimate  [--world-size N] [--device cuda|cpu] [...]       per-rank memory, FLOPs, communication
 //   titan tokenize  --output DIR [...]                                pre-tokenize the dataset to shards
-//   titan convert   to-hf|from-hf SRC DST [...]                       checkpoint <-> Hugging Face folder
+//   titan convert   to-hf|from-hf|from-dcp SRC DST [...]              checkpoint <-> Hugging Face folder; torch.distributed.checkpoint in
 //   titan report    DUMP_FOLDER... [--output F] | --check RUN_A RUN_B  metrics page; compare loss curves
 #include "titan/common/error.h"
 #include "titan/components/data/dataloader.h"
@@ -69,7 +69,8 @@ const char* kUsage =
     "             process takes its part of the files and its share of the node's cores); train on them with\n"
     "             --training.dataset_path DIR\n"
     "  convert    to-hf CHECKPOINT_STEP_DIR OUT_DIR | from-hf HF_DIR OUT_CHECKPOINT_DIR: a titan checkpoint\n"
-    "             to a Hugging Face model folder (transformers) and back; see titan convert --help\n"
+    "             to a Hugging Face model folder (transformers) and back; from-dcp DCP_STEP_DIR\n"
+    "             OUT_CHECKPOINT_DIR: a torch.distributed.checkpoint (torchtitan) in; see titan convert --help\n"
     "  report     DUMP_FOLDER [DUMP_FOLDER ...]: one HTML page plotting the runs' metrics (loss, lr, MFU, ...)\n"
     "             and their config differences; --check RUN_A RUN_B compares two loss curves step by step;\n"
     "             see titan report --help\n"

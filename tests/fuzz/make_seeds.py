@@ -201,11 +201,31 @@ def checkpoint_seeds():
         SEP + blobs[1] + SEP + subs[0] + SEP + bad_sub)
 
 
+def dcp_seeds():
+    """A torch.distributed.checkpoint folder as torchtitan writes one: a model tensor, the flattened AdamW
+    state and non-tensor values (train_state, lr_scheduler, a param group's settings)."""
+    script = (
+        "import sys, torch, torch.distributed.checkpoint as dcp\n"
+        "w = torch.arange(6, dtype=torch.float32).reshape(2, 3)\n"
+        "sd = {'layers.0.attention.wq.weight': w, 'norm.weight': torch.ones(3, dtype=torch.bfloat16),\n"
+        "      'optimizer': {'state.norm.weight.step': torch.tensor(2.0), 'state.norm.weight.exp_avg': torch.zeros(3),\n"
+        "                    'param_groups.norm.weight.lr': 1e-3, 'param_groups.norm.weight.betas': (0.9, 0.95)},\n"
+        "      'lr_scheduler': {'last_epoch': 2}, 'train_state': {'step': 2, 'ntokens_seen': 64}}\n"
+        "dcp.save(sd, checkpoint_id=sys.argv[1], no_dist=True)\n")
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([str(ROOT / ".venv/bin/python"), "-c", script, tmp + "/step-2"], check=True,
+                       capture_output=True)
+        metadata = Path(tmp + "/step-2/.metadata").read_bytes()
+        data = Path(tmp + "/step-2/__0_0.distcp").read_bytes()
+    put("dcp", "torchtitan_like", metadata + SEP + data)
+
+
 if __name__ == "__main__":
     shutil.rmtree(OUT, ignore_errors=True)
     config_seeds()
     tokenizer_seeds()
     data_seeds()
     checkpoint_seeds()
+    dcp_seeds()
     total = sum(p.stat().st_size for p in OUT.rglob("*") if p.is_file())
     print(f"seed corpus: {sum(1 for p in OUT.rglob('*') if p.is_file())} files, {total // 1024} KiB in {OUT}")

@@ -2,6 +2,7 @@
 
 #include "titan/common/error.h"
 #include "titan/components/checkpoint/checkpoint.h"
+#include "titan/components/checkpoint/dcp.h"
 #include "titan/components/checkpoint/hf.h"
 #include "titan/config/job_config.h"
 #include "titan/models/registry.h"
@@ -9,6 +10,7 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -90,6 +92,41 @@ std::string convert_from_hf(const std::string& hf_dir, const std::string& out_st
   return chosen;
 }
 
+int64_t convert_from_dcp(const std::string& dcp_dir, const std::string& out_step_dir, const std::string& model,
+                         const std::string& flavor, bool model_only) {
+  const ModelSpec& spec = model_spec(model);
+  TITAN_USER_CHECK(!fs::exists(out_step_dir), out_step_dir, " already exists: choose a new checkpoint folder");
+  TITAN_USER_CHECK(checkpoint::is_dcp_folder(dcp_dir), dcp_dir, " has no ", checkpoint::kDcpMetadataFile,
+                   " file: give the step folder of a torch.distributed.checkpoint save (e.g. "
+                   "outputs/checkpoint/step-1000 of a torchtitan run)");
+  checkpoint::DcpSource source(dcp_dir);
+  std::vector<std::string> contents = source.contents();
+  if (model_only) contents = {"model"};
+  TITAN_USER_CHECK(std::find(contents.begin(), contents.end(), "model") != contents.end() || model_only,
+                   source.describe(), " holds no model weights");
+  nlohmann::json state = source.state(1);
+  for (auto it = state.begin(); it != state.end();)
+    it = std::find(contents.begin(), contents.end(), it.key()) == contents.end() ? state.erase(it) : std::next(it);
+  const int64_t step = state.contains("train_state") ? state["train_state"]["step"].get<int64_t>() : 0;
+  std::vector<std::string> names;
+  for (const std::string& name : source.names()) {
+    const std::string part = name.substr(0, name.find('.'));
+    if (std::find(contents.begin(), contents.end(), part) != contents.end()) names.push_back(name);
+  }
+  TITAN_USER_CHECK(!names.empty(), source.describe(), " holds no model weights titan reads");
+  const nlohmann::json info = {{"step", step},
+                               {"model", checkpoint::model_record(spec, flavor)},
+                               {"contents", contents},
+                               {"world_size", 1},
+                               {"layout", "torch.distributed.checkpoint"}};
+  // One tensor at a time, in the dtype it was saved in.
+  checkpoint::write_single_process(out_step_dir, names, [&](const std::string& name) {
+    const std::vector<int64_t> shape = source.meta(name)->shape;
+    return source.read(name, std::vector<int64_t>(shape.size(), 0), shape);
+  }, info, state);
+  return static_cast<int64_t>(names.size());
+}
+
 std::string convert_usage() {
   return "usage:\n"
          "  titan convert to-hf CHECKPOINT_STEP_DIR OUT_DIR [--checkpoint.export_dtype float32|bfloat16|float16]\n"
@@ -97,7 +134,12 @@ std::string convert_usage() {
          "      (config.json + safetensors, for transformers' from_pretrained); optimizer state is left out\n"
          "  titan convert from-hf HF_DIR OUT_CHECKPOINT_DIR [--model.name llama3] [--model.flavor F]\n"
          "      a Hugging Face model folder to a new titan checkpoint holding the model (fp32); without\n"
-         "      --model.flavor, the flavor whose shape matches config.json\n";
+         "      --model.flavor, the flavor whose shape matches config.json\n"
+         "  titan convert from-dcp DCP_STEP_DIR OUT_CHECKPOINT_DIR --model.flavor F [--model.name llama3]\n"
+         "      [--model-only]\n"
+         "      a torch.distributed.checkpoint folder (a torchtitan run's checkpoint/step-N) to a new titan\n"
+         "      checkpoint: the model, the AdamW state, the learning-rate schedule's and the training step\n"
+         "      (torchtitan's names); put it at <dump_folder>/checkpoint/step-N to resume there\n";
 }
 
 int run_convert(const std::vector<std::string>& args) {
@@ -106,9 +148,11 @@ int run_convert(const std::vector<std::string>& args) {
     return args.empty() ? 2 : 0;
   }
   const std::string& direction = args[0];
-  TITAN_USER_CHECK(direction == "to-hf" || direction == "from-hf", "unknown conversion '", direction,
-                   "': use to-hf or from-hf\n", convert_usage());
-  const std::vector<std::string> options(args.begin() + std::min<size_t>(args.size(), 3), args.end());
+  TITAN_USER_CHECK(direction == "to-hf" || direction == "from-hf" || direction == "from-dcp", "unknown conversion '",
+                   direction, "': use to-hf, from-hf or from-dcp\n", convert_usage());
+  std::vector<std::string> options(args.begin() + std::min<size_t>(args.size(), 3), args.end());
+  // from-dcp's own flag: the model alone.
+  const bool model_only = direction == "from-dcp" && std::erase(options, std::string("--model-only")) > 0;
   if (help_requested(args)) {
     std::cout << convert_usage();
     return 0;
@@ -149,6 +193,14 @@ int run_convert(const std::vector<std::string>& args) {
   bool flavor_given = false;
   for (const auto& o : options)
     flavor_given |= o.rfind("--model.flavor", 0) == 0 || o.rfind("--job.config_file", 0) == 0;
+  if (direction == "from-dcp") {
+    TITAN_USER_CHECK(flavor_given, "titan convert from-dcp needs the model's flavor (--model.flavor, or the run's "
+                     "--job.config_file): a torch.distributed.checkpoint does not record its model's configuration");
+    const int64_t n = convert_from_dcp(args[1], args[2], cfg.model.name, cfg.model.flavor, model_only);
+    std::printf("wrote %lld tensors of %s flavor %s as titan checkpoint %s\n", static_cast<long long>(n),
+                cfg.model.name.c_str(), cfg.model.flavor.c_str(), args[2].c_str());
+    return 0;
+  }
   const std::string flavor = convert_from_hf(args[1], args[2], cfg.model.name, flavor_given ? cfg.model.flavor : "");
   std::printf("wrote %s flavor %s as titan checkpoint %s\n", cfg.model.name.c_str(), flavor.c_str(), args[2].c_str());
   return 0;

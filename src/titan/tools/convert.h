@@ -2,6 +2,7 @@
 //
 //   titan convert to-hf CHECKPOINT_STEP_DIR OUT_DIR [--checkpoint.export_dtype float32|bfloat16|float16]
 //   titan convert from-hf HF_DIR OUT_CHECKPOINT_DIR [--model.name llama3] [--model.flavor F]
+//   titan convert from-dcp DCP_STEP_DIR OUT_CHECKPOINT_DIR --model.flavor F
 //
 // to-hf writes the model's weights (optimizer state is left out) as safetensors shards of at most
 // 5 GB plus config.json, loadable with transformers' from_pretrained. from-hf writes a titan
@@ -24,6 +25,12 @@ int64_t convert_to_hf(const std::string& step_dir, const std::string& out_dir, a
 // Returns the flavor used.
 std::string convert_from_hf(const std::string& hf_dir, const std::string& out_step_dir, const std::string& model,
                             const std::string& flavor);
+
+// Imports torch.distributed.checkpoint folder `dcp_dir` (torchtitan's names) into a new checkpoint folder
+// `out_step_dir` recording model `model` / `flavor`: the model, and unless `model_only` the AdamW state,
+// the schedule's step and the training step. Returns the number of tensors written.
+int64_t convert_from_dcp(const std::string& dcp_dir, const std::string& out_step_dir, const std::string& model,
+                         const std::string& flavor, bool model_only);
 
 // The command line after `titan convert`; returns the exit status.
 int run_convert(const std::vector<std::string>& args);

@@ -413,7 +413,7 @@ void Trainer::check_before_build() {
     if (!c.initial_load_path.empty() &&
         checkpoint::list_checkpoints((std::filesystem::path(cfg_.job.dump_folder) / c.folder).string()).empty())
       TITAN_USER_CHECK(std::filesystem::exists(c.initial_load_path, ec), "checkpoint.initial_load_path '",
-                       c.initial_load_path, "' does not exist: give a titan checkpoint's step folder or a Hugging "
+                       c.initial_load_path, "' does not exist: give a titan checkpoint's step folder, a torch.distributed.checkpoint step folder or a Hugging "
                        "Face model folder (config.json and safetensors)");
   }
 }

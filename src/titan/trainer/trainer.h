@@ -28,7 +28,9 @@
 #include <nlohmann/json.hpp>
 
 #include <array>
+#include <map>
 #include <functional>
+#include <string>
 #include <memory>
 #include <vector>
 
@@ -108,6 +110,7 @@ class Trainer {
   void set_up_distributed();
   void set_up_checkpointing();
   // UserError when a titan checkpoint of this model family records other model arguments.
+  std::string dcp_optimizer_note(const std::map<std::string, double>& saved) const;
   void check_checkpoint_model(const checkpoint::Reader& reader) const;
   void set_up_validation();  // the validation data loader (checked at start-up), when enabled
   // The next batch of the training data on the device (the data fault point, its trace range and

@@ -9,6 +9,7 @@
 // Every piece is global (placements, the global sample stream), so any layout resumes any checkpoint.
 #include "titan/common/error.h"
 #include "titan/common/trace.h"
+#include "titan/components/checkpoint/dcp.h"
 #include "titan/components/checkpoint/file_io.h"
 #include "titan/components/checkpoint/hf.h"
 #include "titan/trainer/trainer.h"
@@ -17,6 +18,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <random>
 
@@ -37,6 +39,27 @@ std::vector<std::string> parts_to_load(const checkpoint::Reader& r, const std::v
     if (has(contents, p) && !has(exclude, p)) out.push_back(p);
   return out;
 }
+
+}  // namespace
+
+// What a torch.distributed.checkpoint's optimizer ran with, where it differs from this run's
+// [optimizer] (titan continues with its own settings). torchtitan's groups hold the scheduled lr
+// and the base lr as initial_lr.
+std::string Trainer::dcp_optimizer_note(const std::map<std::string, double>& saved) const {
+  const auto& o = cfg_.optimizer;
+  const std::vector<std::pair<std::string, double>> ours = {
+      {"initial_lr", o.lr}, {"eps", o.eps}, {"weight_decay", o.weight_decay}, {"beta1", o.beta1}, {"beta2", o.beta2}};
+  std::string out;
+  for (const auto& [key, value] : ours) {
+    auto it = saved.find(key);
+    if (it == saved.end() || std::abs(it->second - value) <= 1e-12 * std::abs(value)) continue;
+    out += (out.empty() ? "" : ", ") + (key == "initial_lr" ? std::string("lr") : key) + " " + std::to_string(it->second) +
+           " (this run: " + std::to_string(value) + ")";
+  }
+  return out.empty() ? "" : "the checkpoint's optimizer ran with " + out + "; training continues with this run's [optimizer]";
+}
+
+namespace {
 
 at::ScalarType export_dtype(const std::string& name) {
   return name == "bfloat16" ? at::kBFloat16 : name == "float16" ? at::kHalf : at::kFloat;
@@ -321,13 +344,28 @@ void Trainer::set_up_checkpointing() {
   if (!restart_note().empty() && c.initial_load_path.empty())
     log_info(restart_note() + "no complete checkpoint in " + folder + ": training starts again from step 1");
   if (c.initial_load_path.empty()) return;
-  // No checkpoint in the folder yet: start from initial_load_path (a titan checkpoint or a Hugging Face folder).
+  // No checkpoint in the folder yet: start from initial_load_path (a titan checkpoint, a Hugging Face
+  // folder, or a torch.distributed.checkpoint folder such as torchtitan saves).
   std::vector<std::string> parts = {"model"};
   std::unique_ptr<checkpoint::Source> source;
   nlohmann::json state = nlohmann::json::object();
+  std::string dcp_note;
   on_every_rank([&] {
     if (c.initial_load_in_hf) {
       source = std::make_unique<checkpoint::HFSource>(c.initial_load_path, model_spec(cfg_.model.name), cfg_.model.flavor);
+      return;
+    }
+    if (checkpoint::is_dcp_folder(c.initial_load_path)) {
+      auto dcp = std::make_unique<checkpoint::DcpSource>(c.initial_load_path);
+      if (!c.initial_load_model_only) {
+        for (const auto& p : dcp->contents())
+          if (p != "model" && !has(c.exclude_from_loading, p)) parts.push_back(p);
+        state = dcp->state(dims_->dp_size());
+        if (has(parts, "optimizer")) dcp_note = dcp_optimizer_note(dcp->optimizer_hyperparameters());
+      }
+      const std::string unread = dcp->unread_summary();
+      if (!unread.empty()) dcp_note += (dcp_note.empty() ? "" : "; ") + std::string("not read: ") + unread;
+      source = std::move(dcp);
       return;
     }
     auto reader = std::make_unique<checkpoint::Reader>(c.initial_load_path);
@@ -340,8 +378,12 @@ void Trainer::set_up_checkpointing() {
     source = std::move(reader);
   }, "open checkpoint.initial_load_path " + c.initial_load_path);
   load_checkpoint(*source, parts, state, /*allow_cast=*/true);
-  log_info("Checkpoint: initial load of " + c.initial_load_path + (c.initial_load_in_hf ? " (Hugging Face)" : "") +
-           "; starting at step " + std::to_string(step_ + 1));
+  std::string loaded;
+  for (const auto& p : parts) loaded += (loaded.empty() ? "" : ", ") + p;
+  log_info("Checkpoint: initial load of " + c.initial_load_path +
+           (c.initial_load_in_hf ? " (Hugging Face)" : dynamic_cast<checkpoint::DcpSource*>(source.get()) ? " (torch.distributed.checkpoint)" : "") +
+           " (" + loaded + "); starting at step " + std::to_string(step_ + 1));
+  if (!dcp_note.empty()) log_info("Checkpoint: " + dcp_note);
 }
 
 }  // namespace titan

@@ -31,6 +31,7 @@
 #include "titan/components/checkpoint/safetensors.h"
 #include "titan/models/llama3/llama3.h"
 #include "titan/models/llama3/model.h"
+#include "llama3_reference_config.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -99,13 +100,8 @@ Reference run_reference_script(const llama3::ModelArgs& a, const StateDict& para
   for (const auto& [name, t] : params) in["param." + name] = t;
   in["batch.tokens"] = b.tokens;
   in["batch.labels"] = b.labels;
-  nlohmann::json cfg = {{"dim", a.dim},           {"n_layers", a.n_layers},     {"n_heads", a.n_heads},
-                        {"n_kv_heads", a.kv_heads()}, {"norm_eps", a.norm_eps}, {"rope_theta", a.rope_theta},
-                        {"tie_embeddings", a.tie_embeddings}, {"lr", kLr}};
-  const auto& s = *a.rope_scaling;
-  cfg["rope_scaling"] = {{"factor", s.factor}, {"low_freq_factor", s.low_freq_factor},
-                         {"high_freq_factor", s.high_freq_factor},
-                         {"original_max_position_embeddings", s.original_max_position_embeddings}};
+  nlohmann::json cfg = test::llama3_reference_config(a);
+  cfg["lr"] = kLr;
   safetensors::save(dir / "in.safetensors", in, {{"config", cfg.dump()}});
   std::vector<std::string> cmd = {test::python(), std::string(TITAN_SOURCE_DIR) + "/tests/reference/llama3_reference.py",
                                   dir / "in.safetensors", dir / "out.safetensors"};

@@ -1,0 +1,371 @@
+#include "titan/components/checkpoint/dcp.h"
+
+#include "titan/common/error.h"
+#include "titan/components/checkpoint/pickle.h"
+
+#include <ATen/ATen.h>
+#include <torch/serialize.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+namespace titan::checkpoint {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::map<std::string, at::ScalarType>& dtypes() {
+  static const std::map<std::string, at::ScalarType> m = {
+      {"torch.float32", at::kFloat},         {"torch.bfloat16", at::kBFloat16},
+      {"torch.float16", at::kHalf},          {"torch.float64", at::kDouble},
+      {"torch.int64", at::kLong},            {"torch.int32", at::kInt},
+      {"torch.int16", at::kShort},           {"torch.int8", at::kChar},
+      {"torch.uint8", at::kByte},            {"torch.bool", at::kBool},
+      {"torch.float8_e4m3fn", at::kFloat8_e4m3fn}, {"torch.float8_e5m2", at::kFloat8_e5m2}};
+  return m;
+}
+
+std::vector<int64_t> ints(const pickle::Value& v) {
+  std::vector<int64_t> out;
+  for (const auto& x : v.sequence()) out.push_back(x->as_int());
+  return out;
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
+
+// Wrappers torchtitan's model state dict may still carry (activation checkpointing, torch.compile).
+std::string strip_wrappers(std::string fqn) {
+  for (const std::string w : {"_checkpoint_wrapped_module.", "_orig_mod."}) {
+    for (size_t p; (p = fqn.find(w)) != std::string::npos;) fqn.erase(p, w.size());
+  }
+  return fqn;
+}
+
+// titan's checkpoint name for a DCP tensor key, or "" when titan has no such tensor.
+std::string titan_name(const std::string& key) {
+  static const std::vector<std::string> not_model = {"optimizer.", "lr_scheduler.", "dataloader.", "train_state."};
+  if (starts_with(key, "optimizer.state.")) {
+    for (const std::string suffix : {".exp_avg_sq", ".exp_avg", ".step"})
+      if (ends_with(key, suffix)) {
+        const std::string param = key.substr(16, key.size() - 16 - suffix.size());
+        return "optimizer." + strip_wrappers(param) + suffix;
+      }
+    return "";
+  }
+  for (const auto& p : not_model)
+    if (starts_with(key, p)) return "";
+  if (starts_with(key, "model.")) return "model." + strip_wrappers(key.substr(6));
+  return "model." + strip_wrappers(key);
+}
+
+}  // namespace
+
+bool is_dcp_folder(const std::string& dir) {
+  std::error_code ec;
+  return fs::is_regular_file(fs::path(dir) / kDcpMetadataFile, ec);
+}
+
+DcpSource::DcpSource(std::string dir) : dir_(std::move(dir)) {
+  const fs::path md_path = fs::path(dir_) / kDcpMetadataFile;
+  std::ifstream f(md_path, std::ios::binary);
+  TITAN_USER_CHECK(f.good(), describe(), " has no readable ", kDcpMetadataFile,
+                   " file: give the step folder of a torch.distributed.checkpoint save (e.g. .../checkpoint/step-1000)");
+  const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  pickle::Ref md;
+  try {
+    md = pickle::parse(bytes);
+  } catch (const std::exception& e) {
+    throw UserError(detail::concat(md_path.string(), " is not a readable pickle (damaged or not DCP metadata): ", e.what()));
+  }
+  try {
+    TITAN_USER_CHECK(md->kind == pickle::Value::Kind::Object && ends_with(md->s, ".Metadata"), md_path.string(),
+                     " holds a ", md->kind == pickle::Value::Kind::Object ? md->s : "plain value",
+                     ", not torch.distributed.checkpoint's Metadata");
+    // Where each chunk and value is stored: MetadataIndex(fqn, offset, index) -> _StorageInfo.
+    std::map<std::pair<std::string, std::vector<int64_t>>, Blob> storage;
+    const pickle::Value* sd = md->get("storage_data");
+    TITAN_USER_CHECK(sd && sd->kind == pickle::Value::Kind::Dict, md_path.string(),
+                     " has no storage_data: was it written by a FileSystemWriter (dcp.save to a folder)?");
+    for (const auto& [k, v] : sd->dict) {
+      const std::string fqn = k->at("fqn").as_string();
+      const pickle::Value& off = k->at("offset");
+      std::vector<int64_t> offsets = off.kind == pickle::Value::Kind::None ? std::vector<int64_t>{} : ints(off);
+      const pickle::Value* transforms = v->get("transform_descriptors");
+      TITAN_USER_CHECK(!transforms || transforms->kind == pickle::Value::Kind::None || transforms->sequence().empty(),
+                       md_path.string(), ": '", fqn, "' is stored with transforms (compression or encryption), which "
+                       "titan does not read: save without them");
+      Blob b{v->at("relative_path").as_string(), v->at("offset").as_int(), v->at("length").as_int()};
+      TITAN_USER_CHECK(b.file.find('/') == std::string::npos && b.file != ".." && !b.file.empty(), md_path.string(),
+                       ": '", fqn, "' names the file '", b.file, "', which is not a plain file name in the folder");
+      storage[{fqn, offsets}] = b;
+    }
+    auto stored = [&](const std::string& fqn, const std::vector<int64_t>& offsets) -> const Blob& {
+      auto it = storage.find({fqn, offsets});
+      TITAN_USER_CHECK(it != storage.end(), md_path.string(), ": '", fqn, "' has a chunk with no storage entry");
+      return it->second;
+    };
+    for (const auto& [k, v] : md->at("state_dict_metadata").dict) {
+      const std::string key = k->as_string();
+      const bool tensor = v->kind == pickle::Value::Kind::Object && ends_with(v->s, "TensorStorageMetadata");
+      if (!tensor) {
+        if (v->kind == pickle::Value::Kind::Object && ends_with(v->s, "BytesStorageMetadata")) values_[key] = stored(key, {});
+        else unread_.push_back(key);
+        continue;
+      }
+      const std::string name = titan_name(key);
+      if (name.empty()) {
+        unread_.push_back(key);
+        continue;
+      }
+      Entry e;
+      e.key = key;
+      const pickle::Value& props = v->at("properties");
+      // TensorProperties pickles its fields as a tuple (dtype, layout, requires_grad, memory_format, pin_memory).
+      const pickle::Value* dtype = props.get("dtype");
+      if (!dtype && props.state && props.state->kind == pickle::Value::Kind::Tuple && !props.state->items.empty())
+        dtype = props.state->items[0].get();
+      TITAN_USER_CHECK(dtype && dtype->kind == pickle::Value::Kind::Global, md_path.string(), ": '", key, "' has no dtype");
+      auto dt = dtypes().find(dtype->s);
+      TITAN_USER_CHECK(dt != dtypes().end(), md_path.string(), ": '", key, "' has dtype ", dtype->s, ", which titan does not read");
+      e.meta.dtype = dt->second;
+      e.meta.shape = ints(v->at("size"));
+      int64_t covered = 0;
+      for (const auto& c : v->at("chunks").sequence()) {
+        Chunk ch;
+        ch.offsets = ints(c->at("offsets"));
+        ch.sizes = ints(c->at("sizes"));
+        TITAN_USER_CHECK(ch.offsets.size() == e.meta.shape.size() && ch.sizes.size() == e.meta.shape.size(),
+                         md_path.string(), ": a chunk of '", key, "' has the wrong rank");
+        int64_t n = 1;
+        for (size_t d = 0; d < ch.sizes.size(); ++d) {
+          TITAN_USER_CHECK(ch.offsets[d] >= 0 && ch.sizes[d] >= 0 && ch.offsets[d] + ch.sizes[d] <= e.meta.shape[d],
+                           md_path.string(), ": a chunk of '", key, "' lies outside its size");
+          n *= ch.sizes[d];
+        }
+        covered += n;
+        const Blob& b = stored(key, ch.offsets);
+        ch.file = b.file;
+        ch.offset = b.offset;
+        ch.length = b.length;
+        e.chunks.push_back(std::move(ch));
+      }
+      int64_t numel = 1;
+      for (int64_t s : e.meta.shape) numel *= s;
+      TITAN_USER_CHECK(covered == numel, md_path.string(), ": the chunks of '", key, "' hold ", covered, " of its ", numel,
+                       " elements");
+      TITAN_USER_CHECK(!tensors_.count(name), md_path.string(), ": '", key, "' and '", tensors_[name].key,
+                       "' are the same tensor for titan (", name, ")");
+      tensors_[name] = std::move(e);
+    }
+  } catch (const UserError&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw UserError(detail::concat(md_path.string(), " is not torch.distributed.checkpoint metadata titan can read: ", e.what()));
+  }
+  // Every file the metadata names exists and holds what it points at.
+  std::map<std::string, int64_t> needed;
+  for (const auto& [name, e] : tensors_)
+    for (const auto& c : e.chunks) needed[c.file] = std::max(needed[c.file], c.offset + c.length);
+  for (const auto& [key, b] : values_) needed[b.file] = std::max(needed[b.file], b.offset + b.length);
+  for (const auto& [file, end] : needed) {
+    std::error_code ec;
+    const auto size = fs::file_size(fs::path(dir_) / file, ec);
+    TITAN_USER_CHECK(!ec, describe(), ": ", file, " is missing (", kDcpMetadataFile, " names it): the save is incomplete");
+    TITAN_USER_CHECK(static_cast<int64_t>(size) >= end, describe(), ": ", file, " has ", size, " bytes, but ",
+                     kDcpMetadataFile, " places data up to byte ", end, ": the file is truncated");
+  }
+}
+
+DcpSource::~DcpSource() = default;
+
+std::vector<std::string> DcpSource::names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, e] : tensors_) out.push_back(name);
+  return out;
+}
+
+std::optional<TensorMeta> DcpSource::meta(const std::string& name) const {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) return std::nullopt;
+  return it->second.meta;
+}
+
+std::vector<char> DcpSource::read_bytes(const std::string& file, int64_t offset, int64_t length, const std::string& what) {
+  const fs::path path = fs::path(dir_) / file;
+  std::ifstream f(path, std::ios::binary);
+  TITAN_USER_CHECK(f.good(), describe(), ": cannot open ", file, " (", what, ")");
+  std::vector<char> buf(static_cast<size_t>(length));
+  f.seekg(offset);
+  f.read(buf.data(), length);
+  TITAN_USER_CHECK(f.gcount() == length, describe(), ": ", file, " ends before byte ", offset + length, " (", what,
+                   "): the file is truncated");
+  return buf;
+}
+
+at::Tensor DcpSource::load_chunk(const Entry& e, const Chunk& c) {
+  const std::string where = c.file + ":" + std::to_string(c.offset);
+  if (where == cached_key_) return cached_;
+  const std::string what = "'" + e.key + "', a chunk at offsets " + c10::str(c10::IntArrayRef(c.offsets));
+  std::vector<char> blob = read_bytes(c.file, c.offset, c.length, what);
+  at::Tensor t;
+  int64_t numel = 1;
+  for (int64_t s : c.sizes) numel *= s;
+  if (blob.size() >= 4 && blob[0] == 'P' && blob[1] == 'K' && blob[2] == 3 && blob[3] == 4) {  // a torch.save zip
+    try {
+      c10::IValue v = torch::pickle_load(blob);
+      TITAN_USER_CHECK(v.isTensor(), describe(), ": ", c.file, " holds no tensor for ", what);
+      t = v.toTensor();
+    } catch (const UserError&) {
+      throw;
+    } catch (const std::exception& ex) {
+      throw UserError(detail::concat(describe(), ": ", c.file, " is damaged at byte ", c.offset, " (", what, "): ",
+                                     std::string(ex.what()).substr(0, 300)));
+    }
+  } else {  // raw bytes (DCP's non-torch.save serialization)
+    TITAN_USER_CHECK(static_cast<int64_t>(blob.size()) == numel * static_cast<int64_t>(c10::elementSize(e.meta.dtype)),
+                     describe(), ": ", c.file, " at byte ", c.offset, " holds ", blob.size(), " bytes for ", what,
+                     ", which is neither a torch.save blob nor its raw data");
+    t = at::empty(c.sizes, at::TensorOptions().dtype(e.meta.dtype));
+    std::memcpy(t.data_ptr(), blob.data(), blob.size());
+  }
+  TITAN_USER_CHECK(t.scalar_type() == e.meta.dtype && t.sizes().vec() == c.sizes, describe(), ": ", c.file, " holds a ",
+                   c10::toString(t.scalar_type()), " tensor of size ", t.sizes(), " for ", what, ", whose metadata says ",
+                   c10::toString(e.meta.dtype), " of size ", c10::IntArrayRef(c.sizes));
+  cached_key_ = where;
+  cached_ = t;
+  return t;
+}
+
+at::Tensor DcpSource::read(const std::string& name, const std::vector<int64_t>& begin, const std::vector<int64_t>& length) {
+  auto it = tensors_.find(name);
+  TITAN_USER_CHECK(it != tensors_.end(), describe(), " holds no tensor for ", name);
+  const Entry& e = it->second;
+  TITAN_USER_CHECK(begin.size() == e.meta.shape.size() && length.size() == e.meta.shape.size(), describe(), ": block of ",
+                   name, " has the wrong rank");
+  at::Tensor out = at::empty(length, at::TensorOptions().dtype(e.meta.dtype));
+  int64_t wanted = 1, filled = 0;
+  for (int64_t l : length) wanted *= l;
+  for (const Chunk& c : e.chunks) {
+    std::vector<int64_t> lo(begin.size()), n(begin.size());
+    bool overlaps = true;
+    int64_t volume = 1;
+    for (size_t d = 0; d < begin.size(); ++d) {
+      lo[d] = std::max(begin[d], c.offsets[d]);
+      const int64_t hi = std::min(begin[d] + length[d], c.offsets[d] + c.sizes[d]);
+      n[d] = hi - lo[d];
+      overlaps = overlaps && n[d] > 0;
+      volume *= std::max<int64_t>(n[d], 0);
+    }
+    if (!overlaps && !begin.empty()) continue;
+    const at::Tensor chunk = load_chunk(e, c);
+    std::vector<int64_t> in_chunk(begin.size()), in_out(begin.size());
+    for (size_t d = 0; d < begin.size(); ++d) {
+      in_chunk[d] = lo[d] - c.offsets[d];
+      in_out[d] = lo[d] - begin[d];
+    }
+    block_of(out, in_out, n).copy_(block_of(chunk, in_chunk, n));
+    filled += begin.empty() ? 1 : volume;
+  }
+  TITAN_USER_CHECK(filled == wanted, describe(), ": the chunks of '", e.key, "' cover ", filled, " of the ", wanted,
+                   " elements asked for");
+  return out;
+}
+
+std::vector<std::string> DcpSource::contents() const {
+  std::vector<std::string> out;
+  bool model = false, optimizer = false;
+  for (const auto& [name, e] : tensors_) {
+    model = model || starts_with(name, "model.");
+    optimizer = optimizer || starts_with(name, "optimizer.");
+  }
+  if (model) out.push_back("model");
+  if (optimizer) out.push_back("optimizer");
+  if (values_.count("lr_scheduler.last_epoch")) out.push_back("lr_scheduler");
+  if (values_.count("train_state.step")) out.push_back("train_state");
+  return out;
+}
+
+std::optional<double> DcpSource::scalar(const std::string& key) {
+  auto it = values_.find(key);
+  if (it == values_.end()) return std::nullopt;
+  std::vector<char> blob = read_bytes(it->second.file, it->second.offset, it->second.length, "'" + key + "'");
+  c10::IValue v;
+  try {
+    v = torch::pickle_load(blob);
+  } catch (const std::exception& ex) {
+    throw UserError(detail::concat(describe(), ": the value of '", key, "' in ", it->second.file,
+                                   " is not readable: ", std::string(ex.what()).substr(0, 300)));
+  }
+  if (v.isInt()) return static_cast<double>(v.toInt());
+  if (v.isDouble()) return v.toDouble();
+  if (v.isBool()) return v.toBool() ? 1.0 : 0.0;
+  if (v.isTensor() && v.toTensor().numel() == 1) return v.toTensor().item<double>();
+  return std::nullopt;
+}
+
+nlohmann::json DcpSource::state(int64_t dp_degree) {
+  nlohmann::json s = nlohmann::json::object();
+  auto integer = [&](const std::string& key) {
+    const std::optional<double> v = scalar(key);
+    TITAN_USER_CHECK(v && *v >= 0 && *v == static_cast<double>(static_cast<int64_t>(*v)), describe(), ": '", key,
+                     "' is not a non-negative integer");
+    return static_cast<int64_t>(*v);
+  };
+  if (values_.count("train_state.step")) {
+    const int64_t tokens = values_.count("train_state.ntokens_seen") ? integer("train_state.ntokens_seen") : 0;
+    s["train_state"] = {{"step", integer("train_state.step")}, {"ntokens_seen", tokens * dp_degree}};
+  }
+  if (values_.count("lr_scheduler.last_epoch")) s["lr_scheduler"] = {{"step", integer("lr_scheduler.last_epoch")}};
+  return s;
+}
+
+std::map<std::string, double> DcpSource::optimizer_hyperparameters() {
+  std::map<std::string, double> out;
+  std::string first;  // the first parameter with a saved group
+  for (const auto& [key, b] : values_)
+    if (starts_with(key, "optimizer.param_groups.") && ends_with(key, ".lr")) {
+      first = key.substr(0, key.size() - 3);
+      break;
+    }
+  if (first.empty()) return out;
+  for (const std::string h : {"lr", "initial_lr", "eps", "weight_decay"})
+    if (auto v = scalar(first + "." + h)) out[h] = *v;
+  auto it = values_.find(first + ".betas");
+  if (it != values_.end()) {
+    std::vector<char> blob = read_bytes(it->second.file, it->second.offset, it->second.length, "'" + first + ".betas'");
+    try {
+      c10::IValue v = torch::pickle_load(blob);
+      if (v.isTuple() && v.toTupleRef().elements().size() == 2) {
+        out["beta1"] = v.toTupleRef().elements()[0].toDouble();
+        out["beta2"] = v.toTupleRef().elements()[1].toDouble();
+      }
+    } catch (const std::exception&) {
+    }
+  }
+  return out;
+}
+
+std::string DcpSource::unread_summary() const {
+  std::map<std::string, int> by_part;
+  auto part = [](const std::string& key) {
+    if (starts_with(key, "optimizer.param_groups.")) return std::string("optimizer.param_groups");
+    return key.substr(0, key.find('.'));
+  };
+  for (const auto& k : unread_) by_part[part(k)]++;
+  static const std::set<std::string> read_values = {"train_state.step", "train_state.ntokens_seen", "lr_scheduler.last_epoch"};
+  for (const auto& [k, b] : values_)
+    if (!read_values.count(k)) by_part[part(k)]++;
+  std::string out;
+  for (const auto& [p, n] : by_part)
+    out += (out.empty() ? "" : ", ") + p + " (" + std::to_string(n) + (n == 1 ? " key)" : " keys)");
+  return out;
+}
+
+}  // namespace titan::checkpoint

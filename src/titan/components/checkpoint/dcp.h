@@ -1,0 +1,92 @@
+// torch.distributed.checkpoint (DCP) folders, as torchtitan saves them (step-N/):
+//
+//   .metadata          a Python pickle of DCP's Metadata: for every key its tensor dtype, global size
+//                      and chunks (offsets, sizes), or "bytes" for a non-tensor value; for every
+//                      chunk or value, the file, byte offset and length holding it
+//   __0_0.distcp ...   one file per saving rank: each chunk or value is a torch.save blob
+//
+// torchtitan's keys: the model's parameters by name at the top level ("layers.0.attention.wq.weight"),
+// the optimizer flattened ("optimizer.state.<param>.exp_avg", ".exp_avg_sq", ".step",
+// "optimizer.param_groups.<param>.lr", ...), "lr_scheduler.last_epoch", "train_state.step" and
+// "train_state.ntokens_seen", and the data loader's own state ("dataloader...."), which titan's data
+// loader cannot use. The `.metadata` pickle is read by titan's own pickle reader (pickle.h: values
+// only, no code runs); each chunk by LibTorch's reader of torch.save blobs.
+//
+// DcpSource presents such a folder under titan's checkpoint names (source.h): "model.<param>",
+// "optimizer.<param>.exp_avg", "optimizer.<param>.exp_avg_sq", "optimizer.<param>.step", so that any
+// layout loads it, each rank reading the blocks it holds from whichever chunks cover them.
+#pragma once
+
+#include "titan/components/checkpoint/source.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace titan::checkpoint {
+
+inline constexpr const char* kDcpMetadataFile = ".metadata";
+
+// True when `dir` holds a DCP `.metadata` file.
+bool is_dcp_folder(const std::string& dir);
+
+class DcpSource : public Source {
+ public:
+  // Reads and checks `.metadata`. Throws UserError naming the folder when it is missing, unreadable
+  // or not DCP metadata, or when a chunk's file is missing or shorter than the metadata says.
+  explicit DcpSource(std::string dir);
+  ~DcpSource() override;
+
+  std::vector<std::string> names() const override;
+  std::optional<TensorMeta> meta(const std::string& name) const override;
+  // Assembles the block from the chunks that cover it (each chunk's blob read and checked against its
+  // dtype and size; the last chunk read is kept, so a tensor read block by block reads each chunk once).
+  at::Tensor read(const std::string& name, const std::vector<int64_t>& begin,
+                  const std::vector<int64_t>& length) override;
+  std::string describe() const override { return "torch.distributed.checkpoint folder " + dir_; }
+
+  // titan's parts the folder holds: "model", "optimizer", "lr_scheduler", "train_state" (in that order).
+  std::vector<std::string> contents() const;
+  // {"train_state": {"step", "ntokens_seen"}, "lr_scheduler": {"step"}} for the parts it holds.
+  // torchtitan records the tokens seen by one rank: titan's global count is that times `dp_degree`
+  // (exact when the saving run had the same data-parallel degree).
+  nlohmann::json state(int64_t dp_degree);
+  // The optimizer's hyperparameters as saved (from the first parameter's group): lr, eps,
+  // weight_decay, beta1, beta2 and initial_lr (the base lr under a schedule), those present.
+  std::map<std::string, double> optimizer_hyperparameters();
+  // Keys titan does not read, summarized by their first component ("dataloader (3 keys), ...").
+  std::string unread_summary() const;
+
+ private:
+  struct Chunk {
+    std::vector<int64_t> offsets, sizes;
+    std::string file;
+    int64_t offset = 0, length = 0;
+  };
+  struct Entry {
+    std::string key;  // the DCP key
+    TensorMeta meta;
+    std::vector<Chunk> chunks;
+  };
+  struct Blob {
+    std::string file;
+    int64_t offset = 0, length = 0;
+  };
+  std::vector<char> read_bytes(const std::string& file, int64_t offset, int64_t length, const std::string& what);
+  at::Tensor load_chunk(const Entry& e, const Chunk& c);
+  std::optional<double> scalar(const std::string& key);  // a non-tensor value that is a number
+
+  std::string dir_;
+  std::map<std::string, Entry> tensors_;   // by titan name
+  std::map<std::string, Blob> values_;     // non-tensor items by DCP key
+  std::vector<std::string> unread_;        // DCP keys titan does not map
+  std::string cached_key_;                 // "<file>:<offset>" of the last chunk read
+  at::Tensor cached_;
+};
+
+}  // namespace titan::checkpoint

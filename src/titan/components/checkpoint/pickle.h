@@ -1,0 +1,46 @@
+// A reader of Python pickles (protocols 2 to 5) that builds a tree of plain values and never runs
+// code: a global (a class or function reference) becomes a name, and calling or instantiating it
+// (REDUCE, NEWOBJ) becomes an object holding that name, its arguments and the state BUILD gave it.
+// It reads what torch.distributed.checkpoint writes as `.metadata` (dataclasses, torch.Size, dtypes,
+// enums, paths) and any other pickle of plain containers; persistent ids and out-of-band buffers,
+// which such files do not hold, are errors.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace titan::pickle {
+
+struct Value;
+using Ref = std::shared_ptr<Value>;
+
+struct Value {
+  enum class Kind { None, Bool, Int, Float, String, Bytes, List, Tuple, Dict, Set, Global, Object };
+  Kind kind = Kind::None;
+  bool b = false;
+  int64_t i = 0;
+  double f = 0;
+  std::string s;                           // String, Bytes; Global and Object: "module.name"
+  std::vector<Ref> items;                  // List, Tuple, Set; Object: the arguments
+  std::vector<std::pair<Ref, Ref>> dict;   // Dict, in insertion order
+  Ref state;                               // Object: what BUILD set (a dict, a tuple, ...), or null
+
+  // Accessors that throw std::runtime_error naming what was expected.
+  int64_t as_int() const;
+  const std::string& as_string() const;
+  // Dict or object-state lookup by string key: nullptr when absent. For an Object, looks in its state
+  // (a dict, or the dict of a (dict, slots) pair).
+  const Value* get(std::string_view key) const;
+  const Value& at(std::string_view key) const;  // throws when absent
+  // Items of a List or Tuple, or of an Object built from one tuple argument (torch.Size((3, 4))).
+  const std::vector<Ref>& sequence() const;
+};
+
+// Parses one pickle. Throws std::runtime_error (with the byte offset) on malformed or unsupported input.
+Ref parse(std::string_view data);
+
+}  // namespace titan::pickle

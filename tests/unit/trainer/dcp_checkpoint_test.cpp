@@ -1,0 +1,253 @@
+// torchtitan checkpoints in: a torch.distributed.checkpoint folder written by PyTorch
+// (tests/reference/torchtitan_dcp.py: torchtitan's keys, the optimizer flattened by
+// get_optimizer_state_dict, FSDP-style chunks over two ranks) is continued by titan, through
+// checkpoint.initial_load_path and through `titan convert from-dcp`, with the losses PyTorch computes
+// continuing from the same state; titan's own pickle reader against Python's pickles; damaged folders.
+//
+// Tolerance: 1e-5 relative per loss (fp32 on the CPU on both sides; the model is written independently
+// on each side, the parity tests' 1e-6 agreement, and AdamW over 3 steps).
+#include "test_util.h"
+
+#include "models/llama3_reference_config.h"
+#include "titan/common/error.h"
+#include "titan/components/checkpoint/dcp.h"
+#include "titan/components/checkpoint/pickle.h"
+#include "titan/components/checkpoint/safetensors.h"
+#include "titan/components/data/dataloader.h"
+#include "titan/components/tokenizer/tokenizer.h"
+#include "titan/config/job_config.h"
+#include "titan/models/llama3/args.h"
+#include "titan/trainer/trainer.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+namespace titan {
+namespace {
+
+namespace fs = std::filesystem;
+const std::string kSource = TITAN_SOURCE_DIR;
+const std::string kTitan = std::string(TITAN_BINARY_DIR) + "/titan";
+constexpr int kSaved = 3, kContinued = 3, kBatch = 4, kSeqLen = 32;
+
+std::vector<std::string> run_args(const std::string& dump, const std::string& load_path) {
+  std::vector<std::string> a = {"--job.config_file", kSource + "/configs/llama3_debugmodel.toml", "--job.dump_folder", dump,
+                                "--model.hf_assets_path", kSource + "/assets/tokenizer", "--training.seq_len",
+                                std::to_string(kSeqLen), "--training.local_batch_size", std::to_string(kBatch),
+                                "--training.steps", std::to_string(kSaved + kContinued), "--metrics.log_freq", "1",
+                                "--checkpoint.enable", "false"};
+  if (!load_path.empty())
+    a.insert(a.end(), {"--checkpoint.initial_load_path", load_path, "--checkpoint.initial_load_model_only", "false"});
+  return a;
+}
+
+// Writes the DCP folder `dcp_dir` (saved by `ranks` processes) from this run's initial weights and
+// returns PyTorch's losses of the kContinued steps after it, on titan's first batches of the run.
+std::vector<double> pytorch_checkpoint_and_continuation(const test::TempDir& dir, const std::string& dcp_dir, int ranks) {
+  const JobConfig cfg = parse_config(run_args(dir / "init", ""));
+  safetensors::Tensors in;
+  {
+    Trainer t(cfg);  // the model's names and shapes, initialized
+    for (const auto& [name, w] : t.full_parameters()) in["param." + name] = w.contiguous();
+  }
+  // A checkpoint of torchtitan's carries torchtitan's data position, which titan does not read: the run
+  // continues on titan's first batches.
+  auto tokenizer = load_tokenizer(kSource + "/assets/tokenizer");
+  auto loader = data::make_dataloader(data::data_config(cfg.training, 0, 1), *tokenizer);
+  std::vector<at::Tensor> tokens, labels;
+  for (int i = 0; i < kContinued; ++i) {
+    data::Batch b = loader->next();
+    tokens.push_back(b.inputs);
+    labels.push_back(b.labels);
+  }
+  in["batch.tokens"] = at::stack(tokens);
+  in["batch.labels"] = at::stack(labels);
+  nlohmann::json mc = test::llama3_reference_config(llama3::flavor(cfg.model.flavor));
+  mc["vocab_size"] = in.at("param.tok_embeddings.weight").size(0);
+  const auto& o = cfg.optimizer;
+  const auto& s = cfg.lr_scheduler;
+  mc["train"] = {{"lr", o.lr}, {"beta1", o.beta1}, {"beta2", o.beta2}, {"eps", o.eps}, {"weight_decay", o.weight_decay},
+                 {"max_norm", cfg.training.max_norm}, {"warmup_steps", s.warmup_steps},
+                 {"decay_ratio", s.decay_ratio ? nlohmann::json(*s.decay_ratio) : nlohmann::json()},
+                 {"min_lr_factor", s.min_lr_factor}, {"total_steps", kSaved + kContinued},
+                 {"saved_steps", kSaved}, {"ranks", ranks}, {"batch", kBatch}, {"seq_len", kSeqLen}};
+  EXPECT_EQ(s.decay_type, "linear");
+  safetensors::save(dir / "in.safetensors", in, {{"config", mc.dump()}});
+  const test::ProcessResult r = test::run_process(
+      {test::python(), kSource + "/tests/reference/torchtitan_dcp.py", dir / "in.safetensors", dcp_dir, dir / "out.safetensors"},
+      {{"OMP_NUM_THREADS", "1"}}, std::chrono::seconds(300));
+  if (r.exit_code != 0) throw std::runtime_error("tests/reference/torchtitan_dcp.py failed:\n" + r.output);
+  const at::Tensor losses = safetensors::load(dir / "out.safetensors").tensors.at("losses");
+  return std::vector<double>(losses.data_ptr<double>(), losses.data_ptr<double>() + losses.numel());
+}
+
+TEST(TorchtitanCheckpoint, TitanContinuesAsPyTorchDoes) {
+  test::TempDir dir;
+  const std::string dcp_dir = dir / "step-3";
+  const std::vector<double> expected = pytorch_checkpoint_and_continuation(dir, dcp_dir, 2);
+  ASSERT_EQ(expected.size(), static_cast<size_t>(kContinued));
+  EXPECT_TRUE(fs::exists(fs::path(dcp_dir) / "__0_0.distcp") && fs::exists(fs::path(dcp_dir) / "__1_0.distcp"));
+
+  // What the folder holds, under titan's names.
+  checkpoint::DcpSource source(dcp_dir);
+  EXPECT_EQ(source.contents(), (std::vector<std::string>{"model", "optimizer", "lr_scheduler", "train_state"}));
+  const nlohmann::json state = source.state(1);
+  EXPECT_EQ(state["train_state"]["step"], kSaved);
+  EXPECT_EQ(state["train_state"]["ntokens_seen"], kSaved * kBatch * kSeqLen);
+  EXPECT_EQ(state["lr_scheduler"]["step"], kSaved);
+  ASSERT_TRUE(source.meta("optimizer.layers.0.attention.wq.weight.exp_avg").has_value());
+  EXPECT_EQ(source.meta("optimizer.layers.0.attention.wq.weight.step")->shape, std::vector<int64_t>{});
+  EXPECT_NE(source.unread_summary().find("dataloader"), std::string::npos) << source.unread_summary();
+
+  // titan, loading it through checkpoint.initial_load_path.
+  std::vector<double> direct;
+  {
+    testing::internal::CaptureStdout();
+    testing::internal::CaptureStderr();
+    Trainer t(parse_config(run_args(dir / "run", dcp_dir)));
+    const std::string log = testing::internal::GetCapturedStdout() + testing::internal::GetCapturedStderr();
+    EXPECT_NE(log.find("(torch.distributed.checkpoint) (model, optimizer, lr_scheduler, train_state); starting at step 4"),
+              std::string::npos) << log;
+    EXPECT_NE(log.find("not read: dataloader"), std::string::npos) << log;
+    direct = t.train();
+  }
+  ASSERT_EQ(direct.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    std::printf("[dcp] step %zu: titan %.7f, PyTorch %.7f\n", kSaved + i + 1, direct[i], expected[i]);
+    EXPECT_NEAR(direct[i], expected[i], 1e-5 * expected[i]) << "step " << kSaved + i + 1;
+  }
+
+  // `titan convert from-dcp`, then loading the titan checkpoint: the same run, bit for bit.
+  const std::string converted = dir / "converted/step-3";
+  const test::ProcessResult c = test::run_process(
+      {kTitan, "convert", "from-dcp", dcp_dir, converted, "--model.flavor", "debugmodel"}, {}, std::chrono::seconds(120));
+  ASSERT_EQ(c.exit_code, 0) << c.output;
+  EXPECT_NE(c.output.find("as titan checkpoint " + converted), std::string::npos) << c.output;
+  Trainer t(parse_config(run_args(dir / "run2", converted)));
+  EXPECT_EQ(t.train(), direct);
+}
+
+// The model alone (checkpoint.initial_load_model_only, torchtitan's default too): the step, the schedule
+// and the optimizer start afresh.
+TEST(TorchtitanCheckpoint, ModelOnlyStartsTheRunAfresh) {
+  test::TempDir dir;
+  const std::string dcp_dir = dir / "step-3";
+  pytorch_checkpoint_and_continuation(dir, dcp_dir, 1);
+  auto args = run_args(dir / "run", dcp_dir);
+  args.back() = "true";  // initial_load_model_only
+  testing::internal::CaptureStdout();
+  testing::internal::CaptureStderr();
+  Trainer t(parse_config(args));
+  const std::string log = testing::internal::GetCapturedStdout() + testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("(torch.distributed.checkpoint) (model); starting at step 1"), std::string::npos) << log;
+  EXPECT_EQ(t.train().size(), static_cast<size_t>(kSaved + kContinued));
+}
+
+// Damaged or incomplete folders: errors that name the file, before anything is loaded.
+TEST(TorchtitanCheckpoint, DamagedFoldersAreClearErrors) {
+  test::TempDir dir;
+  const std::string good = dir / "good";
+  pytorch_checkpoint_and_continuation(dir, good, 1);
+  auto copy = [&](const std::string& name) {
+    const std::string to = dir / name;
+    fs::copy(good, to, fs::copy_options::recursive);
+    return to;
+  };
+  auto open_error = [](const std::string& d) { return test::error_of([&] { checkpoint::DcpSource s(d); }); };
+  // No data file.
+  std::string d = copy("no_data");
+  fs::remove(fs::path(d) / "__0_0.distcp");
+  EXPECT_NE(open_error(d).find("__0_0.distcp is missing"), std::string::npos) << open_error(d);
+  // A truncated data file.
+  d = copy("short_data");
+  fs::resize_file(fs::path(d) / "__0_0.distcp", fs::file_size(fs::path(d) / "__0_0.distcp") / 2);
+  EXPECT_NE(open_error(d).find("is truncated"), std::string::npos) << open_error(d);
+  // Truncated and garbled metadata.
+  d = copy("short_metadata");
+  fs::resize_file(fs::path(d) / ".metadata", 100);
+  EXPECT_NE(open_error(d).find(".metadata is not a readable pickle"), std::string::npos) << open_error(d);
+  d = copy("garbled_metadata");
+  {
+    std::ofstream f(fs::path(d) / ".metadata", std::ios::binary | std::ios::trunc);
+    f << "\x80\x04}q\x00.";  // a pickled empty dict
+  }
+  EXPECT_NE(open_error(d).find("not torch.distributed.checkpoint's Metadata"), std::string::npos) << open_error(d);
+  // A damaged chunk: read fails naming the file and the tensor.
+  d = copy("bad_chunk");
+  {
+    checkpoint::DcpSource s(d);
+    const std::string name = "model.layers.0.attention.wq.weight";
+    const auto shape = s.meta(name)->shape;
+    // Overwrite the middle of the file, which holds chunks' zip records.
+    const fs::path f = fs::path(d) / "__0_0.distcp";
+    std::fstream io(f, std::ios::binary | std::ios::in | std::ios::out);
+    const auto size = static_cast<std::streamoff>(fs::file_size(f));
+    for (std::streamoff at = 0; at < size; at += 4096) {
+      io.seekp(at);
+      io.write("JUNKJUNK", 8);
+    }
+    io.close();
+    const std::string err = test::error_of([&] { s.read(name, std::vector<int64_t>(shape.size(), 0), shape); });
+    EXPECT_NE(err.find("__0_0.distcp"), std::string::npos) << err;
+    EXPECT_NE(err.find("layers.0.attention.wq.weight"), std::string::npos) << err;
+  }
+  // Not a DCP folder at all: the trainer's error names what to give.
+  const std::string none = dir / "none";
+  fs::create_directories(none);
+  const std::string err = test::error_of([&] { Trainer t(parse_config(run_args(dir / "run", none))); });
+  EXPECT_FALSE(err.empty());
+}
+
+// titan's pickle reader against what Python's pickle writes, protocols 2 to 5.
+TEST(Pickle, ReadsWhatPythonWrites) {
+  test::TempDir dir;
+  const std::string script =
+      "import pickle, sys, collections\n"
+      "v = {'small': 7, 'neg': -3, 'big': 2**40, 'negbig': -2**62, 'f': 1.5, 's': 'x' * 300, 'b': b'\\x00\\x01',\n"
+      "     'l': [1, [2, 3], (4, 5, 6)], 't1': (1,), 'none': None, 'yes': True, 'no': False,\n"
+      "     'od': collections.OrderedDict([('a', 1)]), 'set': {9}, 'shared': None}\n"
+      "shared = [42]\n"
+      "v['shared'] = (shared, shared)\n"
+      "for p in (2, 3, 4, 5):\n"
+      "    open(sys.argv[1] + '/p%d.pkl' % p, 'wb').write(pickle.dumps(v, protocol=p))\n";
+  const test::ProcessResult r = test::run_process({test::python(), "-c", script, dir.path()});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (int p = 2; p <= 5; ++p) {
+    SCOPED_TRACE("protocol " + std::to_string(p));
+    std::ifstream f(dir / ("p" + std::to_string(p) + ".pkl"), std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    const pickle::Ref v = pickle::parse(bytes);
+    ASSERT_EQ(v->kind, pickle::Value::Kind::Dict);
+    EXPECT_EQ(v->at("small").as_int(), 7);
+    EXPECT_EQ(v->at("neg").as_int(), -3);
+    EXPECT_EQ(v->at("big").as_int(), int64_t{1} << 40);
+    EXPECT_EQ(v->at("negbig").as_int(), -(int64_t{1} << 62));
+    EXPECT_EQ(v->at("f").f, 1.5);
+    EXPECT_EQ(v->at("s").as_string(), std::string(300, 'x'));
+    EXPECT_EQ(v->at("b").s, std::string("\x00\x01", 2));
+    const auto& l = v->at("l").sequence();
+    ASSERT_EQ(l.size(), 3u);
+    EXPECT_EQ(l[1]->sequence()[1]->as_int(), 3);
+    EXPECT_EQ(l[2]->kind, pickle::Value::Kind::Tuple);
+    EXPECT_EQ(l[2]->sequence()[2]->as_int(), 6);
+    EXPECT_EQ(v->at("t1").sequence().size(), 1u);
+    EXPECT_EQ(v->at("none").kind, pickle::Value::Kind::None);
+    EXPECT_TRUE(v->at("yes").b);
+    EXPECT_FALSE(v->at("no").b);
+    EXPECT_EQ(v->at("od").at("a").as_int(), 1);
+    EXPECT_EQ(v->at("set").items.at(0)->as_int(), 9);
+    const auto& shared = v->at("shared").sequence();
+    EXPECT_EQ(shared[0].get(), shared[1].get());  // the memo gives the same object twice
+    EXPECT_EQ(shared[0]->sequence()[0]->as_int(), 42);
+    // Every truncation is an error, never a crash or a value.
+    for (size_t n = 0; n + 1 < bytes.size(); n += 7)
+      EXPECT_THROW(pickle::parse(std::string_view(bytes).substr(0, n)), std::runtime_error) << n;
+  }
+}
+
+}  // namespace
+}  // namespace titan
