@@ -173,7 +173,7 @@ TEST(TorchtitanCheckpoint, DamagedFoldersAreClearErrors) {
   d = copy("garbled_metadata");
   {
     std::ofstream f(fs::path(d) / ".metadata", std::ios::binary | std::ios::trunc);
-    f << "\x80\x04}q\x00.";  // a pickled empty dict
+    f << "\x80\x04}.";  // a pickled empty dict
   }
   EXPECT_NE(open_error(d).find("not torch.distributed.checkpoint's Metadata"), std::string::npos) << open_error(d);
   // A damaged chunk: read fails naming the file and the tensor.
@@ -182,15 +182,15 @@ TEST(TorchtitanCheckpoint, DamagedFoldersAreClearErrors) {
     checkpoint::DcpSource s(d);
     const std::string name = "model.layers.0.attention.wq.weight";
     const auto shape = s.meta(name)->shape;
-    // Overwrite the middle of the file, which holds chunks' zip records.
+    // Every stored blob (a torch.save zip) loses its first record's signature.
     const fs::path f = fs::path(d) / "__0_0.distcp";
-    std::fstream io(f, std::ios::binary | std::ios::in | std::ios::out);
-    const auto size = static_cast<std::streamoff>(fs::file_size(f));
-    for (std::streamoff at = 0; at < size; at += 4096) {
-      io.seekp(at);
-      io.write("JUNKJUNK", 8);
+    std::string bytes;
+    {
+      std::ifstream in(f, std::ios::binary);
+      bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
     }
-    io.close();
+    for (size_t at = 0; (at = bytes.find(std::string("PK\x03\x04", 4), at)) != std::string::npos;) bytes.replace(at, 4, "JUNK");
+    std::ofstream(f, std::ios::binary | std::ios::trunc) << bytes;
     const std::string err = test::error_of([&] { s.read(name, std::vector<int64_t>(shape.size(), 0), shape); });
     EXPECT_NE(err.find("__0_0.distcp"), std::string::npos) << err;
     EXPECT_NE(err.find("layers.0.attention.wq.weight"), std::string::npos) << err;

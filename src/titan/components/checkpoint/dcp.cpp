@@ -95,8 +95,9 @@ DcpSource::DcpSource(std::string dir) : dir_(std::move(dir)) {
                      " has no storage_data: was it written by a FileSystemWriter (dcp.save to a folder)?");
     for (const auto& [k, v] : sd->dict) {
       const std::string fqn = k->at("fqn").as_string();
-      const pickle::Value& off = k->at("offset");
-      std::vector<int64_t> offsets = off.kind == pickle::Value::Kind::None ? std::vector<int64_t>{} : ints(off);
+      // MetadataIndex keeps no offset attribute of its own for a non-tensor value (the class default, None).
+      const pickle::Value* off = k->get("offset");
+      std::vector<int64_t> offsets = !off || off->kind == pickle::Value::Kind::None ? std::vector<int64_t>{} : ints(*off);
       const pickle::Value* transforms = v->get("transform_descriptors");
       TITAN_USER_CHECK(!transforms || transforms->kind == pickle::Value::Kind::None || transforms->sequence().empty(),
                        md_path.string(), ": '", fqn, "' is stored with transforms (compression or encryption), which "

@@ -165,6 +165,23 @@ class Parser {
       if (!args->items.empty()) s->items = args->items[0]->items;
       return s;
     }
+    if (name == "_codecs.encode" && args->items.size() == 2 && args->items[0]->kind == Value::Kind::String) {
+      // Protocol 2's bytes: their text as code points below 256 (latin-1), encoded again on loading.
+      Ref b = make(Value::Kind::Bytes);
+      const std::string& u = args->items[0]->s;  // UTF-8
+      for (size_t k = 0; k < u.size(); ++k) {
+        const auto c = static_cast<unsigned char>(u[k]);
+        if (c < 0x80) {
+          b->s += static_cast<char>(c);
+        } else if ((c & 0xE0) == 0xC0 && k + 1 < u.size() && c <= 0xC3) {
+          b->s += static_cast<char>(((c & 0x1F) << 6) | (static_cast<unsigned char>(u[++k]) & 0x3F));
+        } else {
+          throw std::runtime_error("encoded bytes hold a code point above 255");
+        }
+      }
+      return b;
+    }
+    if ((name == "builtins.bytes" || name == "builtins.bytearray") && args->items.empty()) return make(Value::Kind::Bytes);
     if (name == "copyreg._reconstructor" && !args->items.empty() && args->items[0]->kind == Value::Kind::Global) {
       Ref o = make(Value::Kind::Object);
       o->s = args->items[0]->s;
@@ -292,9 +309,11 @@ class Parser {
         push(v);
         return false;
       }
-      case 'c': {  // GLOBAL: module\nname\n
+      case 'c': {  // GLOBAL: module\nname\n (protocol 2 writes Python 2's module names)
         std::string module(line());
         std::string name(line());
+        if (module == "__builtin__") module = "builtins";
+        if (module == "copy_reg") module = "copyreg";
         push_string(module + "." + name, Value::Kind::Global);
         return false;
       }
