@@ -55,6 +55,8 @@ echo "[fuzz] build: $(($(date +%s) - build_start)) s"
 # Sanitizer reports abort (so libFuzzer keeps the input); leaks are reported by libFuzzer itself.
 export ASAN_OPTIONS="${ASAN_OPTIONS:-abort_on_error=1:detect_stack_use_after_return=1:strict_string_checks=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+# Leaks inside LibTorch's zip reader, not titan's (the file says which).
+export LSAN_OPTIONS="${LSAN_OPTIONS:-suppressions=$ROOT/tests/fuzz/lsan_suppressions.txt}"
 # Limits that turn hangs and unbounded allocations into failures: 10 s per input, 2 GiB of memory,
 # 512 MiB in one allocation (a size read from a file must be checked against the file first).
 LIMITS=(-timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=512)

@@ -212,6 +212,9 @@ TEST(Pickle, ReadsWhatPythonWrites) {
       "     'od': collections.OrderedDict([('a', 1)]), 'set': {9}, 'shared': None}\n"
       "shared = [42]\n"
       "v['shared'] = (shared, shared)\n"
+      "cyclic = []\n"
+      "cyclic.append(cyclic)\n"
+      "v['cyclic'] = cyclic\n"
       "for p in (2, 3, 4, 5):\n"
       "    open(sys.argv[1] + '/p%d.pkl' % p, 'wb').write(pickle.dumps(v, protocol=p))\n";
   const test::ProcessResult r = test::run_process({test::python(), "-c", script, dir.path()});
@@ -220,7 +223,8 @@ TEST(Pickle, ReadsWhatPythonWrites) {
     SCOPED_TRACE("protocol " + std::to_string(p));
     std::ifstream f(dir / ("p" + std::to_string(p) + ".pkl"), std::ios::binary);
     const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    const pickle::Ref v = pickle::parse(bytes);
+    const pickle::Document doc = pickle::parse(bytes);
+    const pickle::Value* v = &doc.root();
     ASSERT_EQ(v->kind, pickle::Value::Kind::Dict);
     EXPECT_EQ(v->at("small").as_int(), 7);
     EXPECT_EQ(v->at("neg").as_int(), -3);
@@ -241,8 +245,10 @@ TEST(Pickle, ReadsWhatPythonWrites) {
     EXPECT_EQ(v->at("od").at("a").as_int(), 1);
     EXPECT_EQ(v->at("set").items.at(0)->as_int(), 9);
     const auto& shared = v->at("shared").sequence();
-    EXPECT_EQ(shared[0].get(), shared[1].get());  // the memo gives the same object twice
+    EXPECT_EQ(shared[0], shared[1]);  // the memo gives the same object twice
     EXPECT_EQ(shared[0]->sequence()[0]->as_int(), 42);
+    const pickle::Value& cyclic = v->at("cyclic");  // a list that holds itself (freed with the document)
+    EXPECT_EQ(cyclic.sequence().at(0), &cyclic);
     // Every truncation is an error, never a crash or a value.
     for (size_t n = 0; n + 1 < bytes.size(); n += 7)
       EXPECT_THROW(pickle::parse(std::string_view(bytes).substr(0, n)), std::runtime_error) << n;

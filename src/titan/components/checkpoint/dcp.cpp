@@ -78,12 +78,13 @@ DcpSource::DcpSource(std::string dir) : dir_(std::move(dir)) {
   TITAN_USER_CHECK(f.good(), describe(), " has no readable ", kDcpMetadataFile,
                    " file: give the step folder of a torch.distributed.checkpoint save (e.g. .../checkpoint/step-1000)");
   const std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  pickle::Ref md;
+  pickle::Document doc;
   try {
-    md = pickle::parse(bytes);
+    doc = pickle::parse(bytes);
   } catch (const std::exception& e) {
     throw UserError(detail::concat(md_path.string(), " is not a readable pickle (damaged or not DCP metadata): ", e.what()));
   }
+  const pickle::Value* md = &doc.root();
   try {
     TITAN_USER_CHECK(md->kind == pickle::Value::Kind::Object && ends_with(md->s, ".Metadata"), md_path.string(),
                      " holds a ", md->kind == pickle::Value::Kind::Object ? md->s : "plain value",
@@ -131,7 +132,7 @@ DcpSource::DcpSource(std::string dir) : dir_(std::move(dir)) {
       // TensorProperties pickles its fields as a tuple (dtype, layout, requires_grad, memory_format, pin_memory).
       const pickle::Value* dtype = props.get("dtype");
       if (!dtype && props.state && props.state->kind == pickle::Value::Kind::Tuple && !props.state->items.empty())
-        dtype = props.state->items[0].get();
+        dtype = props.state->items[0];
       TITAN_USER_CHECK(dtype && dtype->kind == pickle::Value::Kind::Global, md_path.string(), ": '", key, "' has no dtype");
       auto dt = dtypes().find(dtype->s);
       TITAN_USER_CHECK(dt != dtypes().end(), md_path.string(), ": '", key, "' has dtype ", dtype->s, ", which titan does not read");

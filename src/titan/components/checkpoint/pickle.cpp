@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <stdexcept>
+#include <unordered_map>
 
 namespace titan::pickle {
 
@@ -25,32 +26,34 @@ const char* kind_name(Value::Kind k) {
   return "?";
 }
 
-Ref make(Value::Kind k) {
-  auto v = std::make_shared<Value>();
-  v->kind = k;
-  return v;
-}
+}  // namespace
 
 class Parser {
  public:
   explicit Parser(std::string_view d) : d_(d) {}
 
-  Ref run() {
+  Document run() {
     while (true) {
       const size_t at = pos_;
       const uint8_t op = byte();
       try {
         if (step(op)) break;
-      } catch (const std::runtime_error& e) {
+      } catch (const std::exception& e) {  // also std::stoll's invalid_argument and out_of_range
         throw std::runtime_error("pickle: " + std::string(e.what()) + " (opcode 0x" + hex(op) + " at byte " +
                                  std::to_string(at) + ")");
       }
     }
     if (stack_.size() != 1) throw std::runtime_error("pickle: " + std::to_string(stack_.size()) + " values left at STOP");
-    return stack_.back();
+    doc_.root_ = stack_.back();
+    return std::move(doc_);
   }
 
  private:
+  Ref make(Value::Kind k) {
+    doc_.values_.push_back(std::make_unique<Value>());
+    doc_.values_.back()->kind = k;
+    return doc_.values_.back().get();
+  }
   static std::string hex(uint8_t b) {
     const char* digits = "0123456789abcdef";
     return {digits[b >> 4], digits[b & 15]};
@@ -118,14 +121,11 @@ class Parser {
     v->items = std::move(items);
     push(v);
   }
-  void put(uint64_t index) {
-    if (index > (1u << 26)) throw std::runtime_error("memo index too large");
-    if (memo_.size() <= index) memo_.resize(index + 1);
-    memo_[index] = top();
-  }
+  void put(uint64_t index) { memo_[index] = top(); }
   void get(uint64_t index) {
-    if (index >= memo_.size() || !memo_[index]) throw std::runtime_error("memo index " + std::to_string(index) + " unset");
-    push(memo_[index]);
+    auto it = memo_.find(index);
+    if (it == memo_.end()) throw std::runtime_error("memo index " + std::to_string(index) + " unset");
+    push(it->second);
   }
   static void set_items(Value& target, const std::vector<Ref>& kv) {
     if (target.kind != Value::Kind::Dict) throw std::runtime_error(std::string("SETITEM on a ") + kind_name(target.kind));
@@ -149,7 +149,7 @@ class Parser {
     target.items.insert(target.items.end(), items.begin(), items.end());
   }
   // A call of `callable` with `args`: builtin containers become values, anything else an object.
-  static Ref call(const Ref& callable, const Ref& args) {
+  Ref call(const Ref& callable, const Ref& args) {
     if (callable->kind != Value::Kind::Global) throw std::runtime_error(std::string("call of a ") + kind_name(callable->kind));
     if (args->kind != Value::Kind::Tuple) throw std::runtime_error("call arguments are not a tuple");
     const std::string& name = callable->s;
@@ -371,10 +371,9 @@ class Parser {
   size_t pos_ = 0;
   std::vector<Ref> stack_;
   std::vector<size_t> marks_;
-  std::vector<Ref> memo_;
+  std::unordered_map<uint64_t, Ref> memo_;  // indices as the pickle gives them (sparse ones included)
+  Document doc_;
 };
-
-}  // namespace
 
 int64_t Value::as_int() const {
   if (kind == Kind::Int) return i;
@@ -391,7 +390,7 @@ const Value* Value::get(std::string_view key) const {
   const Value* d = this;
   if (kind == Kind::Object) {
     if (!state) return nullptr;
-    d = state.get();
+    d = state;
     // (dict, slots) pairs: look in both.
     if (d->kind == Kind::Tuple && d->items.size() == 2) {
       for (const Ref& part : d->items)
@@ -402,7 +401,7 @@ const Value* Value::get(std::string_view key) const {
   }
   if (d->kind != Kind::Dict) return nullptr;
   for (const auto& [k, v] : d->dict)
-    if (k->kind == Kind::String && k->s == key) return v.get();
+    if (k->kind == Kind::String && k->s == key) return v;
   return nullptr;
 }
 
@@ -420,6 +419,6 @@ const std::vector<Ref>& Value::sequence() const {
   throw std::runtime_error(std::string("expected a sequence, found a ") + kind_name(kind) + (kind == Kind::Object ? " " + s : ""));
 }
 
-Ref parse(std::string_view data) { return Parser(data).run(); }
+Document parse(std::string_view data) { return Parser(data).run(); }
 
 }  // namespace titan::pickle

@@ -16,7 +16,7 @@
 namespace titan::pickle {
 
 struct Value;
-using Ref = std::shared_ptr<Value>;
+using Ref = Value*;  // owned by the Document the value belongs to
 
 struct Value {
   enum class Kind { None, Bool, Int, Float, String, Bytes, List, Tuple, Dict, Set, Global, Object };
@@ -27,7 +27,7 @@ struct Value {
   std::string s;                           // String, Bytes; Global and Object: "module.name"
   std::vector<Ref> items;                  // List, Tuple, Set; Object: the arguments
   std::vector<std::pair<Ref, Ref>> dict;   // Dict, in insertion order
-  Ref state;                               // Object: what BUILD set (a dict, a tuple, ...), or null
+  Ref state = nullptr;                     // Object: what BUILD set (a dict, a tuple, ...), or null
 
   // Accessors that throw std::runtime_error naming what was expected.
   int64_t as_int() const;
@@ -40,7 +40,18 @@ struct Value {
   const std::vector<Ref>& sequence() const;
 };
 
+// A parsed pickle: its values, owned together (a pickle may hold cycles: a list that contains itself).
+class Document {
+ public:
+  const Value& root() const { return *root_; }
+
+ private:
+  friend class Parser;
+  std::vector<std::unique_ptr<Value>> values_;
+  Value* root_ = nullptr;
+};
+
 // Parses one pickle. Throws std::runtime_error (with the byte offset) on malformed or unsupported input.
-Ref parse(std::string_view data);
+Document parse(std::string_view data);
 
 }  // namespace titan::pickle
