@@ -201,6 +201,24 @@ def checkpoint_seeds():
         SEP + blobs[1] + SEP + subs[0] + SEP + bad_sub)
 
 
+def table_seeds():
+    """Parquet (two row groups, a null-free text column beside another column) and Arrow IPC (stream and
+    file formats, two record batches), each file preceded by the byte that selects its format."""
+    script = (
+        "import sys, pyarrow as pa, pyarrow.parquet as pq, pyarrow.ipc as ipc\n"
+        "t = pa.table({'text': ['alpha', 'b\u00e9ta', '', 'gamma delta'], 'id': [1, 2, 3, 4]})\n"
+        "pq.write_table(t, sys.argv[1] + '/a.parquet', row_group_size=2)\n"
+        "with ipc.new_stream(sys.argv[1] + '/s.arrow', t.schema) as w:\n"
+        "    for b in t.to_batches(max_chunksize=2): w.write_batch(b)\n"
+        "with ipc.new_file(sys.argv[1] + '/f.arrow', t.schema) as w:\n"
+        "    for b in t.to_batches(max_chunksize=2): w.write_batch(b)\n")
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([str(ROOT / ".venv/bin/python"), "-c", script, tmp], check=True, capture_output=True)
+        put("table", "parquet_two_row_groups", b"\x00" + Path(tmp + "/a.parquet").read_bytes())
+        put("table", "arrow_stream", b"\x01" + Path(tmp + "/s.arrow").read_bytes())
+        put("table", "arrow_file", b"\x01" + Path(tmp + "/f.arrow").read_bytes())
+
+
 def dcp_seeds():
     """A torch.distributed.checkpoint folder as torchtitan writes one: a model tensor, the flattened AdamW
     state and non-tensor values (train_state, lr_scheduler, a param group's settings)."""
@@ -226,6 +244,7 @@ if __name__ == "__main__":
     tokenizer_seeds()
     data_seeds()
     checkpoint_seeds()
+    table_seeds()
     dcp_seeds()
     total = sum(p.stat().st_size for p in OUT.rglob("*") if p.is_file())
     print(f"seed corpus: {sum(1 for p in OUT.rglob('*') if p.is_file())} files, {total // 1024} KiB in {OUT}")

@@ -127,6 +127,12 @@ struct TableReader::Impl {
         parquet::arrow::FileReaderBuilder builder;
         check(builder.Open(file, props), "reading the footer");
         builder.memory_pool(arrow::default_memory_pool());
+        // Reads in this thread: pre-buffering would read ahead on Arrow's IO thread pool, whose tasks can
+        // outlive the reader (and hold its file open), beside training's threads.
+        parquet::ArrowReaderProperties arrow_props = parquet::default_arrow_reader_properties();
+        arrow_props.set_pre_buffer(false);
+        arrow_props.set_use_threads(false);
+        builder.properties(arrow_props);
         parquet = value(builder.Build(), "reading the schema");
       });
       const auto& fields = parquet->manifest().schema_fields;
