@@ -245,6 +245,15 @@ TEST(DataLoader, ResumeRejectsAnotherSeqLenOrDataset) {
   EXPECT_THROW(data::make_dataloader(config(text, 2, 9), tok)->load_state(a->state()), UserError);
   EXPECT_THROW(data::make_dataloader(config(dir / "shards", 2, 8), tok)->load_state(a->state()), UserError);
   EXPECT_THROW(data::make_dataloader(config(text, 2, 8), tok)->load_state("{not json"), UserError);
+  // The same files in another folder resume; a later file replaced by another (same count, the position
+  // itself unchanged, e.g. a new snapshot of the dataset) is refused by the files' digest.
+  std::filesystem::copy(text, dir / "moved");
+  auto moved = data::make_dataloader(config(dir / "moved", 2, 8), tok);
+  moved->load_state(a->state());
+  expect_same(take(*moved, 3), take(*a, 3), "the dataset in another folder");
+  test::write_file(dir / "moved/part2.jsonl.zst", test::zstd_bytes({test::jsonl({"another", "snapshot"})}));
+  const std::string err = test::error_of([&] { data::make_dataloader(config(dir / "moved", 2, 8), tok)->load_state(a->state()); });
+  EXPECT_NE(err.find("are not the ones the data loader state was saved with"), std::string::npos) << err;
   test::write_file(dir / "text/part3.jsonl", test::jsonl({"more"}));
   EXPECT_THROW(data::make_dataloader(config(text, 2, 8), tok)->load_state(a->state()), UserError);
 }

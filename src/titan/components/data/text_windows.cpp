@@ -4,8 +4,32 @@
 #include "titan/components/data/table_reader.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <filesystem>
 
 namespace titan::data {
+
+namespace {
+
+// FNV-1a over each file's name (not its folder: a dataset may move) and size, in order, as hex.
+std::string digest_of_files(const std::vector<std::string>& files) {
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](const std::string& bytes) {
+    for (unsigned char c : bytes) h = (h ^ c) * 1099511628211ull;
+    h = (h ^ 0xff) * 1099511628211ull;  // a separator: ("ab", "c") and ("a", "bc") differ
+  };
+  for (const auto& f : files) {
+    std::error_code ec;
+    const auto size = std::filesystem::file_size(f, ec);
+    mix(std::filesystem::path(f).filename().string());
+    mix(ec ? std::string("?") : std::to_string(size));
+  }
+  char out[17];
+  std::snprintf(out, sizeof(out), "%016llx", static_cast<unsigned long long>(h));
+  return out;
+}
+
+}  // namespace
 
 TextWindowSource::TextWindowSource(std::vector<std::string> files, std::string text_field, const Tokenizer& tokenizer,
                                    int64_t seq_len, TokenizeTogether together)
@@ -17,6 +41,7 @@ TextWindowSource::TextWindowSource(std::vector<std::string> files, std::string t
   TITAN_ASSERT(together_.size >= 1 && together_.rank >= 0 && together_.rank < together_.size &&
                    (together_.size == 1 || together_.all_gather),
                "TokenizeTogether: bad member ", together_.rank, " of ", together_.size);
+  files_digest_ = digest_of_files(reader_.files());
   reader_.rewind(0);
   pass_tokens_ = 0;
   pass_lines_ = 0;
@@ -135,7 +160,8 @@ nlohmann::json TextWindowSource::state() const {
   return {{"epoch", p.epoch},   {"file", p.file},
           {"offset", p.offset}, {"line", p.line},
           {"skip_tokens", static_cast<int64_t>(head_ - base_)},
-          {"num_files", static_cast<int64_t>(reader_.files().size())}};
+          {"num_files", static_cast<int64_t>(reader_.files().size())},
+          {"files_digest", files_digest_}};
 }
 
 void TextWindowSource::load_state(const nlohmann::json& s) {
@@ -152,6 +178,12 @@ void TextWindowSource::load_state(const nlohmann::json& s) {
   TITAN_USER_CHECK(num_files == static_cast<int64_t>(reader_.files().size()), "the data loader state was saved with ",
                    num_files, " dataset files but the dataset now has ", reader_.files().size(),
                    ": resume with the same dataset");
+  // States saved before the digest existed have none: the count and the position check below remain.
+  if (s.contains("files_digest") && s.at("files_digest").is_string())
+    TITAN_USER_CHECK(s.at("files_digest").get<std::string>() == files_digest_, "the dataset's ", num_files,
+                     " files are not the ones the data loader state was saved with (their names or sizes differ, e.g. "
+                     "a new snapshot of the dataset): resume with the same dataset files, or start the data from the "
+                     "beginning with --checkpoint.exclude_from_loading dataloader");
   reader_.seek(anchor);
   epoch_ = anchor.epoch;
   appended_epoch_ = anchor.epoch;

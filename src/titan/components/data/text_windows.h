@@ -70,6 +70,7 @@ class TextWindowSource : public WindowSource {
   };
 
   DocumentReader reader_;
+  std::string files_digest_;  // of the files' names and sizes, in order: a saved state is of these files
   const Tokenizer& tokenizer_;
   int64_t window_len_;
   int64_t epoch_ = 0;                // epoch the reader is in
