@@ -177,7 +177,8 @@ void TextWindowSource::load_state(const nlohmann::json& s) {
   }
   TITAN_USER_CHECK(num_files == static_cast<int64_t>(reader_.files().size()), "the data loader state was saved with ",
                    num_files, " dataset files but the dataset now has ", reader_.files().size(),
-                   ": resume with the same dataset");
+                   ": resume with the same dataset, or start the data from the beginning with "
+                   "--checkpoint.exclude_from_loading dataloader");
   // States saved before the digest existed have none: the count and the position check below remain.
   if (s.contains("files_digest") && s.at("files_digest").is_string())
     TITAN_USER_CHECK(s.at("files_digest").get<std::string>() == files_digest_, "the dataset's ", num_files,
@@ -197,7 +198,8 @@ void TextWindowSource::load_state(const nlohmann::json& s) {
   TITAN_USER_CHECK(doc.pos == anchor && skip >= 0 && skip < doc.num_tokens, "the dataset no longer matches the data loader state (",
                    reader_.files()[anchor.file], ":", anchor.line, " at ",
                    is_table_file(reader_.files()[anchor.file]) ? "row " : "byte ", anchor.offset,
-                   "): resume with the same dataset files and tokenizer");
+                   "): resume with the same dataset files and tokenizer, or start the data from the beginning with "
+                   "--checkpoint.exclude_from_loading dataloader");
   head_ = static_cast<size_t>(skip);
   pop_consumed();
 }
