@@ -133,6 +133,17 @@ TEST(DataMixture, BadEntriesAndAnotherMixturesStateAreClearErrors) {
   EXPECT_NE(e.find("the weight '-1' is not a positive number"), std::string::npos) << e;
   e = error([&] { data::parse_dataset_mix({"0.5"}, "training.dataset_mix"); });
   EXPECT_NE(e.find("needs a weight and a dataset"), std::string::npos) << e;
+  // A Hive-style folder ("lang=en") that exists is a path; NAME=PATH otherwise.
+  std::filesystem::create_directories(f.dir / "lang=en");
+  const std::string cwd = std::filesystem::current_path();
+  std::filesystem::current_path(f.dir.path());
+  const auto hive = data::parse_dataset_mix({"1 lang=en/", "2 web=lang=en"}, "training.dataset_mix");
+  std::filesystem::current_path(cwd);
+  ASSERT_EQ(hive.size(), 2u);
+  EXPECT_EQ(hive[0].name, "lang=en");
+  EXPECT_EQ(hive[0].location, "lang=en/");
+  EXPECT_EQ(hive[1].name, "web");
+  EXPECT_EQ(hive[1].location, "lang=en");
   e = error([&] { data::parse_dataset_mix({"1 d1/x.bin", "1 d2/x.bin"}, "training.dataset_mix"); });
   EXPECT_NE(e.find("two sources named 'x.bin': name them apart"), std::string::npos) << e;
   e = error([&] { data::make_dataloader(config({"1 " + (f.dir / "a.bin"), "1 gone=" + (f.dir / "nowhere")}, 1, 8), f.tok); });

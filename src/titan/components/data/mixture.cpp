@@ -29,7 +29,11 @@ std::vector<MixtureEntry> parse_dataset_mix(const std::vector<std::string>& entr
     while (!location.empty() && (location.back() == ' ' || location.back() == '\t')) location.pop_back();
     MixtureEntry e;
     e.weight = weight;
-    if (const size_t eq = location.find('='); eq != std::string::npos && location.find('/') > eq) {
+    // NAME=PATH, unless the whole text is a path that exists (a Hive-style folder such as
+    // "data/lang=en", or a Megatron-LM prefix "x=y/corpus" beside its .bin and .idx).
+    std::error_code ec;
+    const bool whole_path = std::filesystem::exists(location, ec) || std::filesystem::exists(location + ".bin", ec);
+    if (const size_t eq = location.find('='); !whole_path && eq != std::string::npos && location.find('/') > eq) {
       e.name = location.substr(0, eq);
       e.location = location.substr(eq + 1);
     } else {
