@@ -460,6 +460,14 @@ TEST(DataTables, DamagedFilesAreClearErrors) {
     test::write_file(dir / ("cut_" + name), bytes.substr(0, bytes.size() / 2 + 3));
     expect_error(dir / ("cut_" + name), "damaged or truncated");
   }
+  // An IPC stream cut exactly after a batch (its end-of-stream marker gone) would read as a complete,
+  // shorter stream: the missing marker tells.
+  {
+    const std::string bytes = read_bytes(dir / "stream.arrow");
+    ASSERT_EQ(bytes.substr(bytes.size() - 8), std::string("\xff\xff\xff\xff\0\0\0\0", 8));
+    test::write_file(dir / "no_eos.arrow", bytes.substr(0, bytes.size() - 8));
+    expect_error(dir / "no_eos.arrow", "end-of-stream marker");
+  }
   // Bytes flipped in the middle of the first row group's data page, uncompressed and compressed, and
   // in a page with a checksum to ASCII letters (which only the checksum tells from text).
   for (auto [name, page, to] : {std::tuple{"plain.parquet", pages[0], '\xff'}, std::tuple{"snappy.parquet", pages[1], '\xff'},

@@ -152,6 +152,23 @@ struct TableReader::Impl {
       counted = true;
     } else {
       mapped = value(arrow::io::MemoryMappedFile::Open(path, arrow::io::FileMode::READ), "memory-mapping");
+      if (format == Format::kIpcStream) {
+        // A stream's writer ends it with an end-of-stream marker (0xFFFFFFFF then a zero length, or the
+        // zero length alone before Arrow 0.15): a stream cut between two batches would otherwise read
+        // as a complete, shorter one.
+        const int64_t size = value(mapped->GetSize(), "reading the size");
+        bool ends = false;
+        if (size >= 4) {
+          const auto tail = value(mapped->ReadAt(size - std::min<int64_t>(size, 8), std::min<int64_t>(size, 8)), "mapping");
+          const uint8_t* t = tail->data();
+          const int64_t n = tail->size();
+          static const uint8_t kZero[4] = {0, 0, 0, 0};
+          ends = std::memcmp(t + n - 4, kZero, 4) == 0;
+        }
+        TITAN_USER_CHECK(ends, "dataset file '", path, "' is damaged or truncated: an Arrow IPC stream that does not "
+                         "end with its end-of-stream marker (cut short by an interrupted copy or write?); copy or write "
+                         "it again");
+      }
       std::shared_ptr<arrow::Schema> schema = open_ipc(-1);
       field = schema->GetFieldIndex(column);
       TITAN_USER_CHECK(field >= 0, "dataset file '", path, "' has no column '", column, "' (columns: ",
