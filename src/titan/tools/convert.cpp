@@ -5,6 +5,7 @@
 #include "titan/components/checkpoint/dcp.h"
 #include "titan/components/checkpoint/hf.h"
 #include "titan/config/job_config.h"
+#include "titan/models/model.h"
 #include "titan/models/registry.h"
 
 #include <ATen/ATen.h>
@@ -102,18 +103,35 @@ int64_t convert_from_dcp(const std::string& dcp_dir, const std::string& out_step
   checkpoint::DcpSource source(dcp_dir);
   std::vector<std::string> contents = source.contents();
   if (model_only) contents = {"model"};
-  TITAN_USER_CHECK(std::find(contents.begin(), contents.end(), "model") != contents.end() || model_only,
-                   source.describe(), " holds no model weights");
-  nlohmann::json state = source.state(1);
+  // The model of the flavor (on the meta device: names and shapes only) says what is written: each of
+  // its parameters must be in the folder with its shape; names the model does not have are left out.
+  const LanguageModel m = spec.build(flavor, at::TensorOptions().device(at::kMeta).dtype(at::kFloat), 2048);
+  const bool optimizer = std::find(contents.begin(), contents.end(), "optimizer") != contents.end();
+  std::vector<std::string> names;
+  auto take = [&](const std::string& name, const std::vector<int64_t>& shape, bool required) {
+    const auto meta = source.meta(name);
+    if (!meta && !required) return;
+    TITAN_USER_CHECK(meta.has_value(), source.describe(), " holds no ", name, ", which ", model, " flavor ", flavor,
+                     " has: is --model.flavor (and --model.name) the saving run's?");
+    TITAN_USER_CHECK(meta->shape == shape, source.describe(), ": ", name, " has shape ", c10::IntArrayRef(meta->shape),
+                     " but ", model, " flavor ", flavor, " has ", c10::IntArrayRef(shape),
+                     ": is --model.flavor (and --model.name) the saving run's?");
+    names.push_back(name);
+  };
+  for (const auto& p : m->named_parameters()) {
+    take("model." + p.key(), p.value().sizes().vec(), true);
+    if (!optimizer) continue;
+    take("optimizer." + p.key() + ".exp_avg", p.value().sizes().vec(), true);
+    take("optimizer." + p.key() + ".exp_avg_sq", p.value().sizes().vec(), true);
+    take("optimizer." + p.key() + ".step", {}, true);
+  }
+  for (const auto& [prefix, layer] : m->moe_layers())  // routing biases, where the folder has them
+    if (layer->expert_bias.defined()) take("model." + prefix + "expert_bias", layer->expert_bias.sizes().vec(), false);
+  // torchtitan counts one rank's tokens: times the saving ranks (exact for FSDP and DDP runs).
+  nlohmann::json state = source.state(source.num_files());
   for (auto it = state.begin(); it != state.end();)
     it = std::find(contents.begin(), contents.end(), it.key()) == contents.end() ? state.erase(it) : std::next(it);
   const int64_t step = state.contains("train_state") ? state["train_state"]["step"].get<int64_t>() : 0;
-  std::vector<std::string> names;
-  for (const std::string& name : source.names()) {
-    const std::string part = name.substr(0, name.find('.'));
-    if (std::find(contents.begin(), contents.end(), part) != contents.end()) names.push_back(name);
-  }
-  TITAN_USER_CHECK(!names.empty(), source.describe(), " holds no model weights titan reads");
   const nlohmann::json info = {{"step", step},
                                {"model", checkpoint::model_record(spec, flavor)},
                                {"contents", contents},

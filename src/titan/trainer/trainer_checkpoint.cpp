@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <random>
 
@@ -367,6 +368,23 @@ void Trainer::set_up_checkpointing() {
       if (!unread.empty()) dcp_note += (dcp_note.empty() ? "" : "; ") + std::string("not read: ") + unread;
       source = std::move(dcp);
       return;
+    }
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    if (fs::is_directory(c.initial_load_path, ec) && !fs::exists(fs::path(c.initial_load_path) / checkpoint::kIndexFile, ec)) {
+      // The folder that holds a run's step folders, titan's or torchtitan's: name the latest.
+      std::string latest;
+      int64_t latest_step = -1;
+      for (const auto& entry : fs::directory_iterator(c.initial_load_path, ec)) {
+        const std::string name = entry.path().filename().string();
+        if (name.rfind("step-", 0) != 0 || !(checkpoint::is_dcp_folder(entry.path().string()) ||
+                                             fs::exists(entry.path() / checkpoint::kIndexFile, ec)))
+          continue;
+        const int64_t step = std::atoll(name.c_str() + 5);
+        if (step > latest_step) latest_step = step, latest = entry.path().string();
+      }
+      TITAN_USER_CHECK(latest.empty(), "checkpoint.initial_load_path ", c.initial_load_path, " holds checkpoints, not one: "
+                       "give one of its step folders, e.g. ", latest, " (the latest)");
     }
     auto reader = std::make_unique<checkpoint::Reader>(c.initial_load_path);
     check_checkpoint_model(*reader);

@@ -8,6 +8,7 @@
 // on each side, the parity tests' 1e-6 agreement, and AdamW over 3 steps).
 #include "test_util.h"
 
+#include "distributed/launched_training.h"
 #include "models/llama3_reference_config.h"
 #include "titan/common/error.h"
 #include "titan/components/checkpoint/dcp.h"
@@ -102,6 +103,7 @@ TEST(TorchtitanCheckpoint, TitanContinuesAsPyTorchDoes) {
   ASSERT_TRUE(source.meta("optimizer.layers.0.attention.wq.weight.exp_avg").has_value());
   EXPECT_EQ(source.meta("optimizer.layers.0.attention.wq.weight.step")->shape, std::vector<int64_t>{});
   EXPECT_NE(source.unread_summary().find("dataloader"), std::string::npos) << source.unread_summary();
+  EXPECT_NE(source.unread_summary().find("freqs_cis (1 key)"), std::string::npos) << source.unread_summary();
 
   // titan, loading it through checkpoint.initial_load_path.
   std::vector<double> direct;
@@ -129,6 +131,24 @@ TEST(TorchtitanCheckpoint, TitanContinuesAsPyTorchDoes) {
   EXPECT_NE(c.output.find("as titan checkpoint " + converted), std::string::npos) << c.output;
   Trainer t(parse_config(run_args(dir / "run2", converted)));
   EXPECT_EQ(t.train(), direct);
+  // Another flavor's shapes are refused, naming the tensor.
+  const test::ProcessResult wrong = test::run_process(
+      {kTitan, "convert", "from-dcp", dcp_dir, dir / "wrong/step-3", "--model.flavor", "1B"}, {}, std::chrono::seconds(120));
+  EXPECT_NE(wrong.exit_code, 0);
+  EXPECT_NE(wrong.output.find("is --model.flavor (and --model.name) the saving run's?"), std::string::npos) << wrong.output;
+
+  // Two processes (FSDP 2, the same global batch) read their shards of the chunks and train as one did.
+  std::vector<std::string> fsdp = run_args(dir / "fsdp", dcp_dir);
+  fsdp.insert(fsdp.begin(), "train");
+  fsdp.insert(fsdp.end(), {"--training.local_batch_size", std::to_string(kBatch / 2), "--training.global_batch_size",
+                           std::to_string(kBatch)});
+  test::TempDir fsdp_dir;
+  const test::LaunchedRun two = test::run_titan(2, fsdp, fsdp_dir);
+  ASSERT_EQ(two.exit_code, 0) << two.output;
+  const at::Tensor losses = two.weights.at("__losses__").to(at::kDouble);
+  ASSERT_EQ(losses.numel(), kContinued);
+  for (int i = 0; i < kContinued; ++i)
+    EXPECT_NEAR(losses[i].item<double>(), direct[static_cast<size_t>(i)], 1e-5 * direct[static_cast<size_t>(i)]) << "FSDP 2, step " << kSaved + i + 1;
 }
 
 // The model alone (checkpoint.initial_load_model_only, torchtitan's default too): the step, the schedule
@@ -195,10 +215,42 @@ TEST(TorchtitanCheckpoint, DamagedFoldersAreClearErrors) {
     EXPECT_NE(err.find("__0_0.distcp"), std::string::npos) << err;
     EXPECT_NE(err.find("layers.0.attention.wq.weight"), std::string::npos) << err;
   }
-  // Not a DCP folder at all: the trainer's error names what to give.
+  // Older torchtitan's 0-d tensor step counters are read (the good folder holds them).
+  EXPECT_EQ(checkpoint::DcpSource(good).state(1)["train_state"]["step"], kSaved);
+  // Chunks that overlap and leave a gap (their sizes still add up to the tensor's).
+  d = copy("overlap");
+  const test::ProcessResult shift = test::run_process(
+      {test::python(), "-c",
+       "import pickle, sys, torch\n"
+       "p = sys.argv[1] + '/.metadata'\n"
+       "md = pickle.load(open(p, 'rb'))\n"
+       "from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex\n"
+       "m = md.state_dict_metadata['norm.weight']\n"
+       "n = m.size[0]\n"
+       "info = md.storage_data.pop(MetadataIndex('norm.weight', torch.Size([0])))\n"
+       "m.chunks[:] = [ChunkStorageMetadata(torch.Size([0]), torch.Size([n // 2])),\n"
+       "               ChunkStorageMetadata(torch.Size([n // 4]), torch.Size([n // 2]))]\n"
+       "md.storage_data[MetadataIndex('norm.weight', torch.Size([0]))] = info\n"
+       "md.storage_data[MetadataIndex('norm.weight', torch.Size([n // 4]))] = info\n"
+       "pickle.dump(md, open(p, 'wb'))\n",
+       d});
+  ASSERT_EQ(shift.exit_code, 0) << shift.output;
+  {
+    checkpoint::DcpSource s(d);
+    const auto shape = s.meta("model.norm.weight")->shape;
+    const std::string err = test::error_of([&] { s.read("model.norm.weight", {0}, shape); });
+    EXPECT_NE(err.find("overlap"), std::string::npos) << err;
+  }
+  // The folder holding a run's step folders, given for one: the error names the latest.
+  fs::create_directories(dir / "run_checkpoints");
+  fs::copy(good, dir / "run_checkpoints/step-3", fs::copy_options::recursive);
+  std::string err = test::error_of([&] { Trainer t(parse_config(run_args(dir / "run", dir / "run_checkpoints"))); });
+  EXPECT_NE(err.find("holds checkpoints, not one: give one of its step folders, e.g. " + (dir / "run_checkpoints/step-3")),
+            std::string::npos) << err;
+  // Not a checkpoint at all.
   const std::string none = dir / "none";
   fs::create_directories(none);
-  const std::string err = test::error_of([&] { Trainer t(parse_config(run_args(dir / "run", none))); });
+  err = test::error_of([&] { Trainer t(parse_config(run_args(dir / "run", none))); });
   EXPECT_FALSE(err.empty());
 }
 
@@ -249,6 +301,17 @@ TEST(Pickle, ReadsWhatPythonWrites) {
     EXPECT_EQ(shared[0]->sequence()[0]->as_int(), 42);
     const pickle::Value& cyclic = v->at("cyclic");  // a list that holds itself (freed with the document)
     EXPECT_EQ(cyclic.sequence().at(0), &cyclic);
+    // A pickle that would build far more values than its size is refused, not built: a list of 2000
+    // items, then 1000 calls set(list), each copying the list for 18 bytes of input.
+    std::string list = "\x80\x04]\x94(";  // EMPTY_LIST, MEMOIZE 0, MARK
+    for (int i = 0; i < 2000; ++i) list += "K\x01";
+    list += "e";  // APPENDS
+    const std::string call("cbuiltins\nset\nh\x00\x85R0", 19);  // GLOBAL, GET 0, TUPLE1, REDUCE, POP
+    std::string copies = list, few = list;
+    for (int i = 0; i < 1000; ++i) copies += call;
+    for (int i = 0; i < 20; ++i) few += call;
+    EXPECT_THROW(pickle::parse(copies + "."), std::runtime_error);
+    EXPECT_NO_THROW(pickle::parse(few + "."));  // 20 copies are within the budget
     // Every truncation is an error, never a crash or a value.
     for (size_t n = 0; n + 1 < bytes.size(); n += 7)
       EXPECT_THROW(pickle::parse(std::string_view(bytes).substr(0, n)), std::runtime_error) << n;

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
 
 namespace titan::checkpoint {
@@ -104,6 +105,9 @@ DcpSource::DcpSource(std::string dir) : dir_(std::move(dir)) {
                        md_path.string(), ": '", fqn, "' is stored with transforms (compression or encryption), which "
                        "titan does not read: save without them");
       Blob b{v->at("relative_path").as_string(), v->at("offset").as_int(), v->at("length").as_int()};
+      TITAN_USER_CHECK(b.offset >= 0 && b.length >= 0 && b.offset <= std::numeric_limits<int64_t>::max() - b.length,
+                       md_path.string(), ": '", fqn, "' is stored at offset ", b.offset, " with length ", b.length,
+                       ", which is no place in a file");
       TITAN_USER_CHECK(b.file.find('/') == std::string::npos && b.file != ".." && !b.file.empty(), md_path.string(),
                        ": '", fqn, "' names the file '", b.file, "', which is not a plain file name in the folder");
       storage[{fqn, offsets}] = b;
@@ -121,7 +125,9 @@ DcpSource::DcpSource(std::string dir) : dir_(std::move(dir)) {
         else unread_.push_back(key);
         continue;
       }
-      const std::string name = titan_name(key);
+      // Older torchtitan saved the step counters as 0-d tensors: read as values.
+      const bool state_scalar = key == "train_state.step" || key == "train_state.ntokens_seen" || key == "lr_scheduler.last_epoch";
+      const std::string name = state_scalar ? key : titan_name(key);
       if (name.empty()) {
         unread_.push_back(key);
         continue;
@@ -135,9 +141,15 @@ DcpSource::DcpSource(std::string dir) : dir_(std::move(dir)) {
         dtype = props.state->items[0];
       TITAN_USER_CHECK(dtype && dtype->kind == pickle::Value::Kind::Global, md_path.string(), ": '", key, "' has no dtype");
       auto dt = dtypes().find(dtype->s);
-      TITAN_USER_CHECK(dt != dtypes().end(), md_path.string(), ": '", key, "' has dtype ", dtype->s, ", which titan does not read");
+      if (dt == dtypes().end()) {  // e.g. complex64 RoPE tables (freqs_cis), which titan computes itself
+        unread_.push_back(key);
+        continue;
+      }
       e.meta.dtype = dt->second;
       e.meta.shape = ints(v->at("size"));
+      for (int64_t d : e.meta.shape)
+        TITAN_USER_CHECK(d >= 0 && d <= (int64_t{1} << 48), md_path.string(), ": '", key, "' has size ",
+                         c10::IntArrayRef(e.meta.shape), ", which is not a tensor's");
       int64_t covered = 0;
       for (const auto& c : v->at("chunks").sequence()) {
         Chunk ch;
@@ -147,9 +159,11 @@ DcpSource::DcpSource(std::string dir) : dir_(std::move(dir)) {
                          md_path.string(), ": a chunk of '", key, "' has the wrong rank");
         int64_t n = 1;
         for (size_t d = 0; d < ch.sizes.size(); ++d) {
-          TITAN_USER_CHECK(ch.offsets[d] >= 0 && ch.sizes[d] >= 0 && ch.offsets[d] + ch.sizes[d] <= e.meta.shape[d],
+          TITAN_USER_CHECK(ch.offsets[d] >= 0 && ch.sizes[d] >= 0 && ch.sizes[d] <= e.meta.shape[d] &&
+                               ch.offsets[d] <= e.meta.shape[d] - ch.sizes[d],
                            md_path.string(), ": a chunk of '", key, "' lies outside its size");
-          n *= ch.sizes[d];
+          TITAN_USER_CHECK(!__builtin_mul_overflow(n, ch.sizes[d], &n), md_path.string(), ": a chunk of '", key,
+                           "' is too large");
         }
         covered += n;
         const Blob& b = stored(key, ch.offsets);
@@ -159,11 +173,17 @@ DcpSource::DcpSource(std::string dir) : dir_(std::move(dir)) {
         e.chunks.push_back(std::move(ch));
       }
       int64_t numel = 1;
-      for (int64_t s : e.meta.shape) numel *= s;
+      for (int64_t s : e.meta.shape)
+        TITAN_USER_CHECK(!__builtin_mul_overflow(numel, s, &numel), md_path.string(), ": '", key, "' is too large");
       TITAN_USER_CHECK(covered == numel, md_path.string(), ": the chunks of '", key, "' hold ", covered, " of its ", numel,
                        " elements");
       TITAN_USER_CHECK(!tensors_.count(name), md_path.string(), ": '", key, "' and '", tensors_[name].key,
                        "' are the same tensor for titan (", name, ")");
+      if (state_scalar) {
+        TITAN_USER_CHECK(numel == 1, md_path.string(), ": '", key, "' holds ", numel, " values, not one");
+        scalar_tensors_[key] = std::move(e);
+        continue;
+      }
       tensors_[name] = std::move(e);
     }
   } catch (const UserError&) {
@@ -174,6 +194,8 @@ DcpSource::DcpSource(std::string dir) : dir_(std::move(dir)) {
   // Every file the metadata names exists and holds what it points at.
   std::map<std::string, int64_t> needed;
   for (const auto& [name, e] : tensors_)
+    for (const auto& c : e.chunks) needed[c.file] = std::max(needed[c.file], c.offset + c.length);
+  for (const auto& [name, e] : scalar_tensors_)
     for (const auto& c : e.chunks) needed[c.file] = std::max(needed[c.file], c.offset + c.length);
   for (const auto& [key, b] : values_) needed[b.file] = std::max(needed[b.file], b.offset + b.length);
   for (const auto& [file, end] : needed) {
@@ -212,7 +234,7 @@ std::vector<char> DcpSource::read_bytes(const std::string& file, int64_t offset,
 }
 
 at::Tensor DcpSource::load_chunk(const Entry& e, const Chunk& c) {
-  const std::string where = c.file + ":" + std::to_string(c.offset);
+  const std::string where = e.key + "@" + c.file + ":" + std::to_string(c.offset);
   if (where == cached_key_) return cached_;
   const std::string what = "'" + e.key + "', a chunk at offsets " + c10::str(c10::IntArrayRef(c.offsets));
   std::vector<char> blob = read_bytes(c.file, c.offset, c.length, what);
@@ -252,18 +274,17 @@ at::Tensor DcpSource::read(const std::string& name, const std::vector<int64_t>& 
   TITAN_USER_CHECK(begin.size() == e.meta.shape.size() && length.size() == e.meta.shape.size(), describe(), ": block of ",
                    name, " has the wrong rank");
   at::Tensor out = at::empty(length, at::TensorOptions().dtype(e.meta.dtype));
-  int64_t wanted = 1, filled = 0;
-  for (int64_t l : length) wanted *= l;
+  // Which elements a chunk wrote: every one exactly once (chunks that overlap, or leave a gap, are a
+  // damaged checkpoint).
+  at::Tensor written = at::zeros(length, at::TensorOptions().dtype(at::kBool));
   for (const Chunk& c : e.chunks) {
     std::vector<int64_t> lo(begin.size()), n(begin.size());
     bool overlaps = true;
-    int64_t volume = 1;
     for (size_t d = 0; d < begin.size(); ++d) {
       lo[d] = std::max(begin[d], c.offsets[d]);
       const int64_t hi = std::min(begin[d] + length[d], c.offsets[d] + c.sizes[d]);
       n[d] = hi - lo[d];
       overlaps = overlaps && n[d] > 0;
-      volume *= std::max<int64_t>(n[d], 0);
     }
     if (!overlaps && !begin.empty()) continue;
     const at::Tensor chunk = load_chunk(e, c);
@@ -272,12 +293,23 @@ at::Tensor DcpSource::read(const std::string& name, const std::vector<int64_t>& 
       in_chunk[d] = lo[d] - c.offsets[d];
       in_out[d] = lo[d] - begin[d];
     }
+    at::Tensor seen = block_of(written, in_out, n);
+    TITAN_USER_CHECK(!seen.any().item<bool>(), describe(), ": chunks of '", e.key, "' overlap (the one at offsets ",
+                     c10::IntArrayRef(c.offsets), " among them): the metadata is damaged");
+    seen.fill_(true);
     block_of(out, in_out, n).copy_(block_of(chunk, in_chunk, n));
-    filled += begin.empty() ? 1 : volume;
   }
-  TITAN_USER_CHECK(filled == wanted, describe(), ": the chunks of '", e.key, "' cover ", filled, " of the ", wanted,
-                   " elements asked for");
+  TITAN_USER_CHECK(written.all().item<bool>(), describe(), ": the chunks of '", e.key, "' leave ",
+                   (~written).sum().item<int64_t>(), " of the elements asked for uncovered: the metadata is damaged");
   return out;
+}
+
+int64_t DcpSource::num_files() const {
+  std::set<std::string> files;
+  for (const auto& [name, e] : tensors_)
+    for (const auto& c : e.chunks) files.insert(c.file);
+  for (const auto& [key, b] : values_) files.insert(b.file);
+  return static_cast<int64_t>(files.size());
 }
 
 std::vector<std::string> DcpSource::contents() const {
@@ -289,12 +321,14 @@ std::vector<std::string> DcpSource::contents() const {
   }
   if (model) out.push_back("model");
   if (optimizer) out.push_back("optimizer");
-  if (values_.count("lr_scheduler.last_epoch")) out.push_back("lr_scheduler");
-  if (values_.count("train_state.step")) out.push_back("train_state");
+  if (has_value("lr_scheduler.last_epoch")) out.push_back("lr_scheduler");
+  if (has_value("train_state.step")) out.push_back("train_state");
   return out;
 }
 
 std::optional<double> DcpSource::scalar(const std::string& key) {
+  if (auto t = scalar_tensors_.find(key); t != scalar_tensors_.end())
+    return load_chunk(t->second, t->second.chunks.at(0)).item<double>();
   auto it = values_.find(key);
   if (it == values_.end()) return std::nullopt;
   std::vector<char> blob = read_bytes(it->second.file, it->second.offset, it->second.length, "'" + key + "'");
@@ -320,11 +354,11 @@ nlohmann::json DcpSource::state(int64_t dp_degree) {
                      "' is not a non-negative integer");
     return static_cast<int64_t>(*v);
   };
-  if (values_.count("train_state.step")) {
-    const int64_t tokens = values_.count("train_state.ntokens_seen") ? integer("train_state.ntokens_seen") : 0;
+  if (has_value("train_state.step")) {
+    const int64_t tokens = has_value("train_state.ntokens_seen") ? integer("train_state.ntokens_seen") : 0;
     s["train_state"] = {{"step", integer("train_state.step")}, {"ntokens_seen", tokens * dp_degree}};
   }
-  if (values_.count("lr_scheduler.last_epoch")) s["lr_scheduler"] = {{"step", integer("lr_scheduler.last_epoch")}};
+  if (has_value("lr_scheduler.last_epoch")) s["lr_scheduler"] = {{"step", integer("lr_scheduler.last_epoch")}};
   return s;
 }
 

@@ -59,6 +59,8 @@ class DcpSource : public Source {
   // The optimizer's hyperparameters as saved (from the first parameter's group): lr, eps,
   // weight_decay, beta1, beta2 and initial_lr (the base lr under a schedule), those present.
   std::map<std::string, double> optimizer_hyperparameters();
+  // The data files the metadata names (one per saving rank).
+  int64_t num_files() const;
   // Keys titan does not read, summarized by their first component ("dataloader (3 keys), ...").
   std::string unread_summary() const;
 
@@ -79,11 +81,13 @@ class DcpSource : public Source {
   };
   std::vector<char> read_bytes(const std::string& file, int64_t offset, int64_t length, const std::string& what);
   at::Tensor load_chunk(const Entry& e, const Chunk& c);
-  std::optional<double> scalar(const std::string& key);  // a non-tensor value that is a number
+  std::optional<double> scalar(const std::string& key);  // a non-tensor value (or a 0-d tensor) that is a number
+  bool has_value(const std::string& key) const { return values_.count(key) || scalar_tensors_.count(key); }
 
   std::string dir_;
   std::map<std::string, Entry> tensors_;   // by titan name
   std::map<std::string, Blob> values_;     // non-tensor items by DCP key
+  std::map<std::string, Entry> scalar_tensors_;  // step counters saved as 0-d tensors, by DCP key
   std::vector<std::string> unread_;        // DCP keys titan does not map
   std::string cached_key_;                 // "<file>:<offset>" of the last chunk read
   at::Tensor cached_;

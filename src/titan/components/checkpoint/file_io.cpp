@@ -284,7 +284,8 @@ std::string recover_directory(const std::string& from, const std::string& to,
   return "restored " + to + " (its replacement did not complete)";
 }
 
-void sync_directory(const std::string& path) {
+void sync_directory(const std::string& given) {
+  const std::string path = given.empty() ? "." : given;  // the parent of a bare relative name
   const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   TITAN_USER_CHECK(fd >= 0, "cannot open folder ", path, ": ", why());
   ::fsync(fd);  // some file systems do not sync folders; the rename is then as durable as they allow

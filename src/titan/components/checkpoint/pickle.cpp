@@ -30,7 +30,7 @@ const char* kind_name(Value::Kind k) {
 
 class Parser {
  public:
-  explicit Parser(std::string_view d) : d_(d) {}
+  explicit Parser(std::string_view d) : d_(d), budget_(16 * d.size() + 4096) {}
 
   Document run() {
     while (true) {
@@ -49,7 +49,14 @@ class Parser {
   }
 
  private:
+  // Every value made and every item stored counts against a budget proportional to the input, so that
+  // a small pickle cannot build a huge tree (memo references copied into containers over and over).
+  void spend(size_t n) {
+    if (n > budget_) throw std::runtime_error("the pickle builds far more values than its size allows");
+    budget_ -= n;
+  }
   Ref make(Value::Kind k) {
+    spend(1);
     doc_.values_.push_back(std::make_unique<Value>());
     doc_.values_.back()->kind = k;
     return doc_.values_.back().get();
@@ -127,25 +134,17 @@ class Parser {
     if (it == memo_.end()) throw std::runtime_error("memo index " + std::to_string(index) + " unset");
     push(it->second);
   }
-  static void set_items(Value& target, const std::vector<Ref>& kv) {
+  // A later value of a key replaces an earlier one as Python's dict does: get() looks from the end.
+  void set_items(Value& target, const std::vector<Ref>& kv) {
     if (target.kind != Value::Kind::Dict) throw std::runtime_error(std::string("SETITEM on a ") + kind_name(target.kind));
     if (kv.size() % 2) throw std::runtime_error("odd number of items for SETITEMS");
-    for (size_t k = 0; k < kv.size(); k += 2) {
-      bool replaced = false;
-      if (kv[k]->kind == Value::Kind::String || kv[k]->kind == Value::Kind::Int) {
-        for (auto& [key, value] : target.dict)
-          if (key->kind == kv[k]->kind && key->s == kv[k]->s && key->i == kv[k]->i) {
-            value = kv[k + 1];
-            replaced = true;
-            break;
-          }
-      }
-      if (!replaced) target.dict.emplace_back(kv[k], kv[k + 1]);
-    }
+    spend(kv.size());
+    for (size_t k = 0; k < kv.size(); k += 2) target.dict.emplace_back(kv[k], kv[k + 1]);
   }
-  static void append_items(Value& target, const std::vector<Ref>& items) {
+  void append_items(Value& target, const std::vector<Ref>& items) {
     if (target.kind != Value::Kind::List && target.kind != Value::Kind::Set)
       throw std::runtime_error(std::string("APPEND on a ") + kind_name(target.kind));
+    spend(items.size());
     target.items.insert(target.items.end(), items.begin(), items.end());
   }
   // A call of `callable` with `args`: builtin containers become values, anything else an object.
@@ -156,19 +155,25 @@ class Parser {
     if (name == "collections.OrderedDict" || name == "builtins.dict") {
       Ref d = make(Value::Kind::Dict);
       if (!args->items.empty() && args->items[0]->kind == Value::Kind::List)
+        spend(args->items[0]->items.size());
+      if (!args->items.empty() && args->items[0]->kind == Value::Kind::List)
         for (const Ref& pair : args->items[0]->items)
           if (pair->kind == Value::Kind::Tuple && pair->items.size() == 2) d->dict.emplace_back(pair->items[0], pair->items[1]);
       return d;
     }
     if (name == "builtins.set" || name == "builtins.frozenset") {
       Ref s = make(Value::Kind::Set);
-      if (!args->items.empty()) s->items = args->items[0]->items;
+      if (!args->items.empty()) {
+        spend(args->items[0]->items.size());
+        s->items = args->items[0]->items;
+      }
       return s;
     }
     if (name == "_codecs.encode" && args->items.size() == 2 && args->items[0]->kind == Value::Kind::String) {
       // Protocol 2's bytes: their text as code points below 256 (latin-1), encoded again on loading.
       Ref b = make(Value::Kind::Bytes);
       const std::string& u = args->items[0]->s;  // UTF-8
+      spend(u.size());
       for (size_t k = 0; k < u.size(); ++k) {
         const auto c = static_cast<unsigned char>(u[k]);
         if (c < 0x80) {
@@ -189,6 +194,7 @@ class Parser {
     }
     Ref o = make(Value::Kind::Object);
     o->s = name;
+    spend(args->items.size());
     o->items = args->items;
     return o;
   }
@@ -343,9 +349,7 @@ class Parser {
       case 'b': {  // BUILD
         Ref state = pop();
         Value& obj = *top();
-        if (obj.kind == Value::Kind::Dict && state->kind == Value::Kind::Dict) {
-          obj.dict.insert(obj.dict.end(), state->dict.begin(), state->dict.end());
-        } else if (obj.kind == Value::Kind::Object) {
+        if (obj.kind == Value::Kind::Object) {
           obj.state = state;
         } else {
           throw std::runtime_error(std::string("BUILD on a ") + kind_name(obj.kind));
@@ -373,6 +377,7 @@ class Parser {
   std::vector<size_t> marks_;
   std::unordered_map<uint64_t, Ref> memo_;  // indices as the pickle gives them (sparse ones included)
   Document doc_;
+  size_t budget_;
 };
 
 int64_t Value::as_int() const {
@@ -400,8 +405,8 @@ const Value* Value::get(std::string_view key) const {
     }
   }
   if (d->kind != Kind::Dict) return nullptr;
-  for (const auto& [k, v] : d->dict)
-    if (k->kind == Kind::String && k->s == key) return v;
+  for (auto it = d->dict.rbegin(); it != d->dict.rend(); ++it)  // the last value of a key, as in Python
+    if (it->first->kind == Kind::String && it->first->s == key) return it->second;
   return nullptr;
 }
 
