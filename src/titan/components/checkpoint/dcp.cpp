@@ -4,6 +4,8 @@
 #include "titan/components/checkpoint/pickle.h"
 
 #include <ATen/ATen.h>
+#include <caffe2/serialize/in_memory_adapter.h>
+#include <caffe2/serialize/inline_container.h>
 #include <torch/serialize.h>
 
 #include <algorithm>
@@ -64,6 +66,16 @@ std::string titan_name(const std::string& key) {
     if (starts_with(key, p)) return "";
   if (starts_with(key, "model.")) return "model." + strip_wrappers(key.substr(6));
   return "model." + strip_wrappers(key);
+}
+
+// Checks a torch.save blob's pickle with titan's reader before LibTorch's unpickler runs: LibTorch
+// reserves the length a string's header gives before reading it, so a damaged length would ask for
+// gigabytes. Throws std::exception (c10::Error, runtime_error) when the blob is not a readable archive.
+void check_torch_save_blob(const std::vector<char>& blob) {
+  caffe2::serialize::PyTorchStreamReader archive(
+      std::make_shared<caffe2::serialize::MemoryReadAdapter>(blob.data(), static_cast<off_t>(blob.size())));
+  auto [data, size] = archive.getRecord("data.pkl");
+  (void)pickle::parse(std::string_view(static_cast<const char*>(data.get()), size));
 }
 
 }  // namespace
@@ -243,6 +255,7 @@ at::Tensor DcpSource::load_chunk(const Entry& e, const Chunk& c) {
   for (int64_t s : c.sizes) numel *= s;
   if (blob.size() >= 4 && blob[0] == 'P' && blob[1] == 'K' && blob[2] == 3 && blob[3] == 4) {  // a torch.save zip
     try {
+      check_torch_save_blob(blob);
       c10::IValue v = torch::pickle_load(blob);
       TITAN_USER_CHECK(v.isTensor(), describe(), ": ", c.file, " holds no tensor for ", what);
       t = v.toTensor();
@@ -334,6 +347,7 @@ std::optional<double> DcpSource::scalar(const std::string& key) {
   std::vector<char> blob = read_bytes(it->second.file, it->second.offset, it->second.length, "'" + key + "'");
   c10::IValue v;
   try {
+    check_torch_save_blob(blob);
     v = torch::pickle_load(blob);
   } catch (const std::exception& ex) {
     throw UserError(detail::concat(describe(), ": the value of '", key, "' in ", it->second.file,
@@ -377,6 +391,7 @@ std::map<std::string, double> DcpSource::optimizer_hyperparameters() {
   if (it != values_.end()) {
     std::vector<char> blob = read_bytes(it->second.file, it->second.offset, it->second.length, "'" + first + ".betas'");
     try {
+      check_torch_save_blob(blob);
       c10::IValue v = torch::pickle_load(blob);
       if (v.isTuple() && v.toTupleRef().elements().size() == 2) {
         out["beta1"] = v.toTupleRef().elements()[0].toDouble();

@@ -364,7 +364,18 @@ class Parser {
       case 'h': get(uint_le(1)); return false;                         // BINGET
       case 'j': get(uint_le(4)); return false;                         // LONG_BINGET
       case 'P':
-      case 'Q': throw std::runtime_error("persistent ids are not supported (a torch.save file is not a plain pickle)");
+      case 'Q': {  // PERSID, BINPERSID: a reference to data outside the pickle (torch.save's storages)
+        Ref pid = op == 'Q' ? pop() : nullptr;
+        Ref o = make(Value::Kind::Object);
+        o->s = "persistent_id";
+        if (op == 'P') {
+          pid = make(Value::Kind::String);
+          pid->s = std::string(line());
+        }
+        o->items = {pid};
+        push(o);
+        return false;
+      }
       case 0x97:
       case 0x98: throw std::runtime_error("out-of-band buffers are not supported");
       default: throw std::runtime_error("unsupported opcode");

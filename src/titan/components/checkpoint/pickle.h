@@ -2,8 +2,8 @@
 // code: a global (a class or function reference) becomes a name, and calling or instantiating it
 // (REDUCE, NEWOBJ) becomes an object holding that name, its arguments and the state BUILD gave it.
 // It reads what torch.distributed.checkpoint writes as `.metadata` (dataclasses, torch.Size, dtypes,
-// enums, paths) and any other pickle of plain containers; persistent ids and out-of-band buffers,
-// which such files do not hold, are errors.
+// enums, paths) and any other pickle of plain containers. A persistent id (torch.save's reference to
+// a storage) becomes an object named "persistent_id" holding the id; out-of-band buffers are errors.
 #pragma once
 
 #include <cstdint>
