@@ -65,6 +65,7 @@ bool is_section(const std::string& name) {
 const std::map<std::string, std::string> kNotOptions = {
     {"training.seq", "a key prefix for --help"},
     {"model.embed_tokens", "a Hugging Face tensor name"},
+    {"lr_scheduler.last_epoch", "a key of torchtitan's checkpoints (torch.distributed.checkpoint)"},
 };
 
 TEST(Docs, EveryOptionTheDocsNameIsOneTitanAccepts) {
