@@ -5,6 +5,7 @@
 // only for the shapes it has, checked against the index first), verifies the files' CRC-32s, and loads
 // each safetensors file on its own (the Hugging Face path).
 #include "fuzz_util.h"
+#include "source_fuzz.h"
 
 #include "titan/components/checkpoint/checkpoint.h"
 #include "titan/components/checkpoint/safetensors.h"
@@ -12,21 +13,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
-#include <cstring>
 
-namespace {
-
-bool small_shape(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) {
-    if (d < 0 || d > (1 << 20)) return false;
-    n *= d;
-    if (n > (1 << 20)) return false;
-  }
-  return shape.size() <= 8;
-}
-
-}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace titan;
@@ -50,25 +37,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     checkpoint::Reader reader(dir);
     (void)reader.info();
     (void)reader.state();
-    for (const std::string& name : reader.names()) {
-      const auto meta = reader.meta(name);
-      TITAN_FUZZ_CHECK(meta, "names() lists '", name, "' but meta() does not know it");
-      if (!small_shape(meta->shape)) continue;
-      const std::vector<int64_t> zeros(meta->shape.size(), 0);
-      at::Tensor whole = reader.read(name, zeros, meta->shape);
-      TITAN_FUZZ_CHECK(whole.sizes().vec() == meta->shape && whole.scalar_type() == meta->dtype);
-      std::vector<int64_t> begin(meta->shape.size()), length(meta->shape.size());
-      for (size_t d = 0; d < begin.size(); ++d) {
-        begin[d] = meta->shape[d] / 2;
-        length[d] = meta->shape[d] - begin[d];
-      }
-      const at::Tensor block = reader.read(name, begin, length).contiguous();
-      const at::Tensor same = checkpoint::block_of(whole, begin, length).contiguous();
-      // Bytes, not values: NaNs compare unequal, and not every dtype has at::equal.
-      TITAN_FUZZ_CHECK(block.sizes() == same.sizes() &&
-                           std::memcmp(block.data_ptr(), same.data_ptr(), block.numel() * block.element_size()) == 0,
-                       "a block of '", name, "' differs from the same part of the whole tensor");
-    }
+    fuzz::read_every_tensor(reader);
     reader.verify_all();
   });
   for (const std::string& f : files) {
