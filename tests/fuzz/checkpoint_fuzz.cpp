@@ -11,17 +11,10 @@
 #include "titan/components/checkpoint/safetensors.h"
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
-
-
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace titan;
-  static const bool once = [] {
-    at::set_num_threads(1);
-    return true;
-  }();
-  (void)once;
+  fuzz::torch_single_threaded();
   const auto parts = fuzz::split_files(data, size, 5);
   const std::string dir = fuzz::fresh_dir() + "/step-1";
   fuzz::fs::create_directories(dir);

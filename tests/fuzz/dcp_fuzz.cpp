@@ -9,17 +9,12 @@
 #include "titan/components/checkpoint/pickle.h"
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 
 #include <stdexcept>
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace titan;
-  static const bool once = [] {
-    at::set_num_threads(1);
-    return true;
-  }();
-  (void)once;
+  fuzz::torch_single_threaded();
   const auto parts = fuzz::split_files(data, size, 2);
   try {
     (void)pickle::parse(parts[0]);

@@ -8,10 +8,20 @@
 #include "titan/components/checkpoint/source.h"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include <cstring>
 
 namespace titan::fuzz {
+
+// LibTorch on one thread: the first call sets it, every input runs alike.
+inline void torch_single_threaded() {
+  static const bool once = [] {
+    at::set_num_threads(1);
+    return true;
+  }();
+  (void)once;
+}
 
 inline bool small_shape(const std::vector<int64_t>& shape) {
   int64_t n = 1;
