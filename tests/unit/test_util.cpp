@@ -3,6 +3,7 @@
 #include "titan/common/error.h"
 
 #include <ATen/ATen.h>
+#include <torch/cuda.h>
 
 #include <cerrno>
 #include <csignal>
@@ -49,6 +50,9 @@ Child spawn(const std::vector<std::string>& argv, const std::map<std::string, st
     auto eq = kv.find('=');
     if (eq != std::string::npos) merged[kv.substr(0, eq)] = kv.substr(eq + 1);
   }
+  // Processes a test starts see no GPU unless it hands them one (with_visible_gpus): their results are
+  // compared with CPU runs, and several ranks cannot share a machine's one GPU.
+  merged["CUDA_VISIBLE_DEVICES"] = "";
   for (const auto& [k, v] : env) merged[k] = v;
   std::vector<std::string> env_strings;
   for (const auto& [k, v] : merged) env_strings.push_back(k + "=" + v);
@@ -150,6 +154,17 @@ std::vector<ProcessResult> run_workers(const std::string& worker, int n, const s
     children.push_back(spawn({"/proc/self/exe"}, e, logs / ("rank" + std::to_string(rank) + ".log")));
   }
   return wait_all(children, timeout);
+}
+
+std::map<std::string, std::string> with_visible_gpus(std::map<std::string, std::string> env) {
+  if (const char* set = std::getenv("CUDA_VISIBLE_DEVICES")) {
+    env["CUDA_VISIBLE_DEVICES"] = set;
+  } else {
+    std::string all;
+    for (int i = 0; i < static_cast<int>(torch::cuda::device_count()); ++i) all += (i ? "," : "") + std::to_string(i);
+    env["CUDA_VISIBLE_DEVICES"] = all;
+  }
+  return env;
 }
 
 std::string python() {

@@ -35,6 +35,9 @@ struct ProcessResult {
 };
 
 // Runs argv[0] with arguments argv (no shell), extra environment `env` added, killing it after `timeout`.
+// Processes started by these helpers see no GPU (CUDA_VISIBLE_DEVICES empty) unless `env` names
+// CUDA_VISIBLE_DEVICES itself, as with_visible_gpus does: they train on the CPU, as the runs they are
+// compared with do, even on a GPU machine.
 ProcessResult run_process(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env = {},
                           std::chrono::seconds timeout = std::chrono::seconds(300));
 
@@ -47,6 +50,9 @@ std::vector<ProcessResult> run_processes(const std::vector<std::vector<std::stri
 // and waits for all of them. Results are in rank order.
 std::vector<ProcessResult> run_workers(const std::string& worker, int n, const std::map<std::string, std::string>& env,
                                        std::chrono::seconds timeout = std::chrono::seconds(120));
+
+// `env` plus CUDA_VISIBLE_DEVICES naming the GPUs this test process sees, for a process meant to run on them.
+std::map<std::string, std::string> with_visible_gpus(std::map<std::string, std::string> env = {});
 
 // The project's Python interpreter (.venv), for reference computations.
 std::string python();

@@ -33,6 +33,7 @@
 #include "titan/models/llama3/model.h"
 #include "llama3_reference_config.h"
 
+#include <algorithm>
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -106,7 +107,9 @@ Reference run_reference_script(const llama3::ModelArgs& a, const StateDict& para
   std::vector<std::string> cmd = {test::python(), std::string(TITAN_SOURCE_DIR) + "/tests/reference/llama3_reference.py",
                                   dir / "in.safetensors", dir / "out.safetensors"};
   cmd.insert(cmd.end(), flags.begin(), flags.end());
-  auto r = test::run_process(cmd, {{"OMP_NUM_THREADS", "2"}});
+  const bool cuda = std::find(flags.begin(), flags.end(), "cuda") != flags.end();
+  std::map<std::string, std::string> env = {{"OMP_NUM_THREADS", "2"}};
+  auto r = test::run_process(cmd, cuda ? test::with_visible_gpus(env) : env);
   if (r.exit_code != 0) throw std::runtime_error("python reference failed:\n" + r.output);
   return {safetensors::load(dir / "out.safetensors").tensors};
 }

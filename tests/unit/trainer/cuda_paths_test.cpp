@@ -183,7 +183,7 @@ TEST(CudaTraining, OutOfMemoryInAStepEndsTheRunWithALoadableSnapshot) {
       "--training.local_batch_size", "512", "--training.steps", "2", "--checkpoint.enable", "false",
       "--activation_checkpoint.mode", "none", "--debug.skip_memory_check", "true",
       "--profiling.enable_memory_snapshot", "true"};
-  const test::ProcessResult r = test::run_process(argv, {{"OMP_NUM_THREADS", "4"}}, std::chrono::seconds(300));
+  const test::ProcessResult r = test::run_process(argv, test::with_visible_gpus({{"OMP_NUM_THREADS", "4"}}), std::chrono::seconds(300));
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("out of memory at step 1"), std::string::npos) << r.output;
   const std::string snapshot = dir / "memory_snapshot/iteration_1_exit/rank0_memory_snapshot.pickle";
