@@ -1,5 +1,6 @@
-// The README and docs/ stay true to the program: every option they name exists, and every training or
-// estimate command in their examples parses and, given its number of processes, lays out. (The
+// The README and docs/ stay true to the program: every option they name exists, every training or
+// estimate command in their examples parses and, given its number of processes, lays out, and every
+// TOML block is a config file titan reads. (The
 // figures they quote are checked where they are produced: docs/memory.md's table by the estimator's
 // tests, the README's log line by the log format's.)
 #include "titan/config/field.h"
@@ -18,6 +19,8 @@
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 namespace titan {
 namespace {
@@ -235,6 +238,45 @@ TEST(Docs, EveryTrainingCommandInTheDocsParsesAndLaysOut) {
   }
   EXPECT_GE(commands.size(), 35u) << "the docs show this many training and estimate commands";
   EXPECT_GE(laid_out, 25) << "of them with a stated number of processes";
+}
+
+// Every TOML block of the docs (```toml) is a config file titan reads: its sections and keys exist and
+// its values have their types.
+TEST(Docs, EveryTomlBlockInTheDocsIsAConfigTitanReads) {
+  int blocks = 0;
+  for (const Doc& doc : docs()) {
+    std::istringstream in(doc.text);
+    std::string line, block;
+    int number = 0, first = 0;
+    bool in_toml = false;
+    while (std::getline(in, line)) {
+      ++number;
+      if (!in_toml && line.rfind("```toml", 0) == 0) {
+        in_toml = true;
+        first = number;
+        block.clear();
+        continue;
+      }
+      if (!in_toml) continue;
+      if (line.rfind("```", 0) != 0) {
+        block += line + "\n";
+        continue;
+      }
+      in_toml = false;
+      ++blocks;
+      const std::filesystem::path file =
+          std::filesystem::temp_directory_path() / ("titan_docs_block_" + std::to_string(::getpid()) + ".toml");
+      std::ofstream(file) << block;
+      try {
+        (void)parse_config({"--job.config_file", file.string()});
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << doc.path << ":" << first << ": the TOML block is not a config titan reads: " << e.what()
+                      << "\n" << block;
+      }
+      std::filesystem::remove(file);
+    }
+  }
+  EXPECT_GE(blocks, 4) << "the docs show this many TOML blocks";
 }
 
 }  // namespace
