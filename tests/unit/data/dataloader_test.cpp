@@ -258,6 +258,28 @@ TEST(DataLoader, ResumeRejectsAnotherSeqLenOrDataset) {
   EXPECT_THROW(data::make_dataloader(config(text, 2, 8), tok)->load_state(a->state()), UserError);
 }
 
+// With several tokenizing threads, a file with two bad lines is reported at its first one, whichever
+// thread meets its bad line first: here the first bad line ends a chunk of long documents and the
+// second sits in a later chunk of short ones, so the later one is met first in time.
+TEST(DataShards, SeveralWorkersReportTheFirstBadLine) {
+  test::TempDir dir;
+  test::ByteTokenizer tok;
+  std::vector<std::string> lines;
+  for (int d = 0; d < 20; ++d) lines.push_back(nlohmann::json{{"text", std::string(12000, 'a' + d % 26)}}.dump());
+  lines.push_back(R"({"content": "no text field"})");  // line 21
+  for (int d = 0; d < 600; ++d) lines.push_back(nlohmann::json{{"text", "short " + std::to_string(d)}}.dump());
+  lines.push_back(R"({"content": "another"})");  // line 622
+  for (int d = 0; d < 600; ++d) lines.push_back(nlohmann::json{{"text", "more " + std::to_string(d)}}.dump());
+  std::string body;
+  for (const auto& l : lines) body += l + "\n";
+  test::write_file(dir / "bad.jsonl", body);
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    const std::string out = dir / ("shards" + std::to_string(attempt));
+    const std::string err = test::error_of([&] { data::tokenize_to_shards(dir / "bad.jsonl", tok, out, {.workers = 4}); });
+    EXPECT_NE(err.find("bad.jsonl:21: no text field 'text'"), std::string::npos) << "attempt " << attempt << ": " << err;
+  }
+}
+
 TEST(DataShards, SameBatchesAsTextAndDocumentedFormat) {
   test::TempDir dir;
   test::ByteTokenizer tok;

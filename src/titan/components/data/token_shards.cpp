@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <limits>
 #include <thread>
 #include <bit>
 #include <optional>
@@ -126,6 +127,10 @@ void tokenize_in_order(DocumentReader& reader, const Tokenizer& tokenizer, int w
   std::deque<std::pair<int64_t, std::unique_ptr<Chunk>>> todo;
   std::map<int64_t, std::unique_ptr<Chunk>> done;
   bool stop = false;
+  // The earliest chunk that failed, and its error: the first bad document in the source's order is
+  // the one reported, whichever worker meets a bad document first. Chunks before it are still
+  // encoded and written; chunks after it are skipped.
+  int64_t error_chunk = std::numeric_limits<int64_t>::max();
   std::exception_ptr error;
   std::vector<std::thread> threads;
   auto work = [&] {
@@ -134,9 +139,10 @@ void tokenize_in_order(DocumentReader& reader, const Tokenizer& tokenizer, int w
       {
         std::unique_lock<std::mutex> lock(mu);
         cv.wait(lock, [&] { return stop || !todo.empty(); });
-        if (stop) return;  // all written, or an error
+        if (stop) return;  // all written, or the error reported
         job = std::move(todo.front());
         todo.pop_front();
+        if (job.first > error_chunk) continue;
       }
       try {
         Chunk& c = *job.second;
@@ -146,10 +152,12 @@ void tokenize_in_order(DocumentReader& reader, const Tokenizer& tokenizer, int w
         c.lines.clear();
       } catch (...) {
         std::lock_guard<std::mutex> lock(mu);
-        if (!error) error = std::current_exception();
-        stop = true;
+        if (job.first < error_chunk) {
+          error_chunk = job.first;
+          error = std::current_exception();
+        }
         cv.notify_all();
-        return;
+        continue;
       }
       std::lock_guard<std::mutex> lock(mu);
       done.emplace(job.first, std::move(job.second));
@@ -181,8 +189,8 @@ void tokenize_in_order(DocumentReader& reader, const Tokenizer& tokenizer, int w
       std::unique_ptr<Chunk> next;
       {
         std::unique_lock<std::mutex> lock(mu);
-        cv.wait(lock, [&] { return error || done.count(written) || submitted - written < wait_for; });
-        if (error) std::rethrow_exception(error);
+        cv.wait(lock, [&] { return written == error_chunk || done.count(written) || submitted - written < wait_for; });
+        if (written == error_chunk) std::rethrow_exception(error);
         auto it = done.find(written);
         if (it == done.end()) return;
         next = std::move(it->second);
@@ -205,13 +213,17 @@ void tokenize_in_order(DocumentReader& reader, const Tokenizer& tokenizer, int w
     chunk_bytes = 0;
   };
   while (reader.next_line(text, pos)) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (error) break;  // no need to read on: drain reports it once the chunks before it are written
+    }
     chunk_bytes += text.size() + 64;
     chunk->lines.push_back(std::move(text));
     chunk->positions.push_back(pos);
     if (chunk_bytes >= (size_t{1} << 18) || chunk->lines.size() >= 128) submit();
   }
   if (!chunk->lines.empty()) submit();
-  drain(1);
+  drain(1);  // throws the first error: its chunk is reached before all are written
 }
 
 }  // namespace
