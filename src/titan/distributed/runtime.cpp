@@ -302,4 +302,25 @@ c10::intrusive_ptr<c10d::Store> connect_store(const LaunchEnv& env, std::chrono:
                                                 store);
 }
 
+void wait_for_every_rank(const c10::intrusive_ptr<c10d::Store>& store, const LaunchEnv& env,
+                         std::chrono::milliseconds timeout) {
+  const std::string count_key = "titan/ranks_started", all_key = "titan/every_rank_started";
+  if (store->add(count_key, 1) == env.world_size) store->set(all_key, std::vector<uint8_t>{1});
+  try {
+    store->wait({all_key}, timeout);
+  } catch (const c10::Error&) {
+    int64_t started = -1;
+    try {
+      started = store->add(count_key, 0);
+    } catch (const c10::Error&) {  // the store itself is gone (its host ended): the count is unknown
+    }
+    throw UserError(detail::concat(
+        started >= 0 ? detail::concat("only ", started, " of ") : std::string("not all of "), env.world_size,
+        " ranks started within comm.init_timeout_seconds (", timeout.count() / 1000, " s); this is ", describe(env),
+        ". Start every rank of the job (titan launch / torchrun --nnodes and --nproc-per-node, srun --ntasks), all "
+        "with the same MASTER_ADDR and MASTER_PORT; a process that is not part of a job must not inherit RANK, "
+        "WORLD_SIZE, LOCAL_RANK and MASTER_ADDR from its environment (unset them)"));
+  }
+}
+
 }  // namespace titan::dist

@@ -42,6 +42,14 @@ LaunchEnv launch_env_from_environment();
 // no key of the previous attempt (such as NCCL's unique id) is read again.
 c10::intrusive_ptr<c10d::Store> connect_store(const LaunchEnv& env, std::chrono::milliseconds timeout);
 
+// Waits until every rank of env's world has reached its own call, at most `timeout`: each rank counts
+// itself in on the store and the one that completes the count tells the others (two store operations
+// per rank, no polling). Throws UserError naming how many ranks came and what to check when some
+// did not: a rank that never started, or launch variables (RANK, WORLD_SIZE) left in the environment
+// of a process that was not meant to be part of a job.
+void wait_for_every_rank(const c10::intrusive_ptr<c10d::Store>& store, const LaunchEnv& env,
+                         std::chrono::milliseconds timeout);
+
 // One line for logs: "rank 1/8 (local 1/4, node 0) master 10.0.0.1:29500 [torchrun]".
 std::string describe(const LaunchEnv& env);
 

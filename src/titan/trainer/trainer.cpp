@@ -95,6 +95,7 @@ void Trainer::set_up_distributed() {
   const auto timeout = std::chrono::seconds(cfg_.comm.init_timeout_seconds);
   if (env_.world_size > 1) {
     store_ = dist::connect_store(env_, timeout);  // torchrun's agent store: keys per restart attempt
+    dist::wait_for_every_rank(store_, env_, timeout);
   }
   const bool multi_node = env_.world_size > env_.local_world_size;
   mesh_ = std::make_unique<dist::Mesh>(*dims_, env_.rank, store_,

@@ -17,6 +17,9 @@
 #include <sstream>
 #include <sys/wait.h>
 #include <thread>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 namespace titan::dist {
@@ -369,6 +372,36 @@ TEST(Launcher, TorchrunEnvironmentIsReadTheSameWay) {
                           "/2, node 0\\) master (\\S+):(\\d+) \\[torchrun\\]");
     EXPECT_TRUE(std::regex_search(r.output, m, line)) << r.output;
   }
+}
+
+// A rank whose peers never start (launch variables left in a shell's environment, or a job whose other
+// ranks failed to start) ends after comm.init_timeout_seconds with how many ranks came and what to
+// check, not a backend's store key.
+TEST(Launcher, ARankWhosePeersNeverStartSaysSo) {
+  test::TempDir dir;
+  // A port free a moment ago, for the store rank 0 hosts.
+  const int sock = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(bind(sock, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(getsockname(sock, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  close(sock);
+  const std::string port = std::to_string(ntohs(addr.sin_port));
+  const auto start = Clock::now();
+  auto r = test::run_process({kTitan, "train", "--job.config_file", std::string(TITAN_SOURCE_DIR) + "/configs/llama3_debugmodel.toml",
+                              "--job.dump_folder", dir.path(), "--comm.init_timeout_seconds", "3"},
+                             {{"RANK", "0"}, {"WORLD_SIZE", "3"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "3"},
+                              {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port}},
+                             60s);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_LT(Clock::now() - start, 30s);
+  EXPECT_NE(r.output.find("titan train: error: only 1 of 3 ranks started within comm.init_timeout_seconds (3 s); "
+                          "this is rank 0/3"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("must not inherit RANK, WORLD_SIZE"), std::string::npos) << r.output;
 }
 
 TEST(Launcher, BadArgumentsThroughTheBinary) {
