@@ -9,6 +9,7 @@
 #include "titan/common/error.h"
 #include "titan/components/data/dataloader.h"
 #include "titan/components/data/document_reader.h"
+#include "titan/components/data/hub_configs.h"
 #include "titan/components/data/table_reader.h"
 
 #include <ATen/ATen.h>
@@ -289,6 +290,95 @@ TEST(DataHuggingFace, HubCacheFolderReadsItsSnapshotBySplit) {
   test::write_file(repo / "refs/main", "ffff");
   msg = test::error_of([&] { data::list_data_files(repo, "train"); });
   EXPECT_NE(msg.find("snapshots/ffff"), std::string::npos) << msg;
+}
+
+// A repository whose README.md declares configurations (as HuggingFaceFW/fineweb-edu does: the full
+// data/ and sample/ subsets of the same documents): the default configuration's files of the split,
+// by its patterns, not every file of the folder.
+TEST(DataHuggingFace, ReadmeConfigurationsNarrowTheFilesToTheDefaultOne) {
+  test::TempDir dir;
+  const fs::path repo = dir / "fineweb-edu";
+  for (const std::string f : {"data/CC-MAIN-2024-10/000_00000.jsonl", "data/CC-MAIN-2024-10/001_00000.jsonl",
+                              "data/CC-MAIN-2023-50/000_00000.jsonl", "sample/10BT/000_00000.jsonl",
+                              "sample/100BT/000_00000.jsonl", "eval/test-0.jsonl", "data/notes.jsonl"}) {
+    fs::create_directories((repo / f).parent_path());
+    test::write_file(repo / f, test::jsonl({f}));
+  }
+  const std::string front = R"(---
+license: odc-by
+task_categories:
+- text-generation
+configs:
+- config_name: default   # the whole crawl
+  data_files:
+  - split: train
+    path: data/*/*
+  - split: validation
+    path:
+    - "eval/test-*"
+- config_name: sample-10BT
+  data_files:
+  - split: train
+    path: sample/10BT/*
+- config_name: 'sample-100BT'
+  data_files: "sample/100BT/*"
+dataset_info:
+  features:
+  - name: text
+    dtype: string
+---
+# FineWeb-Edu
+)";
+  test::write_file(repo / "README.md", front);
+  EXPECT_EQ(names_of(data::list_data_files(repo, "train"), repo),
+            (std::vector<std::string>{"data/CC-MAIN-2023-50/000_00000.jsonl", "data/CC-MAIN-2024-10/000_00000.jsonl",
+                                      "data/CC-MAIN-2024-10/001_00000.jsonl"}));
+  EXPECT_EQ(names_of(data::list_data_files(repo, "validation"), repo), (std::vector<std::string>{"eval/test-0.jsonl"}));
+  // The configurations as read, the parser's forms included.
+  const auto configs = data::read_hub_configs(repo / "README.md");
+  ASSERT_EQ(configs.size(), 3u);
+  EXPECT_EQ(configs[1].name, "sample-10BT");
+  EXPECT_EQ(configs[2].name, "sample-100BT");
+  EXPECT_EQ(configs[2].files.at("train"), (std::vector<std::string>{"sample/100BT/*"}));
+  EXPECT_EQ(configs[0].files.at("validation"), (std::vector<std::string>{"eval/test-*"}));
+  // A configuration marked default wins over one named "default"; indented lists and flow lists read the same.
+  std::string marked = front;
+  marked.replace(marked.find("- config_name: sample-10BT\n"), 26, "- config_name: sample-10BT\n  default: true\n");
+  test::write_file(repo / "README.md", marked);
+  EXPECT_EQ(names_of(data::list_data_files(repo, "train"), repo), (std::vector<std::string>{"sample/10BT/000_00000.jsonl"}));
+  const std::string msg_split = test::error_of([&] { data::list_data_files(repo, "validation"); });
+  EXPECT_NE(msg_split.find("configuration 'sample-10BT' of its README.md has no validation split (it has train)"),
+            std::string::npos) << msg_split;
+  test::write_file(repo / "README.md", "---\nconfigs:\n  - config_name: a\n    data_files: [\"sample/100BT/*\", 'sample/10BT/*']\n---\n");
+  EXPECT_EQ(names_of(data::list_data_files(repo, "train"), repo),
+            (std::vector<std::string>{"sample/100BT/000_00000.jsonl", "sample/10BT/000_00000.jsonl"}));
+  // Several configurations and no default: an error naming them and a folder to use instead.
+  std::string none = front;
+  none.replace(none.find("config_name: default"), 20, "config_name: full");
+  test::write_file(repo / "README.md", none);
+  const std::string msg = test::error_of([&] { data::list_data_files(repo, "train"); });
+  EXPECT_NE(msg.find("declares 3 configurations and none is the default: full (data/*/*), sample-10BT (sample/10BT/*), "
+                     "sample-100BT (sample/100BT/*). Reading them all would repeat documents"),
+            std::string::npos) << msg;
+  EXPECT_NE(msg.find("(e.g. " + (repo / "data").string() + ")"), std::string::npos) << msg;
+  // A pattern matching nothing (an incomplete download), and a configs entry titan cannot read.
+  test::write_file(repo / "README.md", "---\nconfigs:\n- config_name: x\n  data_files: missing/*\n---\n");
+  const std::string missing = test::error_of([&] { data::list_data_files(repo, "train"); });
+  EXPECT_NE(missing.find("matching its README.md's train files (missing/*; an incomplete download?)"), std::string::npos)
+      << missing;
+  test::write_file(repo / "README.md", "---\nconfigs:\n- config_name: x\n  data_files: {train: a}\n---\n");
+  EXPECT_NE(test::error_of([&] { data::list_data_files(repo, "train"); }).find("README.md:4: unsupported YAML value"),
+            std::string::npos);
+  // Without configurations in the front matter: the folder as before (split names).
+  test::write_file(repo / "README.md", "---\nlicense: mit\n---\n");
+  fs::remove_all(repo / "eval");
+  EXPECT_EQ(data::list_data_files(repo, "train").size(), 6u);
+  // Patterns: '*' within a segment, '**' across segments.
+  EXPECT_TRUE(data::hub_pattern_matches("data/*/*", "data/a/b.jsonl"));
+  EXPECT_FALSE(data::hub_pattern_matches("data/*", "data/a/b.jsonl"));
+  EXPECT_TRUE(data::hub_pattern_matches("data/**", "data/a/b/c.jsonl"));
+  EXPECT_TRUE(data::hub_pattern_matches("**/*.jsonl", "x.jsonl"));
+  EXPECT_TRUE(data::hub_pattern_matches("en/c4-train.*.json.gz", "en/c4-train.00001-of-01024.json.gz"));
 }
 
 TEST(DataHuggingFace, AllenaiC4AsTorchtitanLoadsIt) {

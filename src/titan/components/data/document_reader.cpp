@@ -1,5 +1,7 @@
 #include "titan/components/data/document_reader.h"
 
+#include "titan/components/data/hub_configs.h"
+
 #include "titan/common/error.h"
 #include "titan/components/data/table_reader.h"
 
@@ -100,6 +102,59 @@ fs::path hub_snapshot(const fs::path& root) {
   return snapshots / revs.front();
 }
 
+std::string joined(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& i : items) out += (out.empty() ? "" : ", ") + i;
+  return out;
+}
+
+// The folder part of a pattern, before its first wildcard ("sample/10BT/*" -> "sample/10BT").
+std::string pattern_folder(const std::string& pattern) {
+  const size_t wild = pattern.find_first_of("*?[");
+  const std::string head = pattern.substr(0, wild);
+  const size_t slash = head.rfind('/');
+  return slash == std::string::npos ? "" : head.substr(0, slash);
+}
+
+// The data_files patterns of `split` in the configuration a Hub repository's README.md makes the
+// default (the only one, the one marked default, or the one named "default"; for allenai/c4, whose
+// configurations name no default, "en"), or none when the README declares no configurations.
+std::vector<std::string> hub_patterns(const fs::path& root, const std::string& split, bool c4) {
+  const std::vector<HubConfig> configs = read_hub_configs((root / "README.md").string());
+  if (configs.empty()) return {};
+  const HubConfig* chosen = configs.size() == 1 ? &configs.front() : nullptr;
+  for (const auto& c : configs)
+    if (!chosen && c.is_default) chosen = &c;
+  for (const auto& c : configs)
+    if (!chosen && (c.name == "default" || (c4 && c.name == "en"))) chosen = &c;
+  if (!chosen) {
+    std::string listed;
+    for (const auto& c : configs) {
+      auto t = c.files.find("train");
+      listed += (listed.empty() ? "" : ", ") + c.name +
+                (t == c.files.end() || t->second.empty() ? "" : " (" + joined(t->second) + ")");
+    }
+    const auto& first = configs.front().files;
+    const std::string example = first.empty() || first.begin()->second.empty()
+                                    ? std::string()
+                                    : pattern_folder(first.begin()->second.front());
+    TITAN_USER_CHECK(false, "dataset folder '", root.string(), "' is a Hugging Face dataset whose README.md declares ",
+                     configs.size(), " configurations and none is the default: ", listed,
+                     ". Reading them all would repeat documents; set the dataset path to the folder of the one to read",
+                     example.empty() ? std::string() : " (e.g. " + (root / example).string() + ")");
+  }
+  for (const std::string& name : split_names(split)) {
+    auto it = chosen->files.find(name);
+    if (it != chosen->files.end()) return it->second;
+  }
+  std::vector<std::string> splits;
+  for (const auto& [name, pats] : chosen->files) splits.push_back(name);
+  TITAN_USER_CHECK(false, "dataset folder '", root.string(), "': configuration '", chosen->name,
+                   "' of its README.md has no ", split, " split (it has ", joined(splits), "): set the dataset path to the ",
+                   split, " data");
+  return {};
+}
+
 constexpr const char* kAccepted =
     "expected .json or .jsonl files (one JSON object per line, optionally compressed as .gz or .zst), Parquet files "
     "(.parquet) or Arrow IPC files (.arrow, as Hugging Face datasets' save_to_disk writes)";
@@ -114,14 +169,21 @@ std::vector<std::string> list_data_files(const std::string& path, const std::str
 
   fs::path root = hub_snapshot(fs::path(path));
   // allenai/c4 layout: en/c4-train.00000-of-01024.json.gz, en/c4-validation.*, plus other variants.
-  std::string prefix;
+  bool c4 = false;
   if (fs::is_directory(root / "en", ec)) {
     for (fs::directory_iterator e(root / "en", ec), end; !ec && e != end; e.increment(ec))
       if (e->path().filename().string().rfind("c4-", 0) == 0) {
-        root /= "en";
-        prefix = "c4-" + split + ".";
+        c4 = true;
         break;
       }
+  }
+  // A Hugging Face dataset repository whose README.md declares configurations: the split's files of the
+  // one load_dataset reads by default, by the README's patterns.
+  const std::vector<std::string> patterns = hub_patterns(root, split, c4);
+  std::string prefix;
+  if (patterns.empty() && c4) {
+    root /= "en";
+    prefix = "c4-" + split + ".";
   }
   std::vector<fs::path> rel;
   // Folders are entered once each, however many links lead to them (a link to a parent ends there).
@@ -143,7 +205,11 @@ std::vector<std::string> list_data_files(const std::string& path, const std::str
       if (!entered.insert(fs::weakly_canonical(it->path(), ec)).second) it.disable_recursion_pending();
       continue;
     }
-    const bool data = is_data_file(name) && (prefix.empty() || name.rfind(prefix, 0) == 0);
+    bool data = is_data_file(name) && (prefix.empty() || name.rfind(prefix, 0) == 0);
+    if (data && !patterns.empty()) {
+      const std::string r = it->path().lexically_relative(root).generic_string();
+      data = std::any_of(patterns.begin(), patterns.end(), [&](const std::string& p) { return hub_pattern_matches(p, r); });
+    }
     if (!data) continue;
     // A data file's link into a missing blob (a cache cleaned up, a partial copy) would drop its data.
     TITAN_USER_CHECK(it->is_regular_file(ec), "dataset file '", it->path().string(), "' is ",
@@ -153,11 +219,14 @@ std::vector<std::string> list_data_files(const std::string& path, const std::str
   }
   if (ec) fail(root, ec);
   TITAN_USER_CHECK(!rel.empty(), "dataset folder '", root.string(), "' holds no data file",
-                   prefix.empty() ? "" : " named " + prefix + "*", ": ", kAccepted);
+                   prefix.empty() ? "" : " named " + prefix + "*",
+                   patterns.empty() ? "" : " matching its README.md's " + split + " files (" + joined(patterns) +
+                                               "; an incomplete download?)",
+                   ": ", kAccepted);
   // Narrowed to the split's files where some belong to it (train/, data/train-00000-of-00002.parquet, ...).
   // A folder whose files are named for other splits only is refused: reading them all would validate
   // on training data (or train on the test set) without a word.
-  if (prefix.empty()) {
+  if (prefix.empty() && patterns.empty()) {
     std::vector<fs::path> of_split;
     for (const auto& r : rel)
       if (in_split(r, split)) of_split.push_back(r);

@@ -24,7 +24,10 @@ namespace titan::data {
 // dataset_infos.json, dataset_dict.json, state.json) and hidden files and folders are not data.
 //   - A Hugging Face Hub cache folder (datasets--org--name, holding snapshots/<rev>/ and refs/main) is
 //     read as its snapshot named by refs/main (or its only snapshot).
-//   - A clone of allenai/c4 (a folder with en/c4-train.*.json.gz) is narrowed to en/c4-<split>.*.
+//   - A dataset repository whose README.md declares configurations (hub_configs.h) is narrowed to the
+//     split's files of the configuration load_dataset reads by default (the only one, the one marked
+//     default, the one named "default", or for allenai/c4 "en"); none of them: UserError.
+//   - Otherwise a clone of allenai/c4 (a folder with en/c4-train.*.json.gz) is narrowed to en/c4-<split>.*.
 //   - Otherwise, when some files belong to split `split` ("train" or "validation"), only those are
 //     read: a file belongs to split S when a folder or file name of its relative path equals S or
 //     starts with S followed by one of "-._" or a digit, or its file name contains "-S-" or "-S.".

@@ -1,0 +1,31 @@
+// The configurations a Hugging Face dataset repository declares in the YAML front matter of its
+// README.md (the `configs:` list that datasets.load_dataset reads): each names a subset of the
+// repository's files per split, by glob patterns relative to the repository. A clone or cache
+// snapshot of such a repository holds every configuration's files (fineweb-edu: data/ and the
+// sample/ subsets of the same documents), so reading all of them would repeat documents.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace titan::data {
+
+struct HubConfig {
+  std::string name;
+  bool is_default = false;  // `default: true`
+  // split -> patterns; a config whose data_files are bare patterns has them all under "train".
+  std::map<std::string, std::vector<std::string>> files;
+};
+
+// The configs README.md's front matter declares (none when the file has no front matter or no
+// `configs:` key). Reads the YAML subset these files use: block mappings and sequences (a sequence
+// may sit at its key's indentation), plain, single- and double-quoted scalars, flow sequences of
+// scalars, comments. Throws UserError for a `configs:` entry it cannot read.
+std::vector<HubConfig> read_hub_configs(const std::string& readme_path);
+
+// Whether `path` (relative, '/'-separated) matches `pattern` as the Hub's data_files do: '*' and '?'
+// and [...] within one path segment, '**' any number of segments.
+bool hub_pattern_matches(const std::string& pattern, const std::string& path);
+
+}  // namespace titan::data
