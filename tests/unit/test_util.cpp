@@ -3,13 +3,13 @@
 #include "titan/common/error.h"
 
 #include <ATen/ATen.h>
-#include <torch/cuda.h>
 
 #include <cerrno>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -37,6 +37,9 @@ TempDir::~TempDir() {
 
 namespace {
 
+// The value with_visible_gpus puts in: spawn replaces it by this process's own setting (or its absence).
+const char* const kInheritGpus = "\x01inherit";
+
 struct Child {
   pid_t pid = -1;
   std::string log_path;
@@ -52,8 +55,15 @@ Child spawn(const std::vector<std::string>& argv, const std::map<std::string, st
   }
   // Processes a test starts see no GPU unless it hands them one (with_visible_gpus): their results are
   // compared with CPU runs, and several ranks cannot share a machine's one GPU.
+  const auto inherited = merged.find("CUDA_VISIBLE_DEVICES");
+  const std::optional<std::string> parent_gpus =
+      inherited == merged.end() ? std::nullopt : std::optional<std::string>(inherited->second);
   merged["CUDA_VISIBLE_DEVICES"] = "";
   for (const auto& [k, v] : env) merged[k] = v;
+  if (merged["CUDA_VISIBLE_DEVICES"] == kInheritGpus) {  // with_visible_gpus: as this process has it
+    if (parent_gpus) merged["CUDA_VISIBLE_DEVICES"] = *parent_gpus;
+    else merged.erase("CUDA_VISIBLE_DEVICES");
+  }
   std::vector<std::string> env_strings;
   for (const auto& [k, v] : merged) env_strings.push_back(k + "=" + v);
   std::vector<char*> envp, args;
@@ -157,13 +167,7 @@ std::vector<ProcessResult> run_workers(const std::string& worker, int n, const s
 }
 
 std::map<std::string, std::string> with_visible_gpus(std::map<std::string, std::string> env) {
-  if (const char* set = std::getenv("CUDA_VISIBLE_DEVICES")) {
-    env["CUDA_VISIBLE_DEVICES"] = set;
-  } else {
-    std::string all;
-    for (int i = 0; i < static_cast<int>(torch::cuda::device_count()); ++i) all += (i ? "," : "") + std::to_string(i);
-    env["CUDA_VISIBLE_DEVICES"] = all;
-  }
+  env["CUDA_VISIBLE_DEVICES"] = kInheritGpus;
   return env;
 }
 

@@ -51,7 +51,8 @@ std::vector<ProcessResult> run_processes(const std::vector<std::vector<std::stri
 std::vector<ProcessResult> run_workers(const std::string& worker, int n, const std::map<std::string, std::string>& env,
                                        std::chrono::seconds timeout = std::chrono::seconds(120));
 
-// `env` plus CUDA_VISIBLE_DEVICES naming the GPUs this test process sees, for a process meant to run on them.
+// `env` for a process meant to run on the GPUs this test process sees: it gets this process's
+// CUDA_VISIBLE_DEVICES as it is (unset stays unset). For one process: several would share the GPUs.
 std::map<std::string, std::string> with_visible_gpus(std::map<std::string, std::string> env = {});
 
 // The project's Python interpreter (.venv), for reference computations.

@@ -306,14 +306,23 @@ void wait_for_every_rank(const c10::intrusive_ptr<c10d::Store>& store, const Lau
                          std::chrono::milliseconds timeout) {
   const std::string count_key = "titan/ranks_started", all_key = "titan/every_rank_started";
   if (store->add(count_key, 1) == env.world_size) store->set(all_key, std::vector<uint8_t>{1});
+  const auto start = std::chrono::steady_clock::now();
   try {
     store->wait({all_key}, timeout);
-  } catch (const c10::Error&) {
+  } catch (const c10::Error& e) {
+    const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
     int64_t started = -1;
     try {
       started = store->add(count_key, 0);
     } catch (const c10::Error&) {  // the store itself is gone (its host ended): the count is unknown
     }
+    // Ended well before the timeout, or the store no longer answers: the store went away (its host,
+    // rank 0 or the launcher, ended), not a rank that failed to come.
+    TITAN_USER_CHECK(started >= 0 && waited >= timeout * 9 / 10, "the rendezvous store at ", env.master_addr, ":",
+                     env.master_port, " stopped answering after ", waited.count() / 1000.0,
+                     " s while this rank waited for the others to start (", e.what_without_backtrace(),
+                     "); this is ", describe(env), ". Its host (rank 0, or the launcher or agent) has probably "
+                     "ended: see its log");
     throw UserError(detail::concat(
         started >= 0 ? detail::concat("only ", started, " of ") : std::string("not all of "), env.world_size,
         " ranks started within comm.init_timeout_seconds (", timeout.count() / 1000, " s); this is ", describe(env),

@@ -294,17 +294,23 @@ TEST(DataHuggingFace, HubCacheFolderReadsItsSnapshotBySplit) {
 
 // A repository whose README.md declares configurations (as HuggingFaceFW/fineweb-edu does: the full
 // data/ and sample/ subsets of the same documents): the default configuration's files of the split,
-// by its patterns, not every file of the folder.
+// by its patterns, not every file of the folder; of the configurations whose files are there.
 TEST(DataHuggingFace, ReadmeConfigurationsNarrowTheFilesToTheDefaultOne) {
   test::TempDir dir;
   const fs::path repo = dir / "fineweb-edu";
-  for (const std::string f : {"data/CC-MAIN-2024-10/000_00000.jsonl", "data/CC-MAIN-2024-10/001_00000.jsonl",
-                              "data/CC-MAIN-2023-50/000_00000.jsonl", "sample/10BT/000_00000.jsonl",
-                              "sample/100BT/000_00000.jsonl", "eval/test-0.jsonl", "data/notes.jsonl"}) {
-    fs::create_directories((repo / f).parent_path());
-    test::write_file(repo / f, test::jsonl({f}));
-  }
-  const std::string front = R"(---
+  auto make = [&](const std::vector<std::string>& files) {
+    fs::remove_all(repo);
+    for (const std::string& f : files) {
+      fs::create_directories((repo / f).parent_path());
+      test::write_file(repo / f, test::jsonl({f}));
+    }
+  };
+  const std::vector<std::string> all = {"data/CC-MAIN-2024-10/000_00000.jsonl", "data/CC-MAIN-2024-10/001_00000.jsonl",
+                                        "data/CC-MAIN-2023-50/000_00000.jsonl", "sample/10BT/000_00000.jsonl",
+                                        "sample/100BT/000_00000.jsonl", "eval/test-0.jsonl", "data/notes.jsonl"};
+  make(all);
+  const std::string front = R"(
+---
 license: odc-by
 task_categories:
 - text-generation
@@ -317,11 +323,17 @@ configs:
     path:
     - "eval/test-*"
 - config_name: sample-10BT
+  description: |
+    A sample: 10 billion tokens
+    of the same documents.
   data_files:
   - split: train
     path: sample/10BT/*
-- config_name: 'sample-100BT'
-  data_files: "sample/100BT/*"
+-   config_name: 'sample-100BT'
+    data_files: [
+      "sample/100BT/*"]
+- config_name: broken
+  data_files: *an_alias
 dataset_info:
   features:
   - name: text
@@ -334,51 +346,77 @@ dataset_info:
             (std::vector<std::string>{"data/CC-MAIN-2023-50/000_00000.jsonl", "data/CC-MAIN-2024-10/000_00000.jsonl",
                                       "data/CC-MAIN-2024-10/001_00000.jsonl"}));
   EXPECT_EQ(names_of(data::list_data_files(repo, "validation"), repo), (std::vector<std::string>{"eval/test-0.jsonl"}));
-  // The configurations as read, the parser's forms included.
+  // The configurations as read, the parser's forms included; the one it cannot read carries its problem.
   const auto configs = data::read_hub_configs(repo / "README.md");
-  ASSERT_EQ(configs.size(), 3u);
+  ASSERT_EQ(configs.size(), 4u);
   EXPECT_EQ(configs[1].name, "sample-10BT");
+  EXPECT_EQ(configs[1].files.at("train"), (std::vector<std::string>{"sample/10BT/*"}));
   EXPECT_EQ(configs[2].name, "sample-100BT");
   EXPECT_EQ(configs[2].files.at("train"), (std::vector<std::string>{"sample/100BT/*"}));
   EXPECT_EQ(configs[0].files.at("validation"), (std::vector<std::string>{"eval/test-*"}));
-  // A configuration marked default wins over one named "default"; indented lists and flow lists read the same.
+  EXPECT_EQ(configs[3].name, "broken");
+  EXPECT_NE(configs[3].problem.find("README.md:24: configuration 'broken': "), std::string::npos) << configs[3].problem;
+  // Marked default (yes, as YAML 1.1 reads it) wins over the one named "default".
   std::string marked = front;
-  marked.replace(marked.find("- config_name: sample-10BT\n"), 26, "- config_name: sample-10BT\n  default: true\n");
+  marked.replace(marked.find("  description: |"), 16, "  default: yes\n  description: |");
   test::write_file(repo / "README.md", marked);
   EXPECT_EQ(names_of(data::list_data_files(repo, "train"), repo), (std::vector<std::string>{"sample/10BT/000_00000.jsonl"}));
   const std::string msg_split = test::error_of([&] { data::list_data_files(repo, "validation"); });
   EXPECT_NE(msg_split.find("configuration 'sample-10BT' of its README.md has no validation split (it has train)"),
             std::string::npos) << msg_split;
-  test::write_file(repo / "README.md", "---\nconfigs:\n  - config_name: a\n    data_files: [\"sample/100BT/*\", 'sample/10BT/*']\n---\n");
-  EXPECT_EQ(names_of(data::list_data_files(repo, "train"), repo),
-            (std::vector<std::string>{"sample/100BT/000_00000.jsonl", "sample/10BT/000_00000.jsonl"}));
-  // Several configurations and no default: an error naming them and a folder to use instead.
+  // Several configurations here and no default: an error naming them and a folder to read instead.
   std::string none = front;
   none.replace(none.find("config_name: default"), 20, "config_name: full");
   test::write_file(repo / "README.md", none);
   const std::string msg = test::error_of([&] { data::list_data_files(repo, "train"); });
-  EXPECT_NE(msg.find("declares 3 configurations and none is the default: full (data/*/*), sample-10BT (sample/10BT/*), "
-                     "sample-100BT (sample/100BT/*). Reading them all would repeat documents"),
+  EXPECT_NE(msg.find("holds the files of 3 configurations its README.md declares, and none is the default: full "
+                     "(data/*/*), sample-10BT (sample/10BT/*), sample-100BT (sample/100BT/*). Reading them all would "
+                     "repeat documents"),
             std::string::npos) << msg;
   EXPECT_NE(msg.find("(e.g. " + (repo / "data").string() + ")"), std::string::npos) << msg;
-  // A pattern matching nothing (an incomplete download), and a configs entry titan cannot read.
-  test::write_file(repo / "README.md", "---\nconfigs:\n- config_name: x\n  data_files: missing/*\n---\n");
-  const std::string missing = test::error_of([&] { data::list_data_files(repo, "train"); });
-  EXPECT_NE(missing.find("matching its README.md's train files (missing/*; an incomplete download?)"), std::string::npos)
-      << missing;
-  test::write_file(repo / "README.md", "---\nconfigs:\n- config_name: x\n  data_files: {train: a}\n---\n");
-  EXPECT_NE(test::error_of([&] { data::list_data_files(repo, "train"); }).find("README.md:4: unsupported YAML value"),
-            std::string::npos);
-  // Without configurations in the front matter: the folder as before (split names).
+  // Only one configuration downloaded (load_dataset(..., name="sample-10BT") keeps the README): that one.
+  make({"sample/10BT/000_00000.jsonl"});
+  test::write_file(repo / "README.md", front);
+  EXPECT_EQ(names_of(data::list_data_files(repo, "train"), repo), (std::vector<std::string>{"sample/10BT/000_00000.jsonl"}));
+  // The default configuration present for one split only: the other split's patterns match nothing.
+  make({"data/a/0.jsonl"});
+  test::write_file(repo / "README.md", front);
+  const std::string missing = test::error_of([&] { data::list_data_files(repo, "validation"); });
+  EXPECT_NE(missing.find("configuration 'default' of its README.md names eval/test-* for the validation split and no "
+                         "data file here matches (an incomplete download?)"),
+            std::string::npos) << missing;
+  // A configuration by data_dir: its folder, split by file names.
+  make({"v1/train-0.jsonl", "v1/validation-0.jsonl", "v2/train-0.jsonl"});
+  test::write_file(repo / "README.md", "---\nconfigs:\n- config_name: v1\n  data_dir: v1\n  default: true\n"
+                                       "- config_name: v2\n  data_dir: v2\n---\n");
+  EXPECT_EQ(names_of(data::list_data_files(repo, "train"), repo), (std::vector<std::string>{"v1/train-0.jsonl"}));
+  EXPECT_EQ(names_of(data::list_data_files(repo, "validation"), repo), (std::vector<std::string>{"v1/validation-0.jsonl"}));
+  // No configuration of the README here, or none declared: the folder by the other rules.
+  make({"a.jsonl", "b.jsonl"});
+  test::write_file(repo / "README.md", front);
+  EXPECT_EQ(data::list_data_files(repo, "train").size(), 2u);
   test::write_file(repo / "README.md", "---\nlicense: mit\n---\n");
-  fs::remove_all(repo / "eval");
-  EXPECT_EQ(data::list_data_files(repo, "train").size(), 6u);
+  EXPECT_EQ(data::list_data_files(repo, "train").size(), 2u);
   // Patterns: '*' within a segment, '**' across segments.
   EXPECT_TRUE(data::hub_pattern_matches("data/*/*", "data/a/b.jsonl"));
   EXPECT_FALSE(data::hub_pattern_matches("data/*", "data/a/b.jsonl"));
   EXPECT_TRUE(data::hub_pattern_matches("data/**", "data/a/b/c.jsonl"));
   EXPECT_TRUE(data::hub_pattern_matches("**/*.jsonl", "x.jsonl"));
-  EXPECT_TRUE(data::hub_pattern_matches("en/c4-train.*.json.gz", "en/c4-train.00001-of-01024.json.gz"));
+  EXPECT_TRUE(data::hub_pattern_matches("./en/c4-train.*.json.gz", "en/c4-train.00001-of-01024.json.gz"));
+}
+
+// A Hub cache's snapshots/ folder (one folder per revision) is refused: reading every revision would
+// repeat documents.
+TEST(DataHuggingFace, TheSnapshotsFolderOfACacheIsRefused) {
+  test::TempDir dir;
+  const fs::path repo = dir / "datasets--org--name";
+  fs::create_directories(repo / "refs");
+  for (const std::string rev : {"aaaa", "bbbb"}) {
+    fs::create_directories(repo / "snapshots" / rev);
+    test::write_file(repo / "snapshots" / rev / "train.jsonl", test::jsonl({rev}));
+  }
+  const std::string msg = test::error_of([&] { data::list_data_files(repo / "snapshots", "train"); });
+  EXPECT_NE(msg.find("is the snapshots/ folder of a Hugging Face cache, one folder per revision"), std::string::npos) << msg;
 }
 
 TEST(DataHuggingFace, AllenaiC4AsTorchtitanLoadsIt) {

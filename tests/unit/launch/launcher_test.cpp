@@ -4,6 +4,7 @@
 #include "test_util.h"
 
 #include "titan/common/error.h"
+#include "titan/distributed/process_group.h"
 #include "titan/launch/launcher.h"
 
 #include <gtest/gtest.h>
@@ -402,6 +403,33 @@ TEST(Launcher, ARankWhosePeersNeverStartSaysSo) {
             std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find("must not inherit RANK, WORLD_SIZE"), std::string::npos) << r.output;
+}
+
+// The store's host ending while a rank waits for the others (rank 0 failed early) is named as such,
+// at once, not as ranks that did not start when the timeout runs out.
+TEST(Launcher, AStoreThatGoesAwayDuringStartUpIsNamed) {
+  test::TempDir dir;
+  auto store = dist::make_tcp_store("127.0.0.1", 0, /*is_server=*/true, std::chrono::seconds(30));
+  const std::string port = std::to_string(dist::store_port(store));
+  test::ProcessResult r;
+  std::thread rank1([&] {
+    r = test::run_process({kTitan, "train", "--job.config_file", std::string(TITAN_SOURCE_DIR) + "/configs/llama3_debugmodel.toml",
+                           "--job.dump_folder", dir.path(), "--comm.init_timeout_seconds", "60"},
+                          {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"},
+                           {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port}},
+                          90s);
+  });
+  // Once rank 1 has counted itself in, the store's host goes away.
+  const auto deadline = Clock::now() + 30s;
+  while (Clock::now() < deadline && !(store->check({"titan/ranks_started"}))) std::this_thread::sleep_for(50ms);
+  EXPECT_TRUE(store->check({"titan/ranks_started"}));
+  store.reset();
+  rank1.join();
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_LT(r.seconds, 45.0) << r.output;
+  EXPECT_NE(r.output.find("titan train: error: the rendezvous store at 127.0.0.1:" + port + " stopped answering after"),
+            std::string::npos)
+      << r.output;
 }
 
 TEST(Launcher, BadArgumentsThroughTheBinary) {

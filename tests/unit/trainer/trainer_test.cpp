@@ -115,7 +115,7 @@ TEST(TitanTrain, DebugRunLowersTheLossAndLogsLikeTorchtitan) {
                               "--training.local_batch_size", "4", "--training.steps", "30", "--optimizer.lr", "2e-3",
                               "--lr_scheduler.warmup_steps", "5", "--metrics.log_freq", "5",
                               "--metrics.enable_tensorboard"},
-                             {}, std::chrono::seconds(600));
+                             test::with_visible_gpus(), std::chrono::seconds(600));  // on the GPU where there is one
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto losses = parse_losses(r.output);
   ASSERT_EQ(losses.size(), 7u) << r.output;  // step 1 and every 5th step
@@ -385,7 +385,7 @@ TEST(TitanTrain, ARunThatCannotFitStopsBeforeTheModelIsBuilt) {
   const std::vector<std::string> argv = {kTitan, "train", "--job.config_file", kSource + "/configs/llama3_8b.toml",
                                          "--job.dump_folder", dir.path(), "--training.dataset", "titan_corpus",
                                          "--training.steps", "1", "--training.local_batch_size", "256"};
-  auto r = test::run_process(argv, {}, std::chrono::seconds(120));
+  auto r = test::run_process(argv, test::with_visible_gpus(), std::chrono::seconds(120));  // the GPU's memory where there is one
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_LT(r.seconds, 30.0) << r.output;
   const std::regex figures("this run does not fit in memory: `titan estimate` predicts a peak of (\\d+\\.\\d) GiB per "

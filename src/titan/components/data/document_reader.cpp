@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <set>
 #include <fstream>
 
@@ -116,48 +117,114 @@ std::string pattern_folder(const std::string& pattern) {
   return slash == std::string::npos ? "" : head.substr(0, slash);
 }
 
-// The data_files patterns of `split` in the configuration a Hub repository's README.md makes the
-// default (the only one, the one marked default, or the one named "default"; for allenai/c4, whose
-// configurations name no default, "en"), or none when the README declares no configurations.
-std::vector<std::string> hub_patterns(const fs::path& root, const std::string& split, bool c4) {
-  const std::vector<HubConfig> configs = read_hub_configs((root / "README.md").string());
-  if (configs.empty()) return {};
-  const HubConfig* chosen = configs.size() == 1 ? &configs.front() : nullptr;
-  for (const auto& c : configs)
-    if (!chosen && c.is_default) chosen = &c;
-  for (const auto& c : configs)
-    if (!chosen && (c.name == "default" || (c4 && c.name == "en"))) chosen = &c;
-  if (!chosen) {
-    std::string listed;
-    for (const auto& c : configs) {
-      auto t = c.files.find("train");
-      listed += (listed.empty() ? "" : ", ") + c.name +
-                (t == c.files.end() || t->second.empty() ? "" : " (" + joined(t->second) + ")");
-    }
-    const auto& first = configs.front().files;
-    const std::string example = first.empty() || first.begin()->second.empty()
-                                    ? std::string()
-                                    : pattern_folder(first.begin()->second.front());
-    TITAN_USER_CHECK(false, "dataset folder '", root.string(), "' is a Hugging Face dataset whose README.md declares ",
-                     configs.size(), " configurations and none is the default: ", listed,
-                     ". Reading them all would repeat documents; set the dataset path to the folder of the one to read",
-                     example.empty() ? std::string() : " (e.g. " + (root / example).string() + ")");
-  }
-  for (const std::string& name : split_names(split)) {
-    auto it = chosen->files.find(name);
-    if (it != chosen->files.end()) return it->second;
-  }
-  std::vector<std::string> splits;
-  for (const auto& [name, pats] : chosen->files) splits.push_back(name);
-  TITAN_USER_CHECK(false, "dataset folder '", root.string(), "': configuration '", chosen->name,
-                   "' of its README.md has no ", split, " split (it has ", joined(splits), "): set the dataset path to the ",
-                   split, " data");
-  return {};
-}
-
 constexpr const char* kAccepted =
     "expected .json or .jsonl files (one JSON object per line, optionally compressed as .gz or .zst), Parquet files "
     "(.parquet) or Arrow IPC files (.arrow, as Hugging Face datasets' save_to_disk writes)";
+
+bool under(const fs::path& rel, const std::string& dir) {
+  const std::string r = rel.generic_string(), d = fs::path(dir).lexically_normal().generic_string();
+  return !d.empty() && r.size() > d.size() && r.compare(0, d.size(), d) == 0 && r[d.size()] == '/';
+}
+
+// Whether any file of `rel` belongs to configuration c (any split).
+bool present(const HubConfig& c, const std::vector<fs::path>& rel) {
+  if (!c.problem.empty()) return false;
+  for (const auto& r : rel) {
+    if (!c.data_dir.empty() && under(r, c.data_dir)) return true;
+    for (const auto& [split, pats] : c.files)
+      for (const auto& p : pats)
+        if (hub_pattern_matches(p, r.generic_string())) return true;
+  }
+  return false;
+}
+
+// Narrows `rel` (relative to `where`) to split `split` by the names of the files and folders (see
+// list_data_files); refuses a folder whose files are named for other splits only.
+std::vector<fs::path> narrow_to_split(std::vector<fs::path> rel, const std::string& split, const fs::path& where) {
+  std::vector<fs::path> of_split;
+  for (const auto& r : rel)
+    if (in_split(r, split)) of_split.push_back(r);
+  if (!of_split.empty()) return of_split;
+  std::set<std::string> others;
+  for (const std::string& s : {"train", "validation", "test", "eval"})
+    for (const auto& r : rel)
+      if (s != split && in_split(r, s)) others.insert(s);
+  auto listed = [](const auto& names, const char* last) {
+    std::string l;
+    size_t k = 0;
+    for (const auto& n : names) l += (k++ == 0 ? "" : k == names.size() ? last : ", ") + std::string(n);
+    return l;
+  };
+  TITAN_USER_CHECK(others.empty(), "dataset folder '", where.string(), "' holds files of the ", listed(others, " and "),
+                   " split(s) but none of the ", split, " split (files or folders named ", listed(split_names(split), " or "),
+                   "): set the dataset path to the ", split, " data");
+  return rel;
+}
+
+// A Hugging Face dataset repository whose README.md declares configurations (hub_configs.h): of the
+// configurations whose files are here, the one load_dataset reads by default (marked default, or
+// named "default"), else the only one, else for allenai/c4 "en"; its files of `split`. Nullopt when
+// the README declares none or none of them is here (the folder is then read by the other rules).
+std::optional<std::vector<fs::path>> hub_files(const fs::path& root, const std::vector<fs::path>& rel,
+                                               const std::string& split, bool c4) {
+  const std::vector<HubConfig> configs = read_hub_configs((root / "README.md").string());
+  std::vector<const HubConfig*> here;
+  for (const auto& c : configs)
+    if (present(c, rel)) here.push_back(&c);
+  if (here.empty()) return std::nullopt;
+  const HubConfig* chosen = nullptr;
+  for (const auto* c : here)
+    if (!chosen && c->is_default) chosen = c;
+  for (const auto* c : here)
+    if (!chosen && c->name == "default") chosen = c;
+  if (!chosen && here.size() == 1) chosen = here.front();
+  for (const auto* c : here)
+    if (!chosen && c4 && c->name == "en") chosen = c;
+  if (!chosen) {
+    std::string listed, example;
+    for (const auto* c : here) {
+      auto t = c->files.find("train");
+      const bool pats = t != c->files.end() && !t->second.empty();
+      listed += (listed.empty() ? "" : ", ") + c->name +
+                (pats ? " (" + joined(t->second) + ")" : c->data_dir.empty() ? "" : " (" + c->data_dir + "/)");
+      if (example.empty()) example = pats ? pattern_folder(t->second.front()) : c->data_dir;
+    }
+    TITAN_USER_CHECK(false, "dataset folder '", root.string(), "' holds the files of ", here.size(),
+                     " configurations its README.md declares, and none is the default: ", listed,
+                     ". Reading them all would repeat documents; set the dataset path to the folder of the one to read",
+                     example.empty() ? std::string() : " (e.g. " + (root / example).string() + ")");
+  }
+  if (!chosen->data_dir.empty()) {
+    std::vector<fs::path> inside;
+    const fs::path dir = fs::path(chosen->data_dir).lexically_normal();
+    for (const auto& r : rel)
+      if (under(r, chosen->data_dir)) inside.push_back(r.lexically_relative(dir));
+    std::vector<fs::path> out;
+    for (const auto& r : narrow_to_split(inside, split, root / dir)) out.push_back(dir / r);
+    return out;
+  }
+  const std::vector<std::string>* patterns = nullptr;
+  for (const std::string& name : split_names(split)) {
+    auto it = chosen->files.find(name);
+    if (!patterns && it != chosen->files.end()) patterns = &it->second;
+  }
+  if (!patterns) {
+    std::vector<std::string> splits;
+    for (const auto& [name, pats] : chosen->files) splits.push_back(name);
+    TITAN_USER_CHECK(false, "dataset folder '", root.string(), "': configuration '", chosen->name,
+                     "' of its README.md has no ", split, " split (it has ", joined(splits),
+                     "): set the dataset path to the ", split, " data");
+  }
+  std::vector<fs::path> out;
+  for (const auto& r : rel)
+    if (std::any_of(patterns->begin(), patterns->end(),
+                    [&](const std::string& p) { return hub_pattern_matches(p, r.generic_string()); }))
+      out.push_back(r);
+  TITAN_USER_CHECK(!out.empty(), "dataset folder '", root.string(), "': configuration '", chosen->name,
+                   "' of its README.md names ", joined(*patterns), " for the ", split,
+                   " split and no data file here matches (an incomplete download?): ", kAccepted);
+  return out;
+}
 
 }  // namespace
 
@@ -168,23 +235,11 @@ std::vector<std::string> list_data_files(const std::string& path, const std::str
   if (!fs::is_directory(path)) return {path};
 
   fs::path root = hub_snapshot(fs::path(path));
-  // allenai/c4 layout: en/c4-train.00000-of-01024.json.gz, en/c4-validation.*, plus other variants.
-  bool c4 = false;
-  if (fs::is_directory(root / "en", ec)) {
-    for (fs::directory_iterator e(root / "en", ec), end; !ec && e != end; e.increment(ec))
-      if (e->path().filename().string().rfind("c4-", 0) == 0) {
-        c4 = true;
-        break;
-      }
-  }
-  // A Hugging Face dataset repository whose README.md declares configurations: the split's files of the
-  // one load_dataset reads by default, by the README's patterns.
-  const std::vector<std::string> patterns = hub_patterns(root, split, c4);
-  std::string prefix;
-  if (patterns.empty() && c4) {
-    root /= "en";
-    prefix = "c4-" + split + ".";
-  }
+  // The snapshots/ folder of a Hub cache holds one folder per revision: reading them all repeats data.
+  TITAN_USER_CHECK(!(root.filename() == "snapshots" && (fs::is_directory(root.parent_path() / "blobs", ec) ||
+                                                         fs::is_directory(root.parent_path() / "refs", ec))),
+                   "dataset path '", path, "' is the snapshots/ folder of a Hugging Face cache, one folder per revision: "
+                   "set it to the cache folder (", root.parent_path().string(), ", read at refs/main) or to one snapshot");
   std::vector<fs::path> rel;
   // Folders are entered once each, however many links lead to them (a link to a parent ends there).
   std::set<fs::path> entered = {fs::weakly_canonical(root, ec)};
@@ -205,12 +260,7 @@ std::vector<std::string> list_data_files(const std::string& path, const std::str
       if (!entered.insert(fs::weakly_canonical(it->path(), ec)).second) it.disable_recursion_pending();
       continue;
     }
-    bool data = is_data_file(name) && (prefix.empty() || name.rfind(prefix, 0) == 0);
-    if (data && !patterns.empty()) {
-      const std::string r = it->path().lexically_relative(root).generic_string();
-      data = std::any_of(patterns.begin(), patterns.end(), [&](const std::string& p) { return hub_pattern_matches(p, r); });
-    }
-    if (!data) continue;
+    if (!is_data_file(name)) continue;
     // A data file's link into a missing blob (a cache cleaned up, a partial copy) would drop its data.
     TITAN_USER_CHECK(it->is_regular_file(ec), "dataset file '", it->path().string(), "' is ",
                      it->is_symlink(ec) ? "a link to a missing file" : "not a regular file",
@@ -218,35 +268,26 @@ std::vector<std::string> list_data_files(const std::string& path, const std::str
     rel.push_back(it->path().lexically_relative(root));  // not fs::relative, which resolves links
   }
   if (ec) fail(root, ec);
-  TITAN_USER_CHECK(!rel.empty(), "dataset folder '", root.string(), "' holds no data file",
-                   prefix.empty() ? "" : " named " + prefix + "*",
-                   patterns.empty() ? "" : " matching its README.md's " + split + " files (" + joined(patterns) +
-                                               "; an incomplete download?)",
-                   ": ", kAccepted);
-  // Narrowed to the split's files where some belong to it (train/, data/train-00000-of-00002.parquet, ...).
-  // A folder whose files are named for other splits only is refused: reading them all would validate
-  // on training data (or train on the test set) without a word.
-  if (prefix.empty() && patterns.empty()) {
+  TITAN_USER_CHECK(!rel.empty(), "dataset folder '", root.string(), "' holds no data file: ", kAccepted);
+  // allenai/c4 layout: en/c4-train.00000-of-01024.json.gz, en/c4-validation.*, plus other variants.
+  const bool c4 = std::any_of(rel.begin(), rel.end(), [](const fs::path& r) {
+    return r.generic_string().rfind("en/c4-", 0) == 0;
+  });
+  if (auto files = hub_files(root, rel, split, c4)) {
+    rel = std::move(*files);
+  } else if (c4) {
+    const std::string prefix = "en/c4-" + split + ".";
     std::vector<fs::path> of_split;
     for (const auto& r : rel)
-      if (in_split(r, split)) of_split.push_back(r);
-    if (of_split.empty()) {
-      std::set<std::string> others;
-      for (const std::string& s : {"train", "validation", "test", "eval"})
-        for (const auto& r : rel)
-          if (s != split && in_split(r, s)) others.insert(s);
-      auto listed = [](const auto& names, const char* last) {
-        std::string l;
-        size_t k = 0;
-        for (const auto& n : names) l += (k++ == 0 ? "" : k == names.size() ? last : ", ") + std::string(n);
-        return l;
-      };
-      TITAN_USER_CHECK(others.empty(), "dataset folder '", root.string(), "' holds files of the ",
-                       listed(others, " and "), " split(s) but none of the ", split, " split (files or folders named ",
-                       listed(split_names(split), " or "), "): set the dataset path to the ", split, " data");
-    } else {
-      rel = std::move(of_split);
-    }
+      if (r.generic_string().rfind(prefix, 0) == 0) of_split.push_back(r);
+    TITAN_USER_CHECK(!of_split.empty(), "dataset folder '", (root / "en").string(), "' holds no data file named c4-",
+                     split, ".*: ", kAccepted);
+    rel = std::move(of_split);
+  } else {
+    // Narrowed to the split's files where some belong to it (train/, data/train-00000-of-00002.parquet, ...).
+    // A folder whose files are named for other splits only is refused: reading them all would validate
+    // on training data (or train on the test set) without a word.
+    rel = narrow_to_split(std::move(rel), split, root);
   }
   std::sort(rel.begin(), rel.end(), [](const fs::path& a, const fs::path& b) { return a.string() < b.string(); });
   std::vector<std::string> files;

@@ -4,8 +4,10 @@
 
 #include <fnmatch.h>
 
+#include <algorithm>
+#include <cctype>
 #include <fstream>
-#include <memory>
+#include <regex>
 #include <sstream>
 
 namespace titan::data {
@@ -15,7 +17,7 @@ namespace {
 struct Node {
   enum Kind { kNull, kScalar, kSeq, kMap } kind = kNull;
   std::string scalar;
-  std::vector<Node> items;                          // kSeq
+  std::vector<Node> items;                           // kSeq
   std::vector<std::pair<std::string, Node>> fields;  // kMap, in order
   const Node* get(const std::string& key) const {
     for (const auto& [k, v] : fields)
@@ -30,6 +32,49 @@ struct Line {
   int number;        // 1-based, in README.md
 };
 
+std::string trim(const std::string& s) {
+  const size_t b = s.find_first_not_of(" \t\r"), e = s.find_last_not_of(" \t\r");
+  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
+}
+
+std::string unquote(const std::string& s) {
+  if (s.size() >= 2 && s.front() == '"' && s.back() == '"') {
+    std::string out;
+    for (size_t i = 1; i + 1 < s.size(); ++i) {
+      if (s[i] == '\\' && i + 2 < s.size()) ++i;
+      out += s[i];
+    }
+    return out;
+  }
+  if (s.size() >= 2 && s.front() == '\'' && s.back() == '\'') {
+    std::string out;
+    for (size_t i = 1; i + 1 < s.size(); ++i) {
+      out += s[i];
+      if (s[i] == '\'' && s[i + 1] == '\'') ++i;
+    }
+    return out;
+  }
+  return s;
+}
+
+// Open brackets minus closed ones, outside quotes.
+int bracket_depth(const std::string& s) {
+  int depth = 0;
+  char quote = 0;
+  for (char c : s) {
+    if (quote) {
+      if (c == quote) quote = 0;
+    } else if (c == '\'' || c == '"') {
+      quote = c;
+    } else if (c == '[' || c == '{') {
+      ++depth;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return depth;
+}
+
 class Parser {
  public:
   Parser(std::vector<Line> lines, std::string where) : lines_(std::move(lines)), where_(std::move(where)) {}
@@ -39,15 +84,14 @@ class Parser {
     const int at = lines_[pos_].indent;
     return is_item(lines_[pos_].text) ? sequence(at) : mapping(at);
   }
+  bool done() const { return pos_ >= lines_.size(); }
 
  private:
   static bool is_item(const std::string& t) { return t == "-" || t.rfind("- ", 0) == 0; }
 
   [[noreturn]] void fail(const std::string& what) const {
     const int line = pos_ < lines_.size() ? lines_[pos_].number : (lines_.empty() ? 0 : lines_.back().number);
-    throw UserError(detail::concat(where_, ":", line, ": ", what,
-                                   " in the configs of the front matter: fix the file, or set the dataset path to the "
-                                   "folder of the files to read"));
+    throw UserError(detail::concat(where_, ":", line, ": ", what));
   }
 
   Node sequence(int indent) {
@@ -55,17 +99,19 @@ class Parser {
     n.kind = Node::kSeq;
     while (pos_ < lines_.size() && lines_[pos_].indent == indent && is_item(lines_[pos_].text)) {
       Line& l = lines_[pos_];
-      const std::string rest = l.text.size() > 1 ? trim(l.text.substr(2)) : "";
+      const size_t off = l.text.find_first_not_of(' ', 1);
+      const std::string rest = off == std::string::npos ? "" : l.text.substr(off);
       if (rest.empty()) {
         ++pos_;
         n.items.push_back(block(indent + 1));
-      } else if (is_key(rest)) {  // "- key: value": a mapping whose keys line up after the dash
-        l.indent = indent + 2;
+      } else if (key_end(rest) != std::string::npos || is_item(rest)) {
+        // "- key: value" (a mapping whose keys line up with this one) or "- - x" (a nested sequence)
+        l.indent = indent + static_cast<int>(off);
         l.text = rest;
-        n.items.push_back(mapping(indent + 2));
+        n.items.push_back(block(l.indent));
       } else {
         ++pos_;
-        n.items.push_back(scalar(rest));
+        n.items.push_back(value(rest, indent));
       }
     }
     return n;
@@ -79,10 +125,10 @@ class Parser {
       const size_t colon = key_end(t);
       if (colon == std::string::npos) fail("expected 'key: value', got '" + t + "'");
       const std::string key = unquote(trim(t.substr(0, colon)));
-      const std::string value = trim(t.substr(colon + 1));
+      const std::string v = trim(t.substr(colon + 1));
       ++pos_;
-      if (!value.empty()) {
-        n.fields.emplace_back(key, scalar(value));
+      if (!v.empty()) {
+        n.fields.emplace_back(key, value(v, indent));
       } else if (pos_ < lines_.size() && lines_[pos_].indent > indent) {
         n.fields.emplace_back(key, block(lines_[pos_].indent));
       } else if (pos_ < lines_.size() && lines_[pos_].indent == indent && is_item(lines_[pos_].text)) {
@@ -95,38 +141,67 @@ class Parser {
     return n;
   }
 
-  Node scalar(const std::string& v) {
+  // A value after "key:" or "- " (the line already consumed): a block scalar takes the deeper lines
+  // after it; a flow collection open at the end of the line takes the lines that close it.
+  Node value(std::string v, int indent) {
+    if (v[0] == '|' || v[0] == '>') {
+      std::string text;
+      while (pos_ < lines_.size() && lines_[pos_].indent > indent) text += lines_[pos_++].text + "\n";
+      Node n;
+      n.kind = Node::kScalar;
+      n.scalar = text;
+      return n;
+    }
+    while (bracket_depth(v) > 0 && pos_ < lines_.size()) v += " " + lines_[pos_++].text;
+    return flow(v);
+  }
+
+  Node flow(const std::string& v) {
     Node n;
-    if (v.size() >= 2 && v.front() == '[' && v.back() == ']') {
-      n.kind = Node::kSeq;
+    const bool seq = v.size() >= 2 && v.front() == '[' && v.back() == ']';
+    const bool map = v.size() >= 2 && v.front() == '{' && v.back() == '}';
+    if (seq || map) {
+      n.kind = seq ? Node::kSeq : Node::kMap;
+      std::vector<std::string> parts;
       std::string item;
+      int depth = 0;
       char quote = 0;
       for (char c : v.substr(1, v.size() - 2)) {
         if (quote) {
           if (c == quote) quote = 0;
-          item += c;
         } else if (c == '\'' || c == '"') {
           quote = c;
-          item += c;
-        } else if (c == ',') {
-          n.items.push_back(scalar(trim(item)));
+        } else if (c == '[' || c == '{') {
+          ++depth;
+        } else if (c == ']' || c == '}') {
+          --depth;
+        } else if (c == ',' && depth == 0) {
+          parts.push_back(trim(item));
           item.clear();
-        } else {
-          item += c;
+          continue;
         }
+        item += c;
       }
-      if (!trim(item).empty()) n.items.push_back(scalar(trim(item)));
+      if (!trim(item).empty()) parts.push_back(trim(item));
+      for (const auto& part : parts) {
+        if (seq) {
+          n.items.push_back(flow(part));
+          continue;
+        }
+        const size_t colon = key_end(part);
+        if (colon == std::string::npos) fail("unreadable flow mapping entry '" + part + "'");
+        n.fields.emplace_back(unquote(trim(part.substr(0, colon))), flow(trim(part.substr(colon + 1))));
+      }
       return n;
     }
-    if (!v.empty() && (v.front() == '{' || v.front() == '|' || v.front() == '>' || v.front() == '&' || v.front() == '*'))
-      fail("unsupported YAML value '" + v + "'");
+    if (!v.empty() && (v.front() == '&' || v.front() == '*' || v.front() == '!'))
+      fail("unsupported YAML value '" + v + "' (anchors, aliases and tags)");
     n.kind = Node::kScalar;
     n.scalar = unquote(v);
     return n;
   }
 
-  static bool is_key(const std::string& t) { return key_end(t) != std::string::npos; }
-
+ public:
   // The colon that ends a mapping key (followed by a space or the end), outside quotes.
   static size_t key_end(const std::string& t) {
     char quote = 0;
@@ -145,45 +220,21 @@ class Parser {
     return std::string::npos;
   }
 
- public:
-  static std::string trim(const std::string& s) {
-    const size_t b = s.find_first_not_of(" \t"), e = s.find_last_not_of(" \t\r");
-    return b == std::string::npos ? "" : s.substr(b, e - b + 1);
-  }
-  static std::string unquote(const std::string& s) {
-    if (s.size() >= 2 && s.front() == '"' && s.back() == '"') {
-      std::string out;
-      for (size_t i = 1; i + 1 < s.size(); ++i) {
-        if (s[i] == '\\' && i + 2 < s.size()) ++i;
-        out += s[i];
-      }
-      return out;
-    }
-    if (s.size() >= 2 && s.front() == '\'' && s.back() == '\'') {
-      std::string out;
-      for (size_t i = 1; i + 1 < s.size(); ++i) {
-        out += s[i];
-        if (s[i] == '\'' && s[i + 1] == '\'') ++i;
-      }
-      return out;
-    }
-    return s;
-  }
-
  private:
   std::vector<Line> lines_;
   std::string where_;
   size_t pos_ = 0;
 };
 
-// Text without a trailing comment (a '#' after a space, outside quotes).
+// Text without a trailing comment (a '#' at the start or after a space, outside quotes).
 std::string strip_comment(const std::string& s) {
   char quote = 0;
   for (size_t i = 0; i < s.size(); ++i) {
     const char c = s[i];
     if (quote) {
       if (c == quote) quote = 0;
-    } else if (c == '\'' || c == '"') {
+    } else if ((c == '\'' || c == '"') && (i == 0 || s[i - 1] == ' ' || s[i - 1] == '-' || s[i - 1] == '[' ||
+                                           s[i - 1] == ',' || s[i - 1] == '{')) {
       quote = c;
     } else if (c == '#' && (i == 0 || s[i - 1] == ' ' || s[i - 1] == '\t')) {
       return s.substr(0, i);
@@ -192,14 +243,70 @@ std::string strip_comment(const std::string& s) {
   return s;
 }
 
-std::vector<std::string> patterns_of(const Node& n, const std::string& where) {
+std::vector<std::string> patterns_of(const Node& n) {
   if (n.kind == Node::kScalar) return {n.scalar};
   std::vector<std::string> out;
   if (n.kind == Node::kSeq)
     for (const auto& item : n.items)
       if (item.kind == Node::kScalar) out.push_back(item.scalar);
-  TITAN_USER_CHECK(!out.empty(), where, ": a data_files path is neither a pattern nor a list of patterns");
+  if (out.empty()) throw UserError("a data_files path is neither a pattern nor a list of patterns");
   return out;
+}
+
+bool yaml_true(const std::string& s) {
+  std::string l = s;
+  std::transform(l.begin(), l.end(), l.begin(), [](unsigned char c) { return std::tolower(c); });
+  return l == "true" || l == "yes" || l == "on" || l == "y" || l == "1";
+}
+
+// One entry of configs: its lines parsed alone, so that an entry titan cannot read is that entry's
+// problem only.
+HubConfig read_entry(const std::vector<Line>& lines, const std::string& where) {
+  HubConfig h;
+  std::smatch m;
+  static const std::regex name_re(R"(config_name:\s*['"]?([^'"\s#]+))");
+  for (const auto& l : lines)
+    if (std::regex_search(l.text, m, name_re)) {
+      h.name = m[1];
+      break;
+    }
+  if (h.name.empty()) h.name = "default";
+  try {
+    Parser p(lines, where);
+    const Node seq = p.block(lines.front().indent);
+    if (seq.kind != Node::kSeq || seq.items.size() != 1 || seq.items[0].kind != Node::kMap)
+      throw UserError("not a mapping");
+    const Node& c = seq.items[0];
+    if (const Node* name = c.get("config_name"); name && name->kind == Node::kScalar) h.name = name->scalar;
+    const Node* def = c.get("default");
+    h.is_default = def && def->kind == Node::kScalar && yaml_true(def->scalar);
+    const Node* files = c.get("data_files");
+    const Node* dir = c.get("data_dir");
+    if (files == nullptr || files->kind == Node::kNull) {
+      if (dir && dir->kind == Node::kScalar && !dir->scalar.empty()) {
+        h.data_dir = dir->scalar;
+        return h;
+      }
+      throw UserError("it names no data_files (nor data_dir)");
+    }
+    if (files->kind == Node::kSeq && !files->items.empty() && files->items.front().kind == Node::kMap) {
+      for (const Node& s : files->items) {
+        const Node* split = s.get("split");
+        const Node* path = s.get("path");
+        if (!split || split->kind != Node::kScalar || !path) throw UserError("a data_files entry without split and path");
+        for (auto& pat : patterns_of(*path)) h.files[split->scalar].push_back(pat);
+      }
+    } else if (files->kind == Node::kMap) {  // {train: pattern(s), test: ...}
+      for (const auto& [split, pats] : files->fields)
+        for (auto& pat : patterns_of(pats)) h.files[split].push_back(pat);
+    } else {
+      h.files["train"] = patterns_of(*files);
+    }
+  } catch (const UserError& e) {
+    h.problem = detail::concat(where, ":", lines.front().number, ": configuration '", h.name, "': ", e.what());
+    h.files.clear();
+  }
+  return h;
 }
 
 // fnmatch per segment; "**" takes any number of segments.
@@ -233,51 +340,44 @@ std::vector<HubConfig> read_hub_configs(const std::string& readme_path) {
   std::ifstream in(readme_path);
   if (!in) return {};
   std::string line;
-  if (!std::getline(in, line) || Parser::trim(line) != "---") return {};
+  int number = 0;
+  bool opened = false;
+  while (std::getline(in, line)) {  // the front matter opens with "---", blank lines before it allowed
+    ++number;
+    if (trim(line).empty()) continue;
+    opened = trim(line) == "---";
+    break;
+  }
+  if (!opened) return {};
   // The front matter's "configs:" block: from that top-level key to the next top-level key.
   std::vector<Line> block;
   bool inside = false;
-  int number = 1;
   while (std::getline(in, line)) {
     ++number;
-    if (Parser::trim(line) == "---" || Parser::trim(line) == "...") break;
+    if (trim(line) == "---" || trim(line) == "...") break;
     const std::string text = strip_comment(line);
-    if (Parser::trim(text).empty()) continue;
+    if (trim(text).empty()) continue;
     const int indent = static_cast<int>(text.find_first_not_of(' '));
-    if (indent == 0 && text[0] != '-') inside = Parser::trim(text) == "configs:";
-    if (inside && !(indent == 0 && text[0] != '-')) block.push_back({indent, Parser::trim(text), number});
+    const bool top_key = indent == 0 && text[0] != '-';
+    if (top_key) inside = trim(text) == "configs:";
+    if (inside && !top_key) block.push_back({indent, trim(text), number});
   }
   if (block.empty()) return {};
-  const std::string where = readme_path;
-  Parser p(block, where);
-  const Node configs = p.block(0);
-  TITAN_USER_CHECK(configs.kind == Node::kSeq, where, ": the front matter's configs is not a list of configurations");
+  // Entries: the lines from one "-" at the list's indentation to the next.
+  const int list_indent = block.front().indent;
+  TITAN_USER_CHECK(block.front().text[0] == '-', readme_path, ":", block.front().number,
+                   ": the front matter's configs is not a list of configurations");
   std::vector<HubConfig> out;
-  for (const Node& c : configs.items) {
-    TITAN_USER_CHECK(c.kind == Node::kMap, where, ": an entry of configs is not a mapping");
-    HubConfig h;
-    const Node* name = c.get("config_name");
-    h.name = name && name->kind == Node::kScalar ? name->scalar : "default";
-    const Node* def = c.get("default");
-    h.is_default = def && def->kind == Node::kScalar && (def->scalar == "true" || def->scalar == "True");
-    const Node* files = c.get("data_files");
-    const std::string here = where + " (config '" + h.name + "')";
-    TITAN_USER_CHECK(files != nullptr && files->kind != Node::kNull, here, " names no data_files");
-    if (files->kind == Node::kSeq && !files->items.empty() && files->items.front().kind == Node::kMap) {
-      for (const Node& s : files->items) {
-        const Node* split = s.get("split");
-        const Node* path = s.get("path");
-        TITAN_USER_CHECK(split && split->kind == Node::kScalar && path, here, ": a data_files entry without split and path");
-        for (auto& pat : patterns_of(*path, here)) h.files[split->scalar].push_back(pat);
-      }
-    } else if (files->kind == Node::kMap) {  // {train: pattern(s), test: ...}
-      for (const auto& [split, pats] : files->fields)
-        for (auto& pat : patterns_of(pats, here)) h.files[split].push_back(pat);
-    } else {
-      h.files["train"] = patterns_of(*files, here);
+  std::vector<Line> entry;
+  for (const Line& l : block) {
+    if (l.indent < list_indent) break;
+    if (l.indent == list_indent && l.text[0] == '-' && !entry.empty()) {
+      out.push_back(read_entry(entry, readme_path));
+      entry.clear();
     }
-    out.push_back(std::move(h));
+    entry.push_back(l);
   }
+  if (!entry.empty()) out.push_back(read_entry(entry, readme_path));
   return out;
 }
 

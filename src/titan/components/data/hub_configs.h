@@ -13,15 +13,18 @@ namespace titan::data {
 
 struct HubConfig {
   std::string name;
-  bool is_default = false;  // `default: true`
+  bool is_default = false;  // `default:` true (YAML 1.1: true, yes, on, 1, any case)
   // split -> patterns; a config whose data_files are bare patterns has them all under "train".
   std::map<std::string, std::vector<std::string>> files;
+  std::string data_dir;  // without data_files: the folder whose files (split by their names) it reads
+  std::string problem;   // why the entry cannot be used (unreadable YAML, no data_files nor data_dir)
 };
 
 // The configs README.md's front matter declares (none when the file has no front matter or no
 // `configs:` key). Reads the YAML subset these files use: block mappings and sequences (a sequence
-// may sit at its key's indentation), plain, single- and double-quoted scalars, flow sequences of
-// scalars, comments. Throws UserError for a `configs:` entry it cannot read.
+// may sit at its key's indentation), plain, single- and double-quoted scalars, flow sequences and
+// mappings (over several lines too), block scalars (| and >, skipped), comments. An entry it cannot
+// read is returned with its `problem` (an error only if that configuration is the one to read).
 std::vector<HubConfig> read_hub_configs(const std::string& readme_path);
 
 // Whether `path` (relative, '/'-separated) matches `pattern` as the Hub's data_files do: '*' and '?'
