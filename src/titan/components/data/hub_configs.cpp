@@ -18,10 +18,15 @@ struct Node {
   enum Kind { kNull, kScalar, kSeq, kMap } kind = kNull;
   std::string scalar;
   std::vector<Node> items;                           // kSeq
-  std::vector<std::pair<std::string, Node>> fields;  // kMap, in order
+  std::vector<std::string> keys;  // kMap, in order, with their values
+  std::vector<Node> values;
+  void add(std::string key, Node value) {
+    keys.push_back(std::move(key));
+    values.push_back(std::move(value));
+  }
   const Node* get(const std::string& key) const {
-    for (const auto& [k, v] : fields)
-      if (k == key) return &v;
+    for (size_t i = 0; i < keys.size(); ++i)
+      if (keys[i] == key) return &values[i];
     return nullptr;
   }
 };
@@ -79,7 +84,18 @@ class Parser {
  public:
   Parser(std::vector<Line> lines, std::string where) : lines_(std::move(lines)), where_(std::move(where)) {}
 
+  // Nesting deeper than this is an error, not a deeper recursion (a README is untrusted input).
+  static constexpr int kMaxDepth = 64;
+  struct Deeper {
+    Parser& p;
+    explicit Deeper(Parser& parser) : p(parser) {
+      if (++p.depth_ > kMaxDepth) p.fail("nested more than 64 levels deep");
+    }
+    ~Deeper() { --p.depth_; }
+  };
+
   Node block(int indent) {
+    const Deeper deeper(*this);
     if (pos_ >= lines_.size() || lines_[pos_].indent < indent) return {};
     const int at = lines_[pos_].indent;
     return is_item(lines_[pos_].text) ? sequence(at) : mapping(at);
@@ -128,13 +144,13 @@ class Parser {
       const std::string v = trim(t.substr(colon + 1));
       ++pos_;
       if (!v.empty()) {
-        n.fields.emplace_back(key, value(v, indent));
+        n.add(key, value(v, indent));
       } else if (pos_ < lines_.size() && lines_[pos_].indent > indent) {
-        n.fields.emplace_back(key, block(lines_[pos_].indent));
+        n.add(key, block(lines_[pos_].indent));
       } else if (pos_ < lines_.size() && lines_[pos_].indent == indent && is_item(lines_[pos_].text)) {
-        n.fields.emplace_back(key, sequence(indent));  // a sequence at its key's indentation
+        n.add(key, sequence(indent));  // a sequence at its key's indentation
       } else {
-        n.fields.emplace_back(key, Node{});
+        n.add(key, Node{});
       }
     }
     if (pos_ < lines_.size() && lines_[pos_].indent > indent) fail("unexpected indentation");
@@ -157,6 +173,7 @@ class Parser {
   }
 
   Node flow(const std::string& v) {
+    const Deeper deeper(*this);
     Node n;
     const bool seq = v.size() >= 2 && v.front() == '[' && v.back() == ']';
     const bool map = v.size() >= 2 && v.front() == '{' && v.back() == '}';
@@ -190,7 +207,7 @@ class Parser {
         }
         const size_t colon = key_end(part);
         if (colon == std::string::npos) fail("unreadable flow mapping entry '" + part + "'");
-        n.fields.emplace_back(unquote(trim(part.substr(0, colon))), flow(trim(part.substr(colon + 1))));
+        n.add(unquote(trim(part.substr(0, colon))), flow(trim(part.substr(colon + 1))));
       }
       return n;
     }
@@ -224,6 +241,7 @@ class Parser {
   std::vector<Line> lines_;
   std::string where_;
   size_t pos_ = 0;
+  int depth_ = 0;
 };
 
 // Text without a trailing comment (a '#' at the start or after a space, outside quotes).
@@ -297,8 +315,8 @@ HubConfig read_entry(const std::vector<Line>& lines, const std::string& where) {
         for (auto& pat : patterns_of(*path)) h.files[split->scalar].push_back(pat);
       }
     } else if (files->kind == Node::kMap) {  // {train: pattern(s), test: ...}
-      for (const auto& [split, pats] : files->fields)
-        for (auto& pat : patterns_of(pats)) h.files[split].push_back(pat);
+      for (size_t i = 0; i < files->keys.size(); ++i)
+        for (auto& pat : patterns_of(files->values[i])) h.files[files->keys[i]].push_back(pat);
     } else {
       h.files["train"] = patterns_of(*files);
     }
