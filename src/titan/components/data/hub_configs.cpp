@@ -62,22 +62,31 @@ std::string unquote(const std::string& s) {
   return s;
 }
 
-// Open brackets minus closed ones, outside quotes.
-int bracket_depth(const std::string& s) {
+// Visits every character of s outside quotes with the number of brackets open before it; returns
+// open brackets minus closed ones at the end.
+template <class Visit>
+int scan_brackets(const std::string& s, Visit visit) {
   int depth = 0;
   char quote = 0;
-  for (char c : s) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
     if (quote) {
       if (c == quote) quote = 0;
-    } else if (c == '\'' || c == '"') {
-      quote = c;
-    } else if (c == '[' || c == '{') {
-      ++depth;
-    } else if (c == ']' || c == '}') {
-      --depth;
+      continue;
     }
+    if (c == '\'' || c == '"') {
+      quote = c;
+      continue;
+    }
+    if (c == ']' || c == '}') --depth;
+    visit(i, c, depth);
+    if (c == '[' || c == '{') ++depth;
   }
   return depth;
+}
+
+int bracket_depth(const std::string& s) {
+  return scan_brackets(s, [](size_t, char, int) {});
 }
 
 class Parser {
@@ -179,27 +188,16 @@ class Parser {
     const bool map = v.size() >= 2 && v.front() == '{' && v.back() == '}';
     if (seq || map) {
       n.kind = seq ? Node::kSeq : Node::kMap;
+      // The items: split at the commas outside nested brackets and quotes.
+      const std::string inner = v.substr(1, v.size() - 2);
       std::vector<std::string> parts;
-      std::string item;
-      int depth = 0;
-      char quote = 0;
-      for (char c : v.substr(1, v.size() - 2)) {
-        if (quote) {
-          if (c == quote) quote = 0;
-        } else if (c == '\'' || c == '"') {
-          quote = c;
-        } else if (c == '[' || c == '{') {
-          ++depth;
-        } else if (c == ']' || c == '}') {
-          --depth;
-        } else if (c == ',' && depth == 0) {
-          parts.push_back(trim(item));
-          item.clear();
-          continue;
-        }
-        item += c;
-      }
-      if (!trim(item).empty()) parts.push_back(trim(item));
+      size_t from = 0;
+      scan_brackets(inner, [&](size_t i, char c, int depth) {
+        if (c != ',' || depth != 0) return;
+        parts.push_back(trim(inner.substr(from, i - from)));
+        from = i + 1;
+      });
+      if (!trim(inner.substr(from)).empty()) parts.push_back(trim(inner.substr(from)));
       for (const auto& part : parts) {
         if (seq) {
           n.items.push_back(flow(part));
