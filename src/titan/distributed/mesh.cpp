@@ -8,6 +8,7 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <algorithm>
+#include <exception>
 #include <cstdlib>
 #include <cstdio>
 #include <memory>
@@ -337,6 +338,12 @@ void Group::set_timeout(std::chrono::milliseconds timeout, const std::string& la
 
 void Mesh::set_timeout(std::chrono::milliseconds timeout, const std::string& label) {
   for (auto& [name, group] : groups_) group->set_timeout(timeout, label);
+}
+
+Mesh::~Mesh() {
+  if (std::uncaught_exceptions() == 0) return;
+  for (auto& [name, group] : groups_) (void)group.release();
+  for (auto& [name, group] : host_groups_) (void)group.release();
 }
 
 Mesh::Mesh(const ParallelDims& dims, int rank, const c10::intrusive_ptr<c10d::Store>& store, BackendKind backend,

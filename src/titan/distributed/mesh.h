@@ -134,6 +134,12 @@ class Mesh {
   // gloo_host: the address Gloo binds to (see make_backend).
   Mesh(const ParallelDims& dims, int rank, const c10::intrusive_ptr<c10d::Store>& store, BackendKind backend,
        std::chrono::milliseconds timeout, const std::string& gloo_host = "127.0.0.1");
+  // Destroyed while an exception unwinds (a failed run), the groups are left to the process's end:
+  // destroying one joins its backend's worker threads, which may sit in a collective with a stopped
+  // or dead peer until the group's timeout.
+  ~Mesh();
+  Mesh(const Mesh&) = delete;
+  Mesh& operator=(const Mesh&) = delete;
 
   const ParallelDims& dims() const { return dims_; }
   int rank() const { return rank_; }

@@ -970,37 +970,21 @@ void Trainer::on_nonfinite_step(const StepResult& r, int64_t step) {
 }
 
 int run_training(const JobConfig& cfg, const std::function<void()>& preflight) {
-  std::unique_ptr<Trainer> trainer;
+  std::optional<Trainer> started;
   try {
-    trainer = std::make_unique<Trainer>(cfg, preflight);
+    started.emplace(cfg, preflight);
   } catch (const c10::OutOfMemoryError& e) {
     throw UserError(
         out_of_memory_message(cfg, "during start-up (building, initializing or loading the model)", e,
                               OutOfMemoryAt::StartUp));
   }
-  try {
-    if (cfg.checkpoint.create_seed_checkpoint) {
-      trainer->save_checkpoint(/*model_only=*/true);  // step 0: the initialized model
-      trainer->wait_for_checkpoint();
-      return 0;
-    }
-    trainer->train();
-  } catch (const Preempted&) {  // every rank stopped at the same step, after the same save: a clean end
-    throw;
-  } catch (const RunStopped&) {  // every rank stopped together (the NaN policy's vote)
-    throw;
-  } catch (...) {
-    // A failed run of several processes: a peer may be stopped or gone, and destroying a process group
-    // joins its worker threads, which may be in a collective with that peer for as long as the group's
-    // timeout (a background collective issued before the failure). The error is reported and the
-    // process ends without tearing the trainer down (a background checkpoint save is still waited for
-    // and its outcome logged: its collectives have their own timeout); the system releases the rest.
-    if (trainer->distributed()) {
-      trainer->end_checkpointing();
-      (void)trainer.release();
-    }
-    throw;
+  Trainer& trainer = *started;
+  if (cfg.checkpoint.create_seed_checkpoint) {
+    trainer.save_checkpoint(/*model_only=*/true);  // step 0: the initialized model
+    trainer.wait_for_checkpoint();
+    return 0;
   }
+  trainer.train();
   return 0;
 }
 

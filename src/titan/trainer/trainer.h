@@ -63,12 +63,6 @@ class Trainer {
   // Runs training.steps steps, logging every metrics.log_freq steps. Returns the per-step losses.
   std::vector<double> train();
 
-  // Whether this run has several processes (its process groups then have peers to wait for).
-  bool distributed() const { return env_.world_size > 1; }
-  // After a failure: waits for a background checkpoint save (bounded by checkpoint.save_timeout_seconds)
-  // and logs how it ended, as the trainer's destruction would.
-  void end_checkpointing();
-
   // Called by train() after each step (its log line and checkpoint save issued), with the step.
   void set_step_callback(std::function<void(int64_t)> callback) { step_callback_ = std::move(callback); }
 

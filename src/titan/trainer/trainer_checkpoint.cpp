@@ -187,8 +187,6 @@ void Trainer::wait_for_checkpoint() {
   if (checkpointer_) checkpointer_->wait();
 }
 
-void Trainer::end_checkpointing() { checkpointer_.reset(); }  // its destructor waits and logs a failure
-
 void Trainer::on_every_rank(const std::function<void()>& f, const std::string& what) {
   std::string error;
   try {
