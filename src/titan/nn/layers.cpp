@@ -2,6 +2,7 @@
 
 #include "titan/common/tensor_storage.h"
 #include "titan/nn/activation_checkpoint.h"
+#include "titan/nn/fused_kernels.h"
 
 #include <ATen/ATen.h>
 #include <ATen/SDPBackend.h>
@@ -68,11 +69,13 @@ struct RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
   }
 };
 
-// x * cis on one fp32 copy of x (rotated in place), returned in x's dtype.
-at::Tensor rotate(const at::Tensor& x_BSnE, const at::Tensor& cis_SE2) {
+// x * cis (x * conj(cis) when `inverse`) in fp32, returned in x's dtype: on CUDA one pass of the
+// fused kernel; otherwise on one fp32 copy of x (rotated in place).
+at::Tensor rotate(const at::Tensor& x_BSnE, const at::Tensor& cis_SE2, bool inverse) {
+  if (fused::rope_accepts(x_BSnE, cis_SE2)) return fused::rope(x_BSnE, cis_SE2, inverse);
   const auto B = x_BSnE.size(0), S = x_BSnE.size(1), n = x_BSnE.size(2), E = x_BSnE.size(3);
   at::Tensor x_f = x_BSnE.to(at::kFloat, /*non_blocking=*/false, /*copy=*/true, at::MemoryFormat::Contiguous);
-  at::view_as_complex(x_f.view({B, S, n, E / 2, 2})).mul_(cis_SE2.view({1, S, 1, E / 2}));
+  at::view_as_complex(x_f.view({B, S, n, E / 2, 2})).mul_((inverse ? cis_SE2.conj() : cis_SE2).view({1, S, 1, E / 2}));
   return x_f.to(x_BSnE.scalar_type());
 }
 
@@ -82,22 +85,29 @@ at::Tensor rotate(const at::Tensor& x_BSnE, const at::Tensor& cis_SE2) {
 struct RopeFunction : public torch::autograd::Function<RopeFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x_BSnE, const at::Tensor& cis_SE2) {
     ctx->saved_data["cis"] = cis_SE2;
-    return rotate(x_BSnE, cis_SE2);
+    return rotate(x_BSnE, cis_SE2, /*inverse=*/false);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    return {rotate(grads[0], ctx->saved_data["cis"].toTensor().conj()), at::Tensor()};
+    return {rotate(grads[0], ctx->saved_data["cis"].toTensor(), /*inverse=*/true), at::Tensor()};
   }
 };
 
 // silu(h1) * h3. ATen's autograd would also save silu(h1), a fourth (B, S, F) tensor per block.
+// On CUDA each pass is one fused kernel (fp32 arithmetic, rounded once): ATen's formulation is
+// two passes forward and four backward (bench/gpu).
 struct SwiGluFunction : public torch::autograd::Function<SwiGluFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h1, const at::Tensor& h3) {
     ctx->save_for_backward({h1, h3});
+    if (fused::swiglu_accepts(h1, h3)) return fused::swiglu_forward(h1, h3);
     return at::silu(h1) * h3;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &h1 = saved[0], &h3 = saved[1], &g = grads[0];
+    if (fused::swiglu_accepts(h1, h3) && fused::swiglu_accepts(g, h1)) {
+      auto [grad_h1, grad_h3] = fused::swiglu_backward(g, h1, h3);
+      return {ctx->needs_input_grad(0) ? grad_h1 : at::Tensor(), ctx->needs_input_grad(1) ? grad_h3 : at::Tensor()};
+    }
     // The products and the order of ATen's mul and silu backward passes, so gradients are unchanged.
     at::Tensor grad_h1 = ctx->needs_input_grad(0) ? at::silu_backward(g * h3, h1) : at::Tensor();
     at::Tensor grad_h3 = ctx->needs_input_grad(1) ? g * at::silu(h1) : at::Tensor();

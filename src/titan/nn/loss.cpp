@@ -1,5 +1,7 @@
 #include "titan/nn/loss.h"
 
+#include "titan/nn/fused_kernels.h"
+
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 
@@ -72,6 +74,24 @@ struct SoftmaxCrossEntropySumFunction : public torch::autograd::Function<Softmax
   }
 };
 
+// The kFused formulation: titan's CUDA kernels, one read of the logits forward (a running
+// log-sum-exp per row) and one read and one write backward; no fp32 temporaries, so no chunks.
+struct FusedCrossEntropySumFunction : public torch::autograd::Function<FusedCrossEntropySumFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits_NV, const at::Tensor& labels_N) {
+    auto [lse_N, loss_N] = fused::cross_entropy_forward(logits_NV, labels_N, kIgnoreIndex);
+    ctx->save_for_backward({logits_NV});
+    ctx->saved_data["labels"] = labels_N;
+    ctx->saved_data["lse"] = lse_N;
+    return loss_N.sum();
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const at::Tensor logits_NV = ctx->get_saved_variables()[0];
+    return {fused::cross_entropy_backward(logits_NV, ctx->saved_data["labels"].toTensor(),
+                                          ctx->saved_data["lse"].toTensor(), grads[0], kIgnoreIndex),
+            at::Tensor()};
+  }
+};
+
 struct CrossEntropySumFunction : public torch::autograd::Function<CrossEntropySumFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits_NV, const at::Tensor& labels_N,
                             int64_t chunk) {
@@ -129,7 +149,16 @@ at::Tensor cross_entropy_sum(const at::Tensor& logits_NV, const at::Tensor& labe
               "cross_entropy_sum takes logits (N, V) and labels (N,), got ", logits_NV.sizes(), " and ",
               labels_N.sizes());
   TORCH_CHECK(chunk_tokens > 0, "cross_entropy_sum: chunk_tokens must be positive, got ", chunk_tokens);
-  if (kernels == LossKernels::kAuto) kernels = logits_NV.is_cuda() ? LossKernels::kSoftmax : LossKernels::kComposite;
+  if (kernels == LossKernels::kAuto) {
+    kernels = fused::cross_entropy_accepts(logits_NV, labels_N) ? LossKernels::kFused
+              : logits_NV.is_cuda()                              ? LossKernels::kSoftmax
+                                                                 : LossKernels::kComposite;
+  }
+  if (kernels == LossKernels::kFused) {
+    TORCH_CHECK(fused::cross_entropy_accepts(logits_NV, labels_N), "cross_entropy_sum: the fused kernels take CUDA "
+                "logits (N, V) of float32, bfloat16 or float16 with contiguous rows and int64 labels on their device");
+    return FusedCrossEntropySumFunction::apply(logits_NV, labels_N);
+  }
   if (kernels == LossKernels::kSoftmax) return SoftmaxCrossEntropySumFunction::apply(logits_NV, labels_N, chunk_tokens);
   return CrossEntropySumFunction::apply(logits_NV, labels_N, chunk_tokens);
 }

@@ -29,9 +29,11 @@ constexpr int64_t kLossChunkTokens = 1024;
 // Two formulations of each chunk, equal to fp32 rounding: kComposite (max, subtract, exp, sum, log;
 // saves one fp32 log-sum-exp per token and holds one fp32 chunk at a time) and kSoftmax (ATen's fused
 // log-softmax kernel forward, recomputed in backward, and its fused backward kernel; three fp32
-// chunks at a time in backward). kAuto: kSoftmax on CUDA, where the composite's
-// broadcast passes cost twice the fused kernels' time (bench/gpu), kComposite elsewhere.
-enum class LossKernels { kAuto, kComposite, kSoftmax };
+// chunks at a time in backward). A third, kFused: titan's CUDA kernels (fused_kernels.h), one pass
+// over the logits forward and one backward with no fp32 temporaries (chunk_tokens unused). kAuto:
+// kFused for the CUDA tensors those kernels take, else kSoftmax on CUDA, where the composite's
+// broadcast passes cost twice ATen's fused kernels' time (bench/gpu), kComposite elsewhere.
+enum class LossKernels { kAuto, kComposite, kSoftmax, kFused };
 at::Tensor cross_entropy_sum(const at::Tensor& logits_NV, const at::Tensor& labels_N,
                              int64_t chunk_tokens = kLossChunkTokens, LossKernels kernels = LossKernels::kAuto);
 

@@ -1,0 +1,49 @@
+// Launchers of titan's fused CUDA kernels (fused_kernels.cu), on raw device pointers: this header
+// and the .cu see no ATen, so nvcc compiles only the kernels. The ATen-facing side, with its checks
+// of shapes, dtypes, devices and alignment, is nn/fused_kernels.{h,cpp}.
+//
+// Every launcher enqueues on `stream` and returns the launch's error (cudaSuccess or the error of
+// cudaGetLastError). `vec`: every pointer is 16-byte aligned and each row (or the whole tensor, for
+// the elementwise kernels) has a multiple of 16 bytes, so 16-byte loads and stores are used.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace titan::nn::cuda_launch {
+
+enum class Dtype : int { kFloat, kBFloat16, kHalf };
+
+// out = silu(a) * b over n elements (all contiguous, of `dtype`), in fp32, rounded once.
+cudaError_t swiglu_forward(Dtype dtype, const void* a, const void* b, void* out, int64_t n, bool vec,
+                           cudaStream_t stream);
+
+// da = g * silu'(a) * b, db = g * silu(a).
+cudaError_t swiglu_backward(Dtype dtype, const void* g, const void* a, const void* b, void* da, void* db,
+                            int64_t n, bool vec, cudaStream_t stream);
+
+// x (B, S, n, E) with strides (sb, ss, sh, 1) in elements; out contiguous (B, S, n, E). Each pair
+// (x[..., 2i], x[..., 2i+1]) times cis[s, i] (complex64 as float pairs, (S, E/2) contiguous), or its
+// conjugate when `inverse`.
+struct RopeShape {
+  int64_t B, S, n, E;
+  int64_t sb, ss, sh;
+};
+cudaError_t rope(Dtype dtype, const void* x, const float* cis, void* out, const RopeShape& shape, bool inverse,
+                 cudaStream_t stream);
+
+// Per row r of x (N rows of V values, row r at x + r * row_stride): lse[r] = log(sum(exp(x[r]))) and
+// loss[r] = lse[r] - x[r][labels[r]], 0 where labels[r] == ignore_index, NaN for a label outside
+// [0, V). lse and loss are fp32 (N).
+cudaError_t cross_entropy_forward(Dtype dtype, const void* x, int64_t N, int64_t V, int64_t row_stride,
+                                  const int64_t* labels, int64_t ignore_index, float* lse, float* loss, bool vec,
+                                  cudaStream_t stream);
+
+// grad (N, V contiguous, of `dtype`) = g * (exp(x - lse) - onehot(label)) per row, 0 on ignored rows;
+// g is one fp32 value on the device.
+cudaError_t cross_entropy_backward(Dtype dtype, const void* x, int64_t N, int64_t V, int64_t row_stride,
+                                   const int64_t* labels, int64_t ignore_index, const float* lse, const float* g,
+                                   void* grad, bool vec, cudaStream_t stream);
+
+}  // namespace titan::nn::cuda_launch

@@ -1,0 +1,164 @@
+#include "titan/nn/fused_kernels.h"
+
+#include <ATen/ATen.h>
+
+#if TITAN_CUDA_KERNELS
+#include "titan/nn/cuda/launch.h"
+
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+#include <cstdint>
+#include <limits>
+
+namespace titan::nn::fused {
+
+#if TITAN_CUDA_KERNELS
+
+namespace {
+
+namespace launch = cuda_launch;
+
+bool kernel_dtype(at::ScalarType t) { return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf; }
+
+launch::Dtype dtype_of(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return launch::Dtype::kFloat;
+    case at::kBFloat16: return launch::Dtype::kBFloat16;
+    case at::kHalf: return launch::Dtype::kHalf;
+    default: TORCH_CHECK(false, "titan's fused kernels take float32, bfloat16 or float16, got ", t.scalar_type());
+  }
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+cudaStream_t stream_of(const at::Tensor& t) { return c10::cuda::getCurrentCUDAStream(t.device().index()).stream(); }
+
+}  // namespace
+
+bool kernels_built() { return true; }
+
+bool swiglu_accepts(const at::Tensor& a, const at::Tensor& b) {
+  return a.is_cuda() && b.device() == a.device() && kernel_dtype(a.scalar_type()) &&
+         b.scalar_type() == a.scalar_type() && a.sizes() == b.sizes();
+}
+
+at::Tensor swiglu_forward(const at::Tensor& a_in, const at::Tensor& b_in) {
+  TORCH_CHECK(swiglu_accepts(a_in, b_in), "fused swiglu: unsupported inputs");
+  const c10::cuda::CUDAGuard guard(a_in.device());
+  const at::Tensor a = a_in.contiguous(), b = b_in.contiguous();
+  at::Tensor out = at::empty_like(a, at::MemoryFormat::Contiguous);
+  const int64_t bytes = a.numel() * a.element_size();
+  const bool vec = bytes % 16 == 0 && aligned16(a.data_ptr()) && aligned16(b.data_ptr()) && aligned16(out.data_ptr());
+  C10_CUDA_CHECK(launch::swiglu_forward(dtype_of(a), a.data_ptr(), b.data_ptr(), out.data_ptr(), a.numel(), vec,
+                                        stream_of(a)));
+  return out;
+}
+
+std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& g_in, const at::Tensor& a_in, const at::Tensor& b_in) {
+  TORCH_CHECK(swiglu_accepts(a_in, b_in) && swiglu_accepts(g_in, a_in), "fused swiglu backward: unsupported inputs");
+  const c10::cuda::CUDAGuard guard(a_in.device());
+  const at::Tensor g = g_in.contiguous(), a = a_in.contiguous(), b = b_in.contiguous();
+  at::Tensor da = at::empty_like(a, at::MemoryFormat::Contiguous), db = at::empty_like(a, at::MemoryFormat::Contiguous);
+  const int64_t bytes = a.numel() * a.element_size();
+  const bool vec = bytes % 16 == 0 && aligned16(g.data_ptr()) && aligned16(a.data_ptr()) && aligned16(b.data_ptr()) &&
+                   aligned16(da.data_ptr()) && aligned16(db.data_ptr());
+  C10_CUDA_CHECK(launch::swiglu_backward(dtype_of(a), g.data_ptr(), a.data_ptr(), b.data_ptr(), da.data_ptr(),
+                                         db.data_ptr(), a.numel(), vec, stream_of(a)));
+  return {da, db};
+}
+
+bool rope_accepts(const at::Tensor& x, const at::Tensor& cis) {
+  return x.is_cuda() && x.dim() == 4 && kernel_dtype(x.scalar_type()) && x.size(3) % 2 == 0 &&
+         (x.size(3) <= 1 || x.stride(3) == 1) && cis.device() == x.device() && cis.scalar_type() == at::kComplexFloat &&
+         !cis.is_conj() && cis.dim() == 2 && cis.size(0) == x.size(1) && cis.size(1) == x.size(3) / 2;
+}
+
+at::Tensor rope(const at::Tensor& x, const at::Tensor& cis_in, bool inverse) {
+  TORCH_CHECK(rope_accepts(x, cis_in), "fused rope: unsupported inputs");
+  const c10::cuda::CUDAGuard guard(x.device());
+  const at::Tensor cis = cis_in.contiguous();
+  at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  const launch::RopeShape shape{x.size(0), x.size(1), x.size(2), x.size(3), x.stride(0), x.stride(1), x.stride(2)};
+  C10_CUDA_CHECK(launch::rope(dtype_of(x), x.data_ptr(), reinterpret_cast<const float*>(cis.data_ptr()),
+                              out.data_ptr(), shape, inverse, stream_of(x)));
+  return out;
+}
+
+bool cross_entropy_accepts(const at::Tensor& logits, const at::Tensor& labels) {
+  return logits.is_cuda() && logits.dim() == 2 && kernel_dtype(logits.scalar_type()) &&
+         (logits.size(1) <= 1 || logits.stride(1) == 1) && logits.size(0) < std::numeric_limits<int32_t>::max() &&
+         labels.device() == logits.device() && labels.scalar_type() == at::kLong && labels.dim() == 1 &&
+         labels.size(0) == logits.size(0);
+}
+
+namespace {
+
+bool rows_vectorizable(const at::Tensor& logits) {
+  const int64_t es = logits.element_size();
+  return (logits.size(1) * es) % 16 == 0 && (logits.stride(0) * es) % 16 == 0 && aligned16(logits.data_ptr());
+}
+
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> cross_entropy_forward(const at::Tensor& logits, const at::Tensor& labels_in,
+                                                        int64_t ignore_index) {
+  TORCH_CHECK(cross_entropy_accepts(logits, labels_in), "fused cross-entropy: unsupported inputs");
+  const c10::cuda::CUDAGuard guard(logits.device());
+  const at::Tensor labels = labels_in.contiguous();
+  const int64_t N = logits.size(0), V = logits.size(1);
+  const auto f32 = logits.options().dtype(at::kFloat);
+  at::Tensor lse = at::empty({N}, f32), loss = at::empty({N}, f32);
+  C10_CUDA_CHECK(launch::cross_entropy_forward(dtype_of(logits), logits.data_ptr(), N, V, logits.stride(0),
+                                               labels.data_ptr<int64_t>(), ignore_index, lse.data_ptr<float>(),
+                                               loss.data_ptr<float>(), rows_vectorizable(logits), stream_of(logits)));
+  return {lse, loss};
+}
+
+at::Tensor cross_entropy_backward(const at::Tensor& logits, const at::Tensor& labels_in, const at::Tensor& lse_in,
+                                  const at::Tensor& g_in, int64_t ignore_index) {
+  TORCH_CHECK(cross_entropy_accepts(logits, labels_in), "fused cross-entropy backward: unsupported inputs");
+  TORCH_CHECK(g_in.numel() == 1 && g_in.device() == logits.device(), "fused cross-entropy backward: g must be one value on ",
+              logits.device());
+  const c10::cuda::CUDAGuard guard(logits.device());
+  const at::Tensor labels = labels_in.contiguous(), lse = lse_in.to(at::kFloat).contiguous();
+  const at::Tensor g = g_in.to(at::kFloat).contiguous();
+  const int64_t N = logits.size(0), V = logits.size(1);
+  at::Tensor grad = at::empty({N, V}, logits.options().memory_format(at::MemoryFormat::Contiguous));
+  const bool vec = rows_vectorizable(logits) && aligned16(grad.data_ptr());
+  C10_CUDA_CHECK(launch::cross_entropy_backward(dtype_of(logits), logits.data_ptr(), N, V, logits.stride(0),
+                                                labels.data_ptr<int64_t>(), ignore_index, lse.data_ptr<float>(),
+                                                g.data_ptr<float>(), grad.data_ptr(), vec, stream_of(logits)));
+  return grad;
+}
+
+#else  // a CPU-only libtorch: no kernels, and no tensor is ever accepted
+
+bool kernels_built() { return false; }
+bool swiglu_accepts(const at::Tensor&, const at::Tensor&) { return false; }
+bool rope_accepts(const at::Tensor&, const at::Tensor&) { return false; }
+bool cross_entropy_accepts(const at::Tensor&, const at::Tensor&) { return false; }
+
+namespace {
+[[noreturn]] void not_built(const char* what) {
+  TORCH_CHECK(false, what, ": this titan was built against a libtorch without CUDA, so it has no fused CUDA kernels");
+}
+}  // namespace
+
+at::Tensor swiglu_forward(const at::Tensor&, const at::Tensor&) { not_built("fused swiglu"); }
+std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor&, const at::Tensor&, const at::Tensor&) {
+  not_built("fused swiglu backward");
+}
+at::Tensor rope(const at::Tensor&, const at::Tensor&, bool) { not_built("fused rope"); }
+std::pair<at::Tensor, at::Tensor> cross_entropy_forward(const at::Tensor&, const at::Tensor&, int64_t) {
+  not_built("fused cross-entropy");
+}
+at::Tensor cross_entropy_backward(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t) {
+  not_built("fused cross-entropy backward");
+}
+
+#endif
+
+}  // namespace titan::nn::fused

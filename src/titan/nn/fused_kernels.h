@@ -1,0 +1,39 @@
+// titan's fused CUDA kernels behind ATen tensors: SwiGLU, RoPE and the cross-entropy of logit rows,
+// each one pass over its tensors with fp32 arithmetic (fused_math.h) in place of ATen's several
+// elementwise passes and fp32 temporaries. The layers (layers.cpp, loss.cpp) call them for CUDA
+// tensors they accept (`*_accepts`) and keep their ATen formulation otherwise, and on the CPU.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <utility>
+
+namespace titan::nn::fused {
+
+// Whether this build has the kernels (a CUDA build of libtorch).
+bool kernels_built();
+
+// CUDA tensors of one device and one dtype of float32, bfloat16 or float16, with the same shape.
+bool swiglu_accepts(const at::Tensor& a, const at::Tensor& b);
+at::Tensor swiglu_forward(const at::Tensor& a, const at::Tensor& b);
+// (grad of a, grad of b) for the upstream gradient g (a's shape; made contiguous when it is not).
+std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& g, const at::Tensor& a, const at::Tensor& b);
+
+// x (B, S, n, E) on CUDA (float32, bfloat16 or float16, last dimension contiguous, E even) and cis
+// (S, E/2) complex64 on x's device: x's pairs times cis, or times its conjugate when `inverse`.
+// Returns a contiguous tensor of x's dtype.
+bool rope_accepts(const at::Tensor& x, const at::Tensor& cis);
+at::Tensor rope(const at::Tensor& x, const at::Tensor& cis, bool inverse);
+
+// logits (N, V) on CUDA (float32, bfloat16 or float16, rows contiguous) and labels (N) int64 on
+// the same device. Forward: (lse (N) fp32, loss (N) fp32: lse - logits[label], 0 on ignored rows).
+// Backward: g * (softmax - onehot(label)) in the logits' dtype, 0 on ignored rows; g is an fp32
+// scalar on the device (no host synchronization).
+bool cross_entropy_accepts(const at::Tensor& logits, const at::Tensor& labels);
+std::pair<at::Tensor, at::Tensor> cross_entropy_forward(const at::Tensor& logits, const at::Tensor& labels,
+                                                        int64_t ignore_index);
+at::Tensor cross_entropy_backward(const at::Tensor& logits, const at::Tensor& labels, const at::Tensor& lse,
+                                  const at::Tensor& g, int64_t ignore_index);
+
+}  // namespace titan::nn::fused
