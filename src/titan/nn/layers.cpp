@@ -27,12 +27,20 @@ namespace {
 // On CUDA both passes are ATen's fused RMSNorm kernels (one pass each, as torch.nn.RMSNorm runs
 // there), on the fp32 x: the composite below costs six broadcast elementwise passes and three
 // reductions per norm, about 5% of a 1B model's step on an H200 (bench/gpu). Same values, same
-// saved tensors (x, weight and the fp32 rstd).
+// saved tensors (x, weight and the fp32 rstd). When x, the weight and the output share one dtype,
+// the kernels take them directly (they compute in fp32 internally): no fp32 copies of x or y.
 struct RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, double eps,
                             at::ScalarType out_dtype) {
-    const at::Tensor x_f = x.to(at::kFloat);  // x itself when x is fp32
     ctx->save_for_backward({x, weight});
+    if (x.is_cuda() && weight.scalar_type() == x.scalar_type() && out_dtype == x.scalar_type()) {
+      // One dtype throughout (bf16 under FSDP's mixed precision): the kernel reads x and the weight
+      // as they are, computes in fp32 and rounds y once, as on the fp32 copies, without the copies.
+      auto [y, rstd] = at::_fused_rms_norm(x, {x.size(-1)}, weight, eps);
+      ctx->saved_data["rstd"] = rstd;
+      return y;
+    }
+    const at::Tensor x_f = x.to(at::kFloat);  // x itself when x is fp32
     if (x.is_cuda()) {
       auto [y, rstd] = at::_fused_rms_norm(x_f, {x.size(-1)}, weight.to(at::kFloat), eps);
       ctx->saved_data["rstd"] = rstd;
@@ -46,6 +54,11 @@ struct RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &weight = saved[1];
     const at::Tensor rstd = ctx->saved_data["rstd"].toTensor();
+    if (x.is_cuda() && weight.scalar_type() == x.scalar_type() && grads[0].scalar_type() == x.scalar_type()) {
+      auto [grad_x, grad_w] = at::_fused_rms_norm_backward(grads[0], x, {x.size(-1)}, rstd, weight,
+                                                           {ctx->needs_input_grad(0), ctx->needs_input_grad(1)});
+      return {grad_x, grad_w, at::Tensor(), at::Tensor()};
+    }
     if (x.is_cuda()) {
       auto [grad_x, grad_w] = at::_fused_rms_norm_backward(
           grads[0].to(at::kFloat), x.to(at::kFloat), {x.size(-1)}, rstd, weight.to(at::kFloat),

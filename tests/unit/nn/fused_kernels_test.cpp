@@ -9,7 +9,8 @@
 // the tensor's scale (float32 arithmetic, expf); bf16 and fp16 outputs are rounded once from fp32, so
 // each element is within half a unit in the last place of the exact value plus the fp32 error:
 // 2^-8 (bf16) and 2^-11 (fp16) relative to the element, plus 1e-6 of the scale. Cross-entropy
-// gradients: elements of order 1/V, checked against the tensor's scale at the same bounds.
+// gradients: elements of order 1/V, checked against the tensor's scale at the same bounds. Also
+// RMSNorm in bf16 through ATen's fused kernels without fp32 copies (values and measured memory).
 #include "titan/nn/fused_kernels.h"
 #include "titan/nn/fused_math.h"
 #include "titan/nn/layers.h"
@@ -19,6 +20,7 @@
 #include <gtest/gtest.h>
 #include <torch/autograd.h>
 #include <torch/cuda.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 
 #include <cmath>
 #include <vector>
@@ -248,6 +250,36 @@ TEST(CudaFusedKernels, CrossEntropyEqualsFloat64WithIgnoredRows) {
   auto [lse2, loss2] = nn::fused::cross_entropy_forward(rows, labels, nn::kIgnoreIndex);
   EXPECT_TRUE(std::isnan(loss2[3].item<float>()));
   EXPECT_FALSE(std::isnan(loss2[2].item<float>()));
+}
+
+// RMSNorm with x, the weight and the output in bf16 (FSDP's mixed precision): ATen's fused kernels
+// take them directly. Values against float64 (the output and both gradients rounded once); memory
+// measured: the forward pass allocates the bf16 output and the rstd only, where fp32 copies of x and
+// y (4x x's bytes more) would show.
+TEST(CudaFusedKernels, RmsNormInBf16EqualsFloat64WithoutFp32Copies) {
+  SKIP_WITHOUT_A_GPU();
+  at::manual_seed(8);
+  const int64_t rows = 4096, D = 2048;
+  at::Tensor x = at::randn({rows, D}).to(at::kBFloat16).to(at::kCUDA).requires_grad_(true);
+  at::Tensor w = (at::rand({D}) + 0.5).to(at::kBFloat16).to(at::kCUDA).requires_grad_(true);
+  at::Tensor g = at::randn({rows, D}).to(at::kBFloat16);
+  torch::cuda::synchronize();
+  const int64_t before = c10::cuda::CUDACachingAllocator::getDeviceStats(0).allocated_bytes[0].current;
+  c10::cuda::CUDACachingAllocator::resetPeakStats(0);
+  at::Tensor y = nn::rms_norm(x, w, 1e-5);
+  torch::cuda::synchronize();
+  const int64_t peak = c10::cuda::CUDACachingAllocator::getDeviceStats(0).allocated_bytes[0].peak - before;
+  const int64_t x_bytes = x.numel() * 2;
+  EXPECT_LT(peak, x_bytes * 3 / 2) << "forward allocated " << peak << " bytes for a " << x_bytes << "-byte x";
+  y.backward(g.to(at::kCUDA));
+  at::Tensor xd = x.detach().cpu().to(at::kDouble).requires_grad_(true), wd = w.detach().cpu().to(at::kDouble).requires_grad_(true);
+  at::Tensor yd = xd * at::rsqrt(xd.pow(2).mean(-1, true) + 1e-5) * wd;
+  yd.backward(g.to(at::kDouble));
+  const Dtype& bf16 = kDtypes[1];
+  expect_close(y.detach(), yd.detach(), bf16, "rms_norm");
+  expect_close(x.grad(), xd.grad(), bf16, "rms_norm d/dx");
+  // The weight's gradient sums 4096 rows: fp32 accumulation in another order, then one rounding.
+  EXPECT_LE(bounded_error(w.grad(), wd.grad(), bf16.rel, 1e-5), 1.0);
 }
 
 }  // namespace
