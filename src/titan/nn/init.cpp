@@ -5,14 +5,18 @@
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <c10/core/Event.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <type_traits>
+#include <vector>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -395,15 +399,32 @@ void write(at::Tensor& out, int64_t first_element, const Draw& d) {
       default: break;
     }
   }
-  // Other devices, dtypes and layouts: through an fp32 CPU buffer of at most 16 MB, reused.
+  // Other devices, dtypes and layouts: through fp32 CPU buffers of at most 16 MB. For a device tensor,
+  // two pinned buffers alternate: a chunk's copy to the device runs asynchronously on the current stream
+  // while the next chunk is generated, and a buffer is refilled only once its copy has completed.
   at::Tensor flat = out.is_contiguous() ? out.view({-1}) : at::empty({n}, out.options());
   constexpr int64_t kChunk = int64_t{1} << 22;
-  at::Tensor values = at::empty({std::min(n, kChunk)}, at::kFloat);
-  for (int64_t off = 0; off < n; off += kChunk) {
+  const bool to_device = !out.device().is_cpu();
+  const int64_t buffer_elements = std::min(n, kChunk);
+  const int buffers = to_device && n > kChunk ? 2 : 1;
+  std::vector<at::Tensor> values;
+  std::vector<std::optional<c10::Event>> copied(static_cast<size_t>(buffers));
+  for (int b = 0; b < buffers; ++b)
+    values.push_back(at::empty({buffer_elements}, at::TensorOptions().dtype(at::kFloat).pinned_memory(to_device)));
+  const c10::impl::VirtualGuardImpl device_impl(out.device().type());
+  for (int64_t off = 0, chunk = 0; off < n; off += kChunk, ++chunk) {
     const int64_t m = std::min(kChunk, n - off);
-    fill(d, first_element + off, m, store_into<float>(values));
-    flat.narrow(0, off, m).copy_(values.narrow(0, 0, m));
+    const size_t b = static_cast<size_t>(chunk % buffers);
+    if (copied[b]) copied[b]->synchronize();  // this buffer's previous copy has left it
+    fill(d, first_element + off, m, store_into<float>(values[b]));
+    flat.narrow(0, off, m).copy_(values[b].narrow(0, 0, m), /*non_blocking=*/to_device);
+    if (to_device) {
+      copied[b].emplace(out.device().type());
+      copied[b]->record(device_impl.getStream(out.device()));
+    }
   }
+  for (auto& e : copied)  // the buffers are freed on return: every copy from them has completed
+    if (e) e->synchronize();
   if (!out.is_contiguous()) out.copy_(flat.view(out.sizes()));
 }
 

@@ -261,8 +261,9 @@ TEST(InitSlices, CudaTensorsHoldTheValuesOfCpuOnes) {
   }
 }
 
-// A device tensor of several 16 MB chunks is generated chunk by chunk on the CPU and copied: every chunk
-// lands where the CPU's values are, in fp32, in bf16, and into a non-contiguous view.
+// A device tensor of several 16 MB chunks goes through two pinned buffers that alternate, each chunk's
+// copy overlapping the next chunk's generation: every chunk lands where the CPU's values are, in fp32,
+// in bf16, and into a non-contiguous view.
 TEST(InitSlices, LargeCudaTensorsHoldTheValuesOfCpuOnes) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
   const int64_t rows = 2333, cols = 4099;  // 9.6M elements: three chunks, the last one partial
