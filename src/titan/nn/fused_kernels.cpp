@@ -134,12 +134,22 @@ at::Tensor cross_entropy_backward(const at::Tensor& logits, const at::Tensor& la
   return grad;
 }
 
+bool init_normal(at::Tensor& flat, int64_t first, uint32_t k0, uint32_t k1, float mean, float std, bool truncated,
+                 float a_in, float b_in) {
+  if (!flat.is_cuda() || !flat.is_contiguous() || !kernel_dtype(flat.scalar_type())) return false;
+  const c10::cuda::CUDAGuard guard(flat.device());
+  C10_CUDA_CHECK(launch::init_normal(dtype_of(flat), flat.data_ptr(), first, flat.numel(), k0, k1, mean, std,
+                                     truncated, a_in, b_in, stream_of(flat)));
+  return true;
+}
+
 #else  // a CPU-only libtorch: no kernels, and no tensor is ever accepted
 
 bool kernels_built() { return false; }
 bool swiglu_accepts(const at::Tensor&, const at::Tensor&) { return false; }
 bool rope_accepts(const at::Tensor&, const at::Tensor&) { return false; }
 bool cross_entropy_accepts(const at::Tensor&, const at::Tensor&) { return false; }
+bool init_normal(at::Tensor&, int64_t, uint32_t, uint32_t, float, float, bool, float, float) { return false; }
 
 namespace {
 [[noreturn]] void not_built(const char* what) {

@@ -36,4 +36,11 @@ std::pair<at::Tensor, at::Tensor> cross_entropy_forward(const at::Tensor& logits
 at::Tensor cross_entropy_backward(const at::Tensor& logits, const at::Tensor& labels, const at::Tensor& lse,
                                   const at::Tensor& g, int64_t ignore_index);
 
+// Parameter initialization on the GPU (init.cpp): `flat`, a contiguous CUDA tensor of float32,
+// bfloat16 or float16, gets elements [first, first + flat.numel()) of the normal (or, when
+// `truncated`, normal redrawn until inside [a_in, b_in]) that init.cpp's CPU generator draws with
+// key (k0, k1), bit for bit. False, with nothing written, for a tensor the kernel does not take.
+bool init_normal(at::Tensor& flat, int64_t first, uint32_t k0, uint32_t k1, float mean, float std, bool truncated,
+                 float a_in, float b_in);
+
 }  // namespace titan::nn::fused

@@ -8,13 +8,9 @@
 //   ce_grad:      d/dx of -log softmax(x)[y] for one entry, times the upstream gradient g
 #pragma once
 
-#include <cmath>
+#include "titan/nn/host_device.h"
 
-#if defined(__CUDACC__)
-#define TITAN_HD __host__ __device__ __forceinline__
-#else
-#define TITAN_HD inline
-#endif
+#include <cmath>
 
 namespace titan::nn::fused_math {
 

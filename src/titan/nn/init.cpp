@@ -2,6 +2,7 @@
 
 #include "titan/common/error.h"
 #include "titan/common/tensor_storage.h"
+#include "titan/nn/fused_kernels.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -397,6 +398,15 @@ void write(at::Tensor& out, int64_t first_element, const Draw& d) {
       case at::kHalf: return fill(d, first_element, n, store_into<c10::Half>(out));
       case at::kDouble: return fill(d, first_element, n, store_into<double>(out));
       default: break;
+    }
+  }
+  // Normal and truncated (by rejection) values of a CUDA tensor: generated on its GPU, the same bits.
+  if (out.is_cuda() && (d.kind == Draw::kNormal || d.kind == Draw::kRejection)) {
+    at::Tensor flat = out.is_contiguous() ? out.view({-1}) : at::empty({n}, out.options());
+    if (nn::fused::init_normal(flat, first_element, d.key.k0, d.key.k1, static_cast<float>(d.mean),
+                               static_cast<float>(d.std), d.kind == Draw::kRejection, d.a_in, d.b_in)) {
+      if (!out.is_contiguous()) out.copy_(flat.view(out.sizes()));
+      return;
     }
   }
   // Other devices, dtypes and layouts: through fp32 CPU buffers of at most 16 MB. For a device tensor,

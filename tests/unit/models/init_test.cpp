@@ -5,6 +5,7 @@
 
 #include "titan/common/error.h"
 #include "titan/nn/init.h"
+#include "titan/nn/init_math.h"
 #include "titan/models/llama3/model.h"
 
 #include <ATen/ATen.h>
@@ -65,6 +66,33 @@ TEST(InitPhilox, EveryVectorCodePathDrawsTheReferenceWords) {
         ASSERT_EQ(words[i], ref[lane]) << variant << " element " << e << " attempt " << attempt;
       }
     }
+  }
+}
+
+// The one-element functions the CUDA kernel runs (init_math.h), on the host: every element's bits equal
+// the CPU kernel's, for every vector code path, normal and truncated (with rejections: cut-offs at
+// +-1 std reject a third of the first draws), at an offset past 2^36 elements.
+TEST(InitPhilox, OneElementAtATimeEqualsEveryVectorCodePathBitwise) {
+  Restore restore;
+  const auto key = init::detail::philox_key(9, "output.weight");
+  const int64_t first = (int64_t{1} << 37) + 29, n = 20000;
+  for (const auto& variant : init::detail::kernel_variants()) {
+    init::detail::set_kernel_variant(variant);
+    at::Tensor normal = at::empty({n}), truncated = at::empty({n});
+    init::normal(normal, 9, "output.weight", first, 0.25, 0.02);
+    init::trunc_normal(truncated, 9, "output.weight", first, 0.0, 0.5, -0.5, 0.5);
+    const float* nv = normal.data_ptr<float>();
+    const float* tv = truncated.data_ptr<float>();
+    int rejected = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const float want_n = init::math::normal_at(first + i, 0, key[0], key[1], 0.25f, 0.02f);
+      ASSERT_EQ(init::math::bits_of(nv[i]), init::math::bits_of(want_n)) << variant << " normal, element " << first + i;
+      const float want_t = init::math::truncated_at(first + i, key[0], key[1], 0.0f, 0.5f, -0.5f, 0.5f);
+      ASSERT_EQ(init::math::bits_of(tv[i]), init::math::bits_of(want_t)) << variant << " truncated, element " << first + i;
+      const float first_draw = init::math::normal_at(first + i, 0, key[0], key[1], 0.0f, 0.5f);
+      rejected += first_draw < -0.5f || first_draw > 0.5f;
+    }
+    EXPECT_GT(rejected, n / 5) << "the truncated case redraws";
   }
 }
 

@@ -46,4 +46,10 @@ cudaError_t cross_entropy_backward(Dtype dtype, const void* x, int64_t N, int64_
                                    const int64_t* labels, int64_t ignore_index, const float* lse, const float* g,
                                    void* grad, bool vec, cudaStream_t stream);
 
+// out (n contiguous values of `dtype`) = elements [first, first + n) of a parameter's initial values
+// (init.cpp's generator under key (k0, k1)): normal with mean and std, or, when `truncated`, redrawn
+// until inside [a_in, b_in]; the CPU's bits, rounded to `dtype` to nearest even (init_kernels.cu).
+cudaError_t init_normal(Dtype dtype, void* out, int64_t first, int64_t n, uint32_t k0, uint32_t k1, float mean,
+                        float std, bool truncated, float a_in, float b_in, cudaStream_t stream);
+
 }  // namespace titan::nn::cuda_launch
