@@ -29,7 +29,9 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& cis, bool inverse);
 // logits (N, V) on CUDA (float32, bfloat16 or float16, rows contiguous) and labels (N) int64 on
 // the same device. Forward: (lse (N) fp32, loss (N) fp32: lse - logits[label], 0 on ignored rows).
 // Backward: g * (softmax - onehot(label)) in the logits' dtype, 0 on ignored rows; g is an fp32
-// scalar on the device (no host synchronization).
+// scalar on the device (no host synchronization). A label outside [0, V) (not ignore_index) gives its
+// row a NaN loss and NaN gradients, caught by the NaN policy (ATen's gather would stop the process
+// with a device-side assertion instead).
 bool cross_entropy_accepts(const at::Tensor& logits, const at::Tensor& labels);
 std::pair<at::Tensor, at::Tensor> cross_entropy_forward(const at::Tensor& logits, const at::Tensor& labels,
                                                         int64_t ignore_index);

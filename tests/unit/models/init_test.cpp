@@ -289,23 +289,41 @@ TEST(InitSlices, CudaTensorsHoldTheValuesOfCpuOnes) {
   }
 }
 
-// A device tensor of several 16 MB chunks goes through two pinned buffers that alternate, each chunk's
-// copy overlapping the next chunk's generation: every chunk lands where the CPU's values are, in fp32,
-// in bf16, and into a non-contiguous view.
+// Normal and truncated (rejection) values of a CUDA tensor come from the GPU kernel (init_math.h), every
+// bit the CPU's: 9.6M elements at an offset past 2^36, in fp32, bf16, fp16 and a non-contiguous view,
+// cut-offs at +-1 std (a third of the first draws redrawn), compared bit for bit (+0 and -0 apart).
 TEST(InitSlices, LargeCudaTensorsHoldTheValuesOfCpuOnes) {
   if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
-  const int64_t rows = 2333, cols = 4099;  // 9.6M elements: three chunks, the last one partial
-  at::Tensor cpu = at::empty({rows, cols}, at::kFloat);
-  init::normal(cpu, 9, "big", 77, 0.0, 0.02);
-  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+  const int64_t rows = 2333, cols = 4099, first = (int64_t{1} << 37) + 29;
+  at::Tensor normal = at::empty({rows, cols}, at::kFloat), truncated = at::empty({rows, cols}, at::kFloat);
+  init::normal(normal, 9, "big", first, 0.25, 0.02);
+  init::trunc_normal(truncated, 9, "big", first, 0.0, 0.5, -0.5, 0.5);
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
     at::Tensor cuda = at::empty({rows, cols}, at::TensorOptions().device(at::kCUDA).dtype(dtype));
-    init::normal(cuda, 9, "big", 77, 0.0, 0.02);
-    EXPECT_TRUE(at::equal(cuda.cpu(), cpu.to(dtype))) << dtype;
+    init::normal(cuda, 9, "big", first, 0.25, 0.02);
+    EXPECT_TRUE(same_bits(cuda.cpu(), normal.to(dtype))) << "normal " << dtype;
+    init::trunc_normal(cuda, 9, "big", first, 0.0, 0.5, -0.5, 0.5);
+    EXPECT_TRUE(same_bits(cuda.cpu(), truncated.to(dtype))) << "truncated " << dtype;
   }
   at::Tensor storage = at::empty({cols, rows}, at::TensorOptions().device(at::kCUDA));
   at::Tensor transposed = storage.t();  // (rows, cols), not contiguous
-  init::normal(transposed, 9, "big", 77, 0.0, 0.02);
-  EXPECT_TRUE(at::equal(transposed.cpu(), cpu));
+  init::normal(transposed, 9, "big", first, 0.25, 0.02);
+  EXPECT_TRUE(same_bits(transposed.contiguous().cpu(), normal));
+}
+
+// What the GPU kernel does not draw (narrow cut-offs: the inverse CDF) is generated on the CPU and
+// copied through two pinned buffers that alternate, each chunk's copy overlapping the next chunk's
+// generation: every one of three 16 MB chunks lands where the CPU's values are, in fp32 and bf16.
+TEST(InitSlices, LargeCudaTensorsDrawnOnTheCpuArriveWhole) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  const int64_t rows = 2333, cols = 4099;  // 9.6M elements: three chunks, the last one partial
+  at::Tensor cpu = at::empty({rows, cols}, at::kFloat);
+  init::trunc_normal(cpu, 9, "big", 77, 0.0, 0.02, 0.05, 0.06);
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    at::Tensor cuda = at::empty({rows, cols}, at::TensorOptions().device(at::kCUDA).dtype(dtype));
+    init::trunc_normal(cuda, 9, "big", 77, 0.0, 0.02, 0.05, 0.06);
+    EXPECT_TRUE(same_bits(cuda.cpu(), cpu.to(dtype))) << dtype;
+  }
 }
 
 // ---- the model's rows

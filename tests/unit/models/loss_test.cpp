@@ -43,7 +43,8 @@ at::Tensor labels_with_ignored(int64_t N, int64_t V) {
   return y;
 }
 
-// Both formulations run on every device (kAuto picks kSoftmax on CUDA only).
+// Both formulations run on every device (kAuto picks them only on the CPU, kComposite, and on CUDA
+// for tensors the fused kernels do not take, kSoftmax; the fused kernels are CudaFusedKernels' tests).
 const std::pair<nn::LossKernels, const char*> kBothKernels[] = {{nn::LossKernels::kComposite, "composite"},
                                                                  {nn::LossKernels::kSoftmax, "softmax"}};
 

@@ -177,7 +177,9 @@ __global__ void __launch_bounds__(kRowThreads) cross_entropy_backward_kernel(con
   T* out = grad + row * V;
   const int64_t y = labels[row];
   const bool valid = y != ignore_index;
-  const float gr = valid ? *g : 0.0f, l = lse[row];
+  // A label outside the vocabulary: NaN gradients for its row (its loss is NaN already), so that the
+  // step's gradient norm is NaN and the NaN policy stops or skips it, rather than a finite update.
+  const float gr = valid ? (y >= 0 && y < V ? *g : NAN) : 0.0f, l = lse[row];
   int64_t done = 0;
   if constexpr (kVec) {
     constexpr int N = Pack<T>::kN;

@@ -40,8 +40,8 @@ cudaError_t cross_entropy_forward(Dtype dtype, const void* x, int64_t N, int64_t
                                   const int64_t* labels, int64_t ignore_index, float* lse, float* loss, bool vec,
                                   cudaStream_t stream);
 
-// grad (N, V contiguous, of `dtype`) = g * (exp(x - lse) - onehot(label)) per row, 0 on ignored rows;
-// g is one fp32 value on the device.
+// grad (N, V contiguous, of `dtype`) = g * (exp(x - lse) - onehot(label)) per row, 0 on ignored rows,
+// NaN on rows whose label is outside [0, V); g is one fp32 value on the device.
 cudaError_t cross_entropy_backward(Dtype dtype, const void* x, int64_t N, int64_t V, int64_t row_stride,
                                    const int64_t* labels, int64_t ignore_index, const float* lse, const float* g,
                                    void* grad, bool vec, cudaStream_t stream);
