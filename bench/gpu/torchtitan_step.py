@@ -2,8 +2,11 @@
 its single-GPU train step (bf16 autocast over fp32 weights, cross-entropy in fp32, clip_grad_norm_,
 fused AdamW with torchtitan's defaults), eager or with torchtitan's per-block torch.compile.
 Prints one JSON line: tokens/s (median step), MFU, peak memory and seconds from launch to the first step.
+With --float8 RECIPE, the linear layers but `output` train in float8 through torchtitan's own
+converter (torchao's Float8Linear; "tensorwise" is torchtitan's default path, "rowwise" its recipe).
 usage: torchtitan_step.py --flavor 1B | --layers N (8B-shaped) [--seq 8192] [--batch 1] [--steps 15]
-       [--warmup 5] [--compile]   env LAUNCH_TIME: the shell's clock when the process was started
+       [--warmup 5] [--compile] [--float8 tensorwise|rowwise] [--label NAME]
+       env LAUNCH_TIME: the shell's clock when the process was started
 """
 import argparse
 import json
@@ -34,6 +37,8 @@ def main():
     ap.add_argument("--steps", type=int, default=15)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--float8", default="", choices=["", "tensorwise", "rowwise"])
+    ap.add_argument("--label", default="", help="the model's name in the output (default: from the shapes)")
     ap.add_argument("--profile", default="", help="write a Chrome trace of the first timed step here")
     a = ap.parse_args()
     if a.flavor == "1B":  # Llama 3.2 1B's shapes (torchtitan's llama3_args has no 1B), embeddings untied
@@ -50,8 +55,19 @@ def main():
     margs.max_seq_len = a.seq
     torch.manual_seed(0)
     dev = torch.device("cuda")
+    if a.label:
+        name = a.label
     with torch.device("meta"):
         model = Transformer(margs)
+    if a.float8:  # as torchtitan's trainer does: converters on the meta model, before compile and init
+        import types
+        from torchtitan.config.job_config import JobConfig
+        from torchtitan.components.quantization.float8 import Float8LinearConverter
+        jc = JobConfig()
+        jc.model.converters = ["quantize.linear.float8"]
+        jc.quantize.linear.float8.filter_fqns = ["output"]
+        jc.quantize.linear.float8.recipe_name = None if a.float8 == "tensorwise" else a.float8
+        Float8LinearConverter(jc, types.SimpleNamespace(dp_shard_enabled=False)).convert(model)
     model.to_empty(device=dev)
     with torch.no_grad():
         model.init_weights(buffer_device=dev)
@@ -95,7 +111,7 @@ def main():
     med = statistics.median(times)
     tps = a.batch * a.seq / med
     print(json.dumps({
-        "impl": "torchtitan " + ("compile" if a.compile else "eager"), "model": name, "seq": a.seq,
+        "impl": "torchtitan " + ("compile" if a.compile else "eager") + (" float8" if a.float8 else ""), "model": name, "seq": a.seq,
         "batch": a.batch, "params": nparams, "median_step_s": round(med, 4), "tps": round(tps, 1),
         "mfu_pct": round(100 * tps * flops_per_token / H100_H200_BF16_PEAK, 2),
         "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 2),

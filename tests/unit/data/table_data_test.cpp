@@ -405,6 +405,49 @@ dataset_info:
   EXPECT_TRUE(data::hub_pattern_matches("./en/c4-train.*.json.gz", "en/c4-train.00001-of-01024.json.gz"));
 }
 
+// allenai/c4's layout with several variants downloaded: each configuration's files lie in a folder of
+// its own, so only the chosen one's folder (en/) is listed whole; the others are looked into up to
+// their first file. Shown by a link to a missing file in a variant not read: listed whole (as without
+// the README), it is an error.
+TEST(DataHuggingFace, OnlyTheChosenConfigurationsFolderIsListed) {
+  test::TempDir dir;
+  const fs::path repo = dir / "c4";
+  for (const std::string f : {"en/c4-train.00000-of-00002.jsonl", "en/c4-train.00001-of-00002.jsonl",
+                              "en/c4-validation.00000-of-00001.jsonl", "en.noclean/c4-train.00000-of-00002.jsonl",
+                              "realnewslike/c4-train.00000-of-00001.jsonl"}) {
+    fs::create_directories((repo / f).parent_path());
+    test::write_file(repo / f, test::jsonl({f}));
+  }
+  fs::create_symlink(dir / "missing-blob", repo / "en.noclean/c4-train.00001-of-00002.jsonl");
+  auto full_listing = [&] { return test::error_of([&] { data::list_data_files(repo, "train"); }); };
+  EXPECT_NE(full_listing().find("c4-train.00001-of-00002.jsonl' is a link to a missing file"), std::string::npos)
+      << full_listing();
+  const std::string configs = R"(configs:
+- config_name: en
+  data_files:
+  - split: train
+    path: en/c4-train.*.jsonl
+  - split: validation
+    path: en/c4-validation.*.jsonl
+- config_name: en.noclean
+  data_files:
+  - split: train
+    path: en.noclean/c4-train.*.jsonl
+- config_name: realnewslike
+  data_files:
+  - split: train
+    path: realnewslike/c4-train.*.jsonl
+)";
+  test::write_file(repo / "README.md", "---\n" + configs + "---\n");
+  EXPECT_EQ(names_of(data::list_data_files(repo, "train"), repo),
+            (std::vector<std::string>{"en/c4-train.00000-of-00002.jsonl", "en/c4-train.00001-of-00002.jsonl"}));
+  EXPECT_EQ(names_of(data::list_data_files(repo, "validation"), repo),
+            (std::vector<std::string>{"en/c4-validation.00000-of-00001.jsonl"}));
+  // A configuration at the repository's top level ("*.jsonl") needs the whole listing again.
+  test::write_file(repo / "README.md", "---\n" + configs + "- config_name: top\n  data_files: \"*.jsonl\"\n---\n");
+  EXPECT_NE(full_listing().find("is a link to a missing file"), std::string::npos) << full_listing();
+}
+
 // A Hub cache's snapshots/ folder (one folder per revision) is refused: reading every revision would
 // repeat documents.
 TEST(DataHuggingFace, TheSnapshotsFolderOfACacheIsRefused) {

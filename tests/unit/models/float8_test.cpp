@@ -16,6 +16,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/cuda.h>
 
 #include <thread>
 
@@ -219,6 +220,59 @@ TEST(Float8Linear, GroupedExpertsAreEachExpertsOwnRowwiseLayer) {
 TEST(Float8Linear, UnknownRecipeIsNamed) {
   const std::string e = test::error_of([] { nn::Float8Recipe::named("blockwise"); });
   EXPECT_NE(e.find("recipe_name \"blockwise\" is not a float8 recipe: choose tensorwise"), std::string::npos) << e;
+}
+
+// On a GPU (cuBLAS's float8 matmuls through at::_scaled_mm): each recipe's casts are the CPU's bit for
+// bit (amaxes, scales, float8 values), and the layer's output and gradients equal the CPU's (the
+// same float8 values multiplied in fp32) within the GPU's accumulation: 1e-3 of each tensor's largest
+// entry where the product is written in the input's fp32 (tensorwise: its forward accumulates with
+// cuBLAS's fast float8 accumulation), 5e-3 where cuBLAS writes rowwise products in bf16 (half a bf16
+// unit is up to 2^-8 = 3.9e-3 of an entry). Then the grouped layer of MoE experts (groups padded to 16 rows on the GPU) against the CPU
+// padded alike.
+TEST(CudaFloat8, EveryRecipeOnTheGpuEqualsTheCpu) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible: this check runs only on a GPU machine";
+  const int64_t M = 64, K = 64, N = 32;
+  const LayerData d = spread_layer(11, M, K, N);
+  const at::Device cuda(at::kCUDA);
+  for (const std::string recipe_name : {"tensorwise", "rowwise", "rowwise_with_gw_hp"}) {
+    SCOPED_TRACE(recipe_name);
+    const nn::Float8Recipe recipe = nn::Float8Recipe::named(recipe_name);
+    for (const auto& [t, k_dim] : std::vector<std::pair<at::Tensor, int64_t>>{{d.x, 1}, {d.w.t(), 0}}) {
+      const nn::Float8Operand cpu = nn::float8_cast(t, recipe.input, k_dim, recipe.round_scales_to_power_of_2);
+      const nn::Float8Operand gpu = nn::float8_cast(t.to(cuda), recipe.input, k_dim, recipe.round_scales_to_power_of_2);
+      EXPECT_TRUE(at::equal(gpu.scale.cpu(), cpu.scale));
+      EXPECT_TRUE(at::equal(gpu.data.cpu().view(at::kByte), cpu.data.view(at::kByte)));
+    }
+    auto run = [&](const at::Device& device) {
+      const at::Tensor x = d.x.detach().to(device).requires_grad_(true);
+      const at::Tensor w = d.w.detach().to(device).requires_grad_(true);
+      const at::Tensor y = nn::float8_linear(x, w, recipe);
+      y.backward(d.gy.to(device));
+      EXPECT_EQ(y.scalar_type(), at::kFloat);
+      return std::vector<at::Tensor>{y.detach().cpu(), x.grad().cpu(), w.grad().cpu()};
+    };
+    const auto cpu = run(at::kCPU), gpu = run(cuda);
+    const double tol = recipe_name == "tensorwise" ? 1e-3 : 5e-3;
+    EXPECT_LT(test::relative_error(gpu[0], cpu[0]), tol);
+    EXPECT_LT(test::relative_error(gpu[1], cpu[1]), tol);
+    EXPECT_LT(test::relative_error(gpu[2], cpu[2]), recipe_name == "rowwise_with_gw_hp" ? 1e-5 : tol);
+    EXPECT_GT(test::relative_error(gpu[0], at::linear(d.x, d.w)), 1e-3) << "the float8 rounding shows";
+  }
+  const nn::Float8Recipe rowwise = nn::Float8Recipe::named("rowwise");
+  const std::vector<int64_t> counts = {5, 0, 17, 42};  // an expert without tokens; none a multiple of 16
+  const LayerData g = spread_layer(5, 64, 32, 48);
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(13);
+  const at::Tensor w0 = at::randn({4, 48, 32}, gen) * at::exp(2 * at::randn({4, 48, 1}, gen));
+  auto grouped = [&](const at::Device& device, int64_t padding) {
+    const at::Tensor x = g.x.detach().to(device).requires_grad_(true);
+    const at::Tensor w = w0.detach().to(device).requires_grad_(true);
+    const at::Tensor y = nn::float8_grouped_linear(x, w, counts, rowwise, padding);
+    y.backward(g.gy.to(device));
+    return std::vector<at::Tensor>{y.detach().cpu(), x.grad().cpu(), w.grad().cpu()};
+  };
+  const auto cpu = grouped(at::kCPU, 16), gpu = grouped(cuda, 0);
+  for (size_t i = 0; i < 3; ++i) EXPECT_LT(test::relative_error(gpu[i], cpu[i]), 5e-3) << "tensor " << i;
+  EXPECT_TRUE(at::equal(gpu[2][1], at::zeros({48, 32}))) << "an expert without tokens has no gradient";
 }
 
 }  // namespace

@@ -13,6 +13,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <functional>
+#include <map>
 #include <optional>
 #include <set>
 #include <fstream>
@@ -126,16 +128,28 @@ bool under(const fs::path& rel, const std::string& dir) {
   return !d.empty() && r.size() > d.size() && r.compare(0, d.size(), d) == 0 && r[d.size()] == '/';
 }
 
-// Whether any file of `rel` belongs to configuration c (any split).
-bool present(const HubConfig& c, const std::vector<fs::path>& rel) {
-  if (!c.problem.empty()) return false;
-  for (const auto& r : rel) {
-    if (!c.data_dir.empty() && under(r, c.data_dir)) return true;
-    for (const auto& [split, pats] : c.files)
-      for (const auto& p : pats)
-        if (hub_pattern_matches(p, r.generic_string())) return true;
-  }
+// Whether the file at `r` belongs to configuration c (any split).
+bool belongs(const HubConfig& c, const fs::path& r) {
+  if (!c.data_dir.empty() && under(r, c.data_dir)) return true;
+  for (const auto& [split, pats] : c.files)
+    for (const auto& p : pats)
+      if (hub_pattern_matches(p, r.generic_string())) return true;
   return false;
+}
+
+// The folders (relative to the repository, normalized) that hold every file configuration c can
+// name: its data_dir and the folder part of each pattern; "" when some pattern starts at the top.
+std::set<std::string> config_folders(const HubConfig& c) {
+  auto normal = [](const std::string& folder) {
+    std::string f = fs::path(folder).lexically_normal().generic_string();
+    while (!f.empty() && f.back() == '/') f.pop_back();
+    return f == "." ? std::string() : f;
+  };
+  std::set<std::string> out;
+  if (!c.data_dir.empty()) out.insert(normal(c.data_dir));
+  for (const auto& [split, pats] : c.files)
+    for (const auto& p : pats) out.insert(normal(pattern_folder(p)));
+  return out;
 }
 
 // Narrows `rel` (relative to `where`) to split `split` by the names of the files and folders (see
@@ -165,12 +179,15 @@ std::vector<fs::path> narrow_to_split(std::vector<fs::path> rel, const std::stri
 // configurations whose files are here, the one load_dataset reads by default (marked default, or
 // named "default"), else the only one, else for allenai/c4 "en"; its files of `split`. Nullopt when
 // the README declares none or none of them is here (the folder is then read by the other rules).
-std::optional<std::vector<fs::path>> hub_files(const fs::path& root, const std::vector<fs::path>& rel,
+// `is_here(c)`: whether some file of c is here; `files_of(c)`: the data files that may be c's (at
+// least all of them).
+std::optional<std::vector<fs::path>> hub_files(const fs::path& root, const std::vector<HubConfig>& configs,
+                                               const std::function<bool(const HubConfig&)>& is_here,
+                                               const std::function<std::vector<fs::path>(const HubConfig&)>& files_of,
                                                const std::string& split, bool c4) {
-  const std::vector<HubConfig> configs = read_hub_configs((root / "README.md").string());
   std::vector<const HubConfig*> here;
   for (const auto& c : configs)
-    if (present(c, rel)) here.push_back(&c);
+    if (c.problem.empty() && is_here(c)) here.push_back(&c);
   if (here.empty()) return std::nullopt;
   const HubConfig* chosen = nullptr;
   for (const auto* c : here)
@@ -194,6 +211,7 @@ std::optional<std::vector<fs::path>> hub_files(const fs::path& root, const std::
                      ". Reading them all would repeat documents; set the dataset path to the folder of the one to read",
                      example.empty() ? std::string() : " (e.g. " + (root / example).string() + ")");
   }
+  const std::vector<fs::path> rel = files_of(*chosen);
   if (!chosen->data_dir.empty()) {
     std::vector<fs::path> inside;
     const fs::path dir = fs::path(chosen->data_dir).lexically_normal();
@@ -226,6 +244,58 @@ std::optional<std::vector<fs::path>> hub_files(const fs::path& root, const std::
   return out;
 }
 
+// The data files under root/sub (relative to root, as found: links not resolved). Folders whose
+// names start with '.' are skipped and each folder is entered once, however many links lead to it (a
+// link to root, sub or a folder between them ends there). An unreadable folder is an error. With
+// `first` (a presence check), stops at the first file for which `first` returns true, and takes
+// files by their names; without, a data file's link to a missing file is an error.
+std::vector<fs::path> walk_data_files(const fs::path& root, const fs::path& sub,
+                                      const std::function<bool(const fs::path&)>& first = {}) {
+  std::vector<fs::path> rel;
+  std::error_code ec;
+  const fs::path top = sub.empty() ? root : root / sub;
+  std::set<fs::path> entered = {fs::weakly_canonical(root, ec)};
+  fs::path between = root;
+  for (const auto& part : sub) entered.insert(fs::weakly_canonical(between /= part, ec));
+  auto fail = [&](const fs::path& where, const std::error_code& e) {
+    TITAN_USER_CHECK(false, "cannot list the dataset folder '", where.string(), "': ", e.message(),
+                     ": make it readable, or set the dataset path to the files to read");
+  };
+  fs::recursive_directory_iterator it(top, fs::directory_options::follow_directory_symlink, ec), end;
+  if (ec) {
+    fail(top, ec);
+    return rel;
+  }
+  for (; it != end; it.increment(ec)) {
+    if (ec) {
+      fail(top, ec);
+      return rel;
+    }
+    const std::string name = it->path().filename().string();
+    if (!name.empty() && name[0] == '.') {  // .git, .cache/huggingface, ...
+      if (it->is_directory(ec)) it.disable_recursion_pending();
+      continue;
+    }
+    if (it->is_directory(ec)) {
+      if (!entered.insert(fs::weakly_canonical(it->path(), ec)).second) it.disable_recursion_pending();
+      continue;
+    }
+    if (!is_data_file(name)) continue;
+    const fs::path r = it->path().lexically_relative(root);  // not fs::relative, which resolves links
+    if (first) {
+      if (first(r)) return {r};
+      continue;
+    }
+    // A data file's link into a missing blob (a cache cleaned up, a partial copy) would drop its data.
+    TITAN_USER_CHECK(it->is_regular_file(ec), "dataset file '", it->path().string(), "' is ",
+                     it->is_symlink(ec) ? "a link to a missing file" : "not a regular file",
+                     " (in a Hugging Face cache: a deleted blob; download the dataset again)");
+    rel.push_back(r);
+  }
+  if (ec) fail(top, ec);
+  return rel;
+}
+
 }  // namespace
 
 std::vector<std::string> list_data_files(const std::string& path, const std::string& split) {
@@ -240,41 +310,65 @@ std::vector<std::string> list_data_files(const std::string& path, const std::str
                                                          fs::is_directory(root.parent_path() / "refs", ec))),
                    "dataset path '", path, "' is the snapshots/ folder of a Hugging Face cache, one folder per revision: "
                    "set it to the cache folder (", root.parent_path().string(), ", read at refs/main) or to one snapshot");
+  // A README that declares configurations whose files all lie in folders of their own (allenai/c4:
+  // en/, en.noclean/, realnewslike/, ...; fineweb-edu: data/, sample/10BT/, ...): each configuration
+  // is looked for in its folders up to its first file, and only the chosen one's folders are read
+  // whole, not every variant's files (tens of thousands, listed by every rank).
+  const std::vector<HubConfig> configs = read_hub_configs((root / "README.md").string());
+  bool by_folder = !configs.empty();
+  for (const auto& c : configs)
+    for (const auto& f : c.problem.empty() ? config_folders(c) : std::set<std::string>{})
+      if (f.empty() || f.rfind("..", 0) == 0 || fs::path(f).is_absolute()) by_folder = false;
   std::vector<fs::path> rel;
-  // Folders are entered once each, however many links lead to them (a link to a parent ends there).
-  std::set<fs::path> entered = {fs::weakly_canonical(root, ec)};
-  auto fail = [&](const fs::path& where, const std::error_code& e) {
-    TITAN_USER_CHECK(false, "cannot list the dataset folder '", where.string(), "': ", e.message(),
-                     ": make it readable, or set the dataset path to the files to read");
-  };
-  fs::recursive_directory_iterator it(root, fs::directory_options::follow_directory_symlink, ec), end;
-  if (ec) fail(root, ec);
-  for (; it != end; it.increment(ec)) {
-    if (ec) fail(root, ec);
-    const std::string name = it->path().filename().string();
-    if (!name.empty() && name[0] == '.') {  // .git, .cache/huggingface, ...
-      if (it->is_directory(ec)) it.disable_recursion_pending();
-      continue;
+  std::optional<std::vector<fs::path>> chosen;  // the chosen configuration's, when the README names one
+  bool c4 = false;
+  if (by_folder) {
+    // Each folder a configuration names is walked once, until every configuration that looks there
+    // has a file.
+    std::map<std::string, std::vector<const HubConfig*>> looking;
+    for (const auto& c : configs)
+      if (c.problem.empty())
+        for (const auto& f : config_folders(c)) looking[f].push_back(&c);
+    std::set<const HubConfig*> found;
+    for (const auto& [folder, cs] : looking) {
+      auto all_found = [&] {
+        return std::all_of(cs.begin(), cs.end(), [&](const HubConfig* c) { return found.count(c) > 0; });
+      };
+      if (std::error_code e; all_found() || !fs::is_directory(root / folder, e)) continue;
+      walk_data_files(root, folder, [&](const fs::path& r) {
+        for (const HubConfig* c : cs)
+          if (belongs(*c, r)) found.insert(c);
+        return all_found();
+      });
     }
-    if (it->is_directory(ec)) {
-      if (!entered.insert(fs::weakly_canonical(it->path(), ec)).second) it.disable_recursion_pending();
-      continue;
-    }
-    if (!is_data_file(name)) continue;
-    // A data file's link into a missing blob (a cache cleaned up, a partial copy) would drop its data.
-    TITAN_USER_CHECK(it->is_regular_file(ec), "dataset file '", it->path().string(), "' is ",
-                     it->is_symlink(ec) ? "a link to a missing file" : "not a regular file",
-                     " (in a Hugging Face cache: a deleted blob; download the dataset again)");
-    rel.push_back(it->path().lexically_relative(root));  // not fs::relative, which resolves links
+    auto files_of = [&](const HubConfig& c) {
+      std::set<fs::path> all;
+      for (const auto& f : config_folders(c))
+        if (std::error_code e; fs::is_directory(root / f, e))
+          for (auto& r : walk_data_files(root, f)) all.insert(std::move(r));
+      return std::vector<fs::path>(all.begin(), all.end());
+    };
+    auto is_here = [&](const HubConfig& c) { return found.count(&c) > 0; };
+    // allenai/c4: files named en/c4-* (as below).
+    c4 = fs::is_directory(root / "en", ec) && !walk_data_files(root, "en", [](const fs::path& r) {
+                                                  return r.generic_string().rfind("en/c4-", 0) == 0;
+                                                }).empty();
+    chosen = hub_files(root, configs, is_here, files_of, split, c4);
   }
-  if (ec) fail(root, ec);
-  TITAN_USER_CHECK(!rel.empty(), "dataset folder '", root.string(), "' holds no data file: ", kAccepted);
-  // allenai/c4 layout: en/c4-train.00000-of-01024.json.gz, en/c4-validation.*, plus other variants.
-  const bool c4 = std::any_of(rel.begin(), rel.end(), [](const fs::path& r) {
-    return r.generic_string().rfind("en/c4-", 0) == 0;
-  });
-  if (auto files = hub_files(root, rel, split, c4)) {
-    rel = std::move(*files);
+  if (!chosen) {
+    rel = walk_data_files(root, "");
+    TITAN_USER_CHECK(!rel.empty(), "dataset folder '", root.string(), "' holds no data file: ", kAccepted);
+    // allenai/c4 layout: en/c4-train.00000-of-01024.json.gz, en/c4-validation.*, plus other variants.
+    c4 = std::any_of(rel.begin(), rel.end(), [](const fs::path& r) { return r.generic_string().rfind("en/c4-", 0) == 0; });
+    if (!by_folder && !configs.empty()) {
+      auto is_here = [&](const HubConfig& c) {
+        return std::any_of(rel.begin(), rel.end(), [&](const fs::path& r) { return belongs(c, r); });
+      };
+      chosen = hub_files(root, configs, is_here, [&](const HubConfig&) { return rel; }, split, c4);
+    }
+  }
+  if (chosen) {
+    rel = std::move(*chosen);
   } else if (c4) {
     const std::string prefix = "en/c4-" + split + ".";
     std::vector<fs::path> of_split;
