@@ -71,13 +71,15 @@ void Optimizer::step(const std::optional<at::Tensor>& skip) {
 void Optimizer::step_fused(std::vector<ParamState*>& group, const std::optional<at::Tensor>& skip) {
   std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
   for (auto* s : group) {
-    s->step.add_(1);  // the kernels read the already incremented step, as PyTorch's optimizer does
     params.push_back(s->param);
     grads.push_back(s->param.grad());
     exp_avgs.push_back(s->exp_avg);
     exp_avg_sqs.push_back(s->exp_avg_sq);
     steps.push_back(s->step);
   }
+  // The kernels read the already incremented step, as PyTorch's optimizer does: one multi-tensor
+  // kernel for every step counter, not one launch per parameter.
+  at::_foreach_add_(steps, 1);
   // found_inf (1.0: skip) is read by the kernels on the device, so skipping costs no host sync.
   std::optional<at::Tensor> found_inf;
   if (skip) found_inf = skip->to(params.front().device(), at::kFloat);
