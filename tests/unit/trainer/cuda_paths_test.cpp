@@ -22,6 +22,10 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
+#if __has_include(<c10/cuda/CUDAFunctions.h>)
+#include <c10/cuda/CUDAFunctions.h>
+#define TITAN_HAVE_CUDA_HEADERS 1
+#endif
 
 #include <cmath>
 #include <cstdio>
@@ -169,6 +173,46 @@ TEST(CudaTraining, CpuOffloadTrainsAsTheGpuRunAtALowerDevicePeak) {
   std::printf("[offload] losses %.6f..%.6f vs %.6f..%.6f; device peak %.3f GiB offloaded, %.3f GiB on the GPU\n",
               offloaded.front(), offloaded.back(), on_gpu.front(), on_gpu.back(), peak_offloaded, peak_on_gpu);
   EXPECT_LT(peak_offloaded, peak_on_gpu);
+}
+
+// On a GPU no step between log steps waits for the device. CUDA's sync debug mode set to error (as
+// torch.cuda.set_sync_debug_mode("error")) makes every synchronizing call throw: a device-to-host
+// copy or .item(), a copy from pageable host memory, a stream or device synchronize, nonzero. Steps
+// 3 and 4 of 5 (log_freq 100: steps 1 and 5 read) run under it, with their data loading, bf16
+// autocast, gradient accumulation, clipping and AdamW; for the Llama 3 debug model and for the MoE
+// debug model (Qwen3 MoE: routing, grouped matmuls, the load-balancing bias update).
+TEST(CudaTraining, StepsBetweenLogStepsNeverWaitForTheGpu) {
+#ifndef TITAN_HAVE_CUDA_HEADERS
+  GTEST_SKIP() << "LibTorch without CUDA";
+#else
+  SKIP_WITHOUT_A_GPU();
+  struct Reset {
+    ~Reset() { c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED); }
+  } reset;
+  // The mode is seen to work: a read of a device value throws under it.
+  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+  EXPECT_ANY_THROW((void)at::ones({1}, at::kCUDA).sum().item<float>());
+  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+  for (const std::string config : {"llama3_debugmodel.toml", "qwen3_debugmodel_moe.toml"}) {
+    SCOPED_TRACE(config);
+    test::TempDir dir;
+    Trainer t(gpu_config(dir, {"--job.config_file", kSource + "/configs/" + config, "--training.global_batch_size", "8"}));
+    ASSERT_TRUE(t.device().is_cuda());
+    ASSERT_EQ(t.gradient_accumulation_steps(), 2);
+    std::vector<int64_t> steps_checked;
+    t.set_step_callback([&](int64_t step) {
+      if (step == 3 || step == 4) steps_checked.push_back(step);
+      c10::cuda::warning_state().set_sync_debug_mode(step == 2 || step == 3 ? c10::cuda::SyncDebugMode::L_ERROR
+                                                                            : c10::cuda::SyncDebugMode::L_DISABLED);
+    });
+    std::vector<double> losses;
+    EXPECT_NO_THROW(losses = t.train());
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+    EXPECT_EQ(steps_checked, (std::vector<int64_t>{3, 4}));
+    ASSERT_EQ(losses.size(), 5u);
+    for (double l : losses) EXPECT_TRUE(std::isfinite(l));
+  }
+#endif
 }
 
 // A batch no GPU holds, with the pre-flight memory check off: the allocator's out-of-memory error in
