@@ -1,6 +1,7 @@
 // titan's fused CUDA kernels: SwiGLU, RoPE and the cross-entropy rows (launch.h says what each
 // computes). The arithmetic is fused_math.h's, shared with the CPU tests; these kernels only load,
 // convert to fp32, apply it and store, each in one pass over its tensors.
+#include "titan/nn/cuda/convert.cuh"
 #include "titan/nn/cuda/launch.h"
 #include "titan/nn/fused_math.h"
 
@@ -13,19 +14,6 @@
 
 namespace titan::nn::cuda_launch {
 namespace {
-
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-
-template <typename T>
-__device__ __forceinline__ T from_float(float v);
-template <>
-__device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-template <>
-__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
 
 // 16 bytes of T, loaded and stored at once.
 template <typename T>

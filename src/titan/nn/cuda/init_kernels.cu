@@ -1,6 +1,7 @@
 // The initial values of parameters generated on the GPU: init_math.h's one-element functions, whose
 // operations are each rounded on their own (the __f*_rn intrinsics), so every element has the bits
 // the CPU kernel gives it. One thread per Philox block: the four elements of its words, 16 apart.
+#include "titan/nn/cuda/convert.cuh"
 #include "titan/nn/cuda/launch.h"
 #include "titan/nn/init_math.h"
 
@@ -13,15 +14,6 @@
 
 namespace titan::nn::cuda_launch {
 namespace {
-
-template <typename T>
-__device__ __forceinline__ T rounded(float v);
-template <>
-__device__ __forceinline__ float rounded<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __nv_bfloat16 rounded<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-template <>
-__device__ __forceinline__ __half rounded<__half>(float v) { return __float2half_rn(v); }
 
 template <typename T>
 __global__ void init_normal_kernel(T* out, int64_t first, int64_t n, uint32_t k0, uint32_t k1, float mean, float std,
@@ -38,7 +30,7 @@ __global__ void init_normal_kernel(T* out, int64_t first, int64_t n, uint32_t k0
       float v = word < 2 ? init::math::box_muller(w.w[0], w.w[1], word == 1, mean, std)
                          : init::math::box_muller(w.w[2], w.w[3], word == 3, mean, std);
       if (truncated && (v < a_in || v > b_in)) v = init::math::truncated_at(e, k0, k1, mean, std, a_in, b_in);
-      out[e - first] = rounded<T>(v);
+      out[e - first] = from_float<T>(v);
     }
   }
 }
