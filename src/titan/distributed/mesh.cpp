@@ -1,6 +1,7 @@
 #include "titan/distributed/mesh.h"
 
 #include "titan/common/error.h"
+#include "titan/common/listing.h"
 #include "titan/common/trace.h"
 
 #include <ATen/ATen.h>
@@ -60,12 +61,6 @@ std::string first_line(const std::string& s) {
   return line;
 }
 
-std::string join(const std::vector<int>& v) {
-  std::string out;
-  for (int x : v) out += (out.empty() ? "" : ", ") + std::to_string(x);
-  return out;
-}
-
 }  // namespace
 
 // The dimension a report names ("... on mesh dimension 'tp'").
@@ -77,7 +72,7 @@ static std::string dimension_of(const std::string& report) {
 void Group::fail(const char* op, int64_t seq, const std::string& backend_error) {
   const int me = ranks_[rank_];
   const std::string what = std::string(op) + " #" + std::to_string(seq) + " on mesh dimension '" + name_ + "'";
-  std::string msg = "collective " + what + " (ranks " + join(ranks_) + ") failed on rank " + std::to_string(me) + ": " +
+  std::string msg = "collective " + what + " (ranks " + joined(ranks_) + ") failed on rank " + std::to_string(me) + ": " +
                     first_line(backend_error) + " [collective timeout " + std::to_string(timeout_.count() / 1000) +
                     " s, " + timeout_label_ + "]";
   if (!store_) throw CollectiveError(msg);
@@ -146,7 +141,7 @@ void Group::fail(const char* op, int64_t seq, const std::string& backend_error) 
   // Post the missing members for the others' reports, then wait for the final posts of members
   // blocked on other dimensions (the reporting thread ends by itself).
   if (!missing.empty()) {
-    const std::string final_post = what + "\n" + join(missing);
+    const std::string final_post = what + "\n" + joined(missing);
     std::thread([store, me, final_post, key] {
       try {
         store->set(key(me), std::vector<uint8_t>(final_post.begin(), final_post.end()));
@@ -180,12 +175,12 @@ void Group::fail(const char* op, int64_t seq, const std::string& backend_error) 
       if (nl != std::string::npos) details += ", where rank(s) " + post.substr(nl + 1) + " did not arrive";
     }
   }
-  if (!same.empty()) msg += "\n  ranks waiting in the same collective: " + join(same);
+  if (!same.empty()) msg += "\n  ranks waiting in the same collective: " + joined(same);
   msg += details;
   if (!missing.empty()) {
     char secs[16];
     std::snprintf(secs, sizeof secs, "%.2g", std::chrono::duration<double>(window).count());
-    msg += "\n  ranks that did not arrive: " + join(missing) + " (no report within " + secs +
+    msg += "\n  ranks that did not arrive: " + joined(missing) + " (no report within " + secs +
            " s: stopped, killed, or busy outside any collective; see their logs)";
   }
   if (disagree) msg += "\n  ranks disagree on the order of collectives on this dimension: a rank took another code path";

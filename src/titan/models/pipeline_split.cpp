@@ -1,6 +1,7 @@
 #include "titan/models/pipeline_split.h"
 
 #include "titan/common/error.h"
+#include "titan/common/listing.h"
 #include "titan/models/registry.h"
 
 #include <algorithm>
@@ -46,12 +47,6 @@ std::vector<std::vector<std::string>> pipeline_split(int64_t num_stages, int64_t
 }
 
 namespace {
-std::string join_names(const std::vector<std::string>& v) {
-  std::string out;
-  for (const auto& x : v) out += (out.empty() ? "" : ", ") + x;
-  return out;
-}
-
 bool multi_stage_schedule(std::string name) {
   for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return name == "interleaved1f1b" || name == "interleavedzerobubble" || name == "zbvzerobubble";
@@ -75,7 +70,7 @@ std::vector<std::vector<std::string>> split_at_points(const std::vector<std::str
     const bool known = std::find(all.begin(), all.end(), points[next]) != all.end();
     throw UserError("parallelism.pipeline_parallel_split_points: '" + points[next] + "' " +
                     (known ? "is out of order (split points go in the model's order, each once)"
-                           : "is not a module of the model; the modules are " + join_names(all)));
+                           : "is not a module of the model; the modules are " + joined(all)));
   }
   return stages;
 }
@@ -88,12 +83,12 @@ void check_stage_modules(const std::vector<std::vector<std::string>>& stages, co
     for (const auto& name : stages[s]) {
       const auto it = std::find(all.begin(), all.end(), name);
       TITAN_USER_CHECK(it != all.end(), key, ": '", name, "' (stage ", s, ") is not a module of the model; the modules are ",
-                       join_names(all));
+                       joined(all));
       TITAN_USER_CHECK(static_cast<size_t>(it - all.begin()) == next, key, ": '", name, "' (stage ", s, ") is ",
                        static_cast<size_t>(it - all.begin()) < next ? "listed twice or out of order"
                                                                    : "not next in the model's order: '" + all[next] +
                                                                          "' comes first",
-                       "; stages must hold the modules ", join_names(all), " in this order, each once");
+                       "; stages must hold the modules ", joined(all), " in this order, each once");
       ++next;
     }
   }

@@ -3,6 +3,7 @@
 #include "titan/components/data/hub_configs.h"
 
 #include "titan/common/error.h"
+#include "titan/common/listing.h"
 #include "titan/components/data/table_reader.h"
 
 #include <nlohmann/json.hpp>
@@ -96,19 +97,8 @@ fs::path hub_snapshot(const fs::path& root) {
   std::sort(revs.begin(), revs.end());
   TITAN_USER_CHECK(revs.size() == 1, "Hugging Face cache folder '", root.string(), "' has no refs/main and ",
                    revs.empty() ? std::string("no snapshot") : std::to_string(revs.size()) + " snapshots", revs.empty() ? "" : " (",
-                   [&] {
-                     std::string l;
-                     for (const auto& r : revs) l += (l.empty() ? "" : ", ") + r;
-                     return l;
-                   }(),
-                   revs.empty() ? "" : ")", ": set the dataset path to the snapshot to read, snapshots/<revision>");
+                   joined(revs), revs.empty() ? "" : ")", ": set the dataset path to the snapshot to read, snapshots/<revision>");
   return snapshots / revs.front();
-}
-
-std::string joined(const std::vector<std::string>& items) {
-  std::string out;
-  for (const auto& i : items) out += (out.empty() ? "" : ", ") + i;
-  return out;
 }
 
 // The folder part of a pattern, before its first wildcard ("sample/10BT/*" -> "sample/10BT").
@@ -163,14 +153,8 @@ std::vector<fs::path> narrow_to_split(std::vector<fs::path> rel, const std::stri
   for (const std::string& s : {"train", "validation", "test", "eval"})
     for (const auto& r : rel)
       if (s != split && in_split(r, s)) others.insert(s);
-  auto listed = [](const auto& names, const char* last) {
-    std::string l;
-    size_t k = 0;
-    for (const auto& n : names) l += (k++ == 0 ? "" : k == names.size() ? last : ", ") + std::string(n);
-    return l;
-  };
-  TITAN_USER_CHECK(others.empty(), "dataset folder '", where.string(), "' holds files of the ", listed(others, " and "),
-                   " split(s) but none of the ", split, " split (files or folders named ", listed(split_names(split), " or "),
+  TITAN_USER_CHECK(others.empty(), "dataset folder '", where.string(), "' holds files of the ", joined(others, " and "),
+                   " split(s) but none of the ", split, " split (files or folders named ", joined(split_names(split), " or "),
                    "): set the dataset path to the ", split, " data");
   return rel;
 }
