@@ -314,7 +314,9 @@ std::vector<std::string> list_data_files(const std::string& path, const std::str
       if (c.problem.empty())
         for (const auto& f : config_folders(c)) looking[f].push_back(&c);
     std::set<const HubConfig*> found;
-    for (const auto& [folder, cs] : looking) {
+    for (const auto& entry : looking) {
+      const std::string& folder = entry.first;
+      const std::vector<const HubConfig*>& cs = entry.second;  // (named: clang before 16 cannot capture structured bindings)
       auto all_found = [&] {
         return std::all_of(cs.begin(), cs.end(), [&](const HubConfig* c) { return found.count(c) > 0; });
       };
