@@ -2,8 +2,9 @@
 # The tests that exercise CUDA, for a machine with one GPU (a CUDA build of titan in build/): the
 # CUDA parity cases, titan's fused kernels (and their arithmetic), attention's CUDA block kernel, FSDP
 # at world size 1, CPU offload, deterministic repeatability, initialization on the GPU, allocator
-# snapshots read by PyTorch's memory_viz, out-of-memory errors, NCCL's presence, and the in-process
-# training tests (which train on the GPU when one is visible). Processes the tests start (titan runs
+# snapshots read by PyTorch's memory_viz, out-of-memory errors, NCCL's presence, float8 products and
+# casts against the CPU's, MoE grouped matmuls, steps between log steps without a host wait, and the
+# in-process training tests (which train on the GPU when one is visible). Processes the tests start (titan runs
 # of several ranks, references) see no GPU unless a test hands them one, so with --all the rest of
 # the suite follows through ctest, as on a machine without a GPU.
 # usage: scripts/gpu_tests.sh [--all] [parallel shards, default 6]   (env TIMEOUT: seconds per shard, 600)

@@ -1,6 +1,7 @@
 // Lists in messages: "a, b, c", or with another word before the last item ("a, b and c").
 #pragma once
 
+#include <iterator>
 #include <string>
 #include <type_traits>
 
@@ -10,8 +11,8 @@ namespace titan {
 template <typename Range>
 std::string joined(const Range& items, const std::string& last = ", ") {
   std::string out;
-  size_t k = 0, n = 0;
-  for (const auto& item : items) (void)item, ++n;
+  const auto n = std::distance(std::begin(items), std::end(items));
+  decltype(std::distance(std::begin(items), std::end(items))) k = 0;
   for (const auto& item : items) {
     if (k > 0) out += k + 1 == n ? last : std::string(", ");
     if constexpr (std::is_arithmetic_v<std::decay_t<decltype(item)>>)

@@ -563,18 +563,18 @@ data::Batch Trainer::next_batch(int64_t step) {
     batch.inputs = context_parallel_->shard(batch.inputs, 1);
     batch.labels = context_parallel_->shard(batch.labels, 1);
   }
-  if (device_.is_cuda()) {
-    // From pinned memory, asynchronously: a copy from pageable memory would wait for the device to
-    // finish the work already queued (the previous step's), leaving it idle while this step starts.
-    // The caching host allocator reuses a pinned block only once its copy has completed.
-    batch.inputs = batch.inputs.pin_memory().to(device_, batch.inputs.scalar_type(), /*non_blocking=*/true);
-    batch.labels = batch.labels.pin_memory().to(device_, batch.labels.scalar_type(), /*non_blocking=*/true);
-  } else {
-    batch.inputs = batch.inputs.to(device_);
-    batch.labels = batch.labels.to(device_);
-  }
+  to_device(batch);
   data_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
   return batch;
+}
+
+void Trainer::to_device(data::Batch& batch) const {
+  for (at::Tensor* t : {&batch.inputs, &batch.labels}) {
+    // On CUDA from pinned memory, asynchronously: a copy from pageable memory would wait for the
+    // device to finish the work already queued (the previous step's), leaving it idle while this
+    // step starts. The caching host allocator reuses a pinned block only once its copy has completed.
+    *t = device_.is_cuda() ? t->pin_memory().to(device_, t->scalar_type(), /*non_blocking=*/true) : t->to(device_);
+  }
 }
 
 Trainer::StepOnDevice Trainer::run_step() {

@@ -117,6 +117,8 @@ class Trainer {
   // the time it took counted in the data-loading figure); under context parallelism, this rank's
   // part of every sequence.
   data::Batch next_batch(int64_t step);
+  // A batch's tensors on the training device; on CUDA from pinned memory, asynchronously.
+  void to_device(data::Batch& batch) const;
   // Pipeline parallelism (trainer_pipeline.cpp): splits the model into stages, builds and
   // parallelizes this rank's (each with its own data-parallel layer, made by make_dp) and the
   // schedule's runner.

@@ -66,7 +66,8 @@ metrics::ValidationStats Trainer::validate() {
       batch.inputs = context_parallel_->shard(batch.inputs, 1);
       batch.labels = context_parallel_->shard(batch.labels, 1);
     }
-    at::Tensor inputs_BS = batch.inputs.to(device_), labels_BS = batch.labels.to(device_);
+    to_device(batch);
+    const at::Tensor &inputs_BS = batch.inputs, &labels_BS = batch.labels;
     if (pipeline_) {
       loss_sum += pipeline_evaluate(inputs_BS, labels_BS);
     } else {

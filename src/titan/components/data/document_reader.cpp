@@ -241,20 +241,14 @@ std::vector<fs::path> walk_data_files(const fs::path& root, const fs::path& sub,
   std::set<fs::path> entered = {fs::weakly_canonical(root, ec)};
   fs::path between = root;
   for (const auto& part : sub) entered.insert(fs::weakly_canonical(between /= part, ec));
-  auto fail = [&](const fs::path& where, const std::error_code& e) {
+  auto fail = [](const fs::path& where, const std::error_code& e) {
     TITAN_USER_CHECK(false, "cannot list the dataset folder '", where.string(), "': ", e.message(),
                      ": make it readable, or set the dataset path to the files to read");
   };
   fs::recursive_directory_iterator it(top, fs::directory_options::follow_directory_symlink, ec), end;
-  if (ec) {
-    fail(top, ec);
-    return rel;
-  }
+  if (ec) fail(top, ec);
   for (; it != end; it.increment(ec)) {
-    if (ec) {
-      fail(top, ec);
-      return rel;
-    }
+    if (ec) fail(top, ec);
     const std::string name = it->path().filename().string();
     if (!name.empty() && name[0] == '.') {  // .git, .cache/huggingface, ...
       if (it->is_directory(ec)) it.disable_recursion_pending();
