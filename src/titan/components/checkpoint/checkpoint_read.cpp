@@ -87,7 +87,7 @@ Reader::Reader(std::string step_dir) : dir_(std::move(step_dir)) {
       for (const auto& stem : index_.at("shards")) {
         const std::string s = stem.get<std::string>();
         plain_file_name(s, path);
-        for (const std::string f : {s + ".safetensors", s + kSlicesSuffix})
+        for (const std::string& f : {s + ".safetensors", s + kSlicesSuffix})
           if (!index_.at("files").contains(f)) corrupt(path, "it names the data file " + f + " but does not describe it");
         shards_.push_back(s);
       }

@@ -4,9 +4,9 @@
 #include "titan/components/checkpoint/pickle.h"
 
 #include <ATen/ATen.h>
-#include <caffe2/serialize/in_memory_adapter.h>
 #include <caffe2/serialize/inline_container.h>
-#include <torch/serialize.h>
+#include <caffe2/serialize/read_adapter_interface.h>
+#include <torch/csrc/jit/serialization/import_read.h>
 
 #include <algorithm>
 #include <cstring>
@@ -68,14 +68,37 @@ std::string titan_name(const std::string& key) {
   return "model." + strip_wrappers(key);
 }
 
-// Checks a torch.save blob's pickle with titan's reader before LibTorch's unpickler runs: LibTorch
-// reserves the length a string's header gives before reading it, so a damaged length would ask for
-// gigabytes. Throws std::exception (c10::Error, runtime_error) when the blob is not a readable archive.
-void check_torch_save_blob(const std::vector<char>& blob) {
-  caffe2::serialize::PyTorchStreamReader archive(
-      std::make_shared<caffe2::serialize::MemoryReadAdapter>(blob.data(), static_cast<off_t>(blob.size())));
-  auto [data, size] = archive.getRecord("data.pkl");
-  (void)pickle::parse(std::string_view(static_cast<const char*>(data.get()), size));
+// A torch.save blob in memory whose reads stop at its end. LibTorch's own in-memory readers copy
+// whatever range the zip's directory names, so a damaged directory would read past the blob (other
+// heap memory); a short read here makes the zip reader fail instead.
+class BoundedBlobReader final : public caffe2::serialize::ReadAdapterInterface {
+ public:
+  explicit BoundedBlobReader(const std::vector<char>& blob) : blob_(blob) {}
+  size_t size() const override { return blob_.size(); }
+  size_t read(uint64_t pos, void* buf, size_t n, const char* /*what*/) const override {
+    if (pos >= blob_.size()) return 0;
+    n = std::min<uint64_t>(n, blob_.size() - pos);
+    std::memcpy(buf, blob_.data() + pos, n);
+    return n;
+  }
+
+ private:
+  const std::vector<char>& blob_;
+};
+
+// The value a torch.save blob holds (a tensor, a number, a tuple), as torch::pickle_load reads it but
+// bounded to the blob, and with the pickle checked by titan's reader before LibTorch's unpickler runs:
+// LibTorch reserves the length a string's header gives before reading it, so a damaged length would
+// ask for gigabytes. Throws std::exception (c10::Error, runtime_error) when the blob is not readable.
+c10::IValue load_torch_save(const std::vector<char>& blob) {
+  caffe2::serialize::PyTorchStreamReader archive(std::make_shared<BoundedBlobReader>(blob));
+  {
+    auto [data, size] = archive.getRecord("data.pkl");
+    (void)pickle::parse(std::string_view(static_cast<const char*>(data.get()), size));
+  }
+  return torch::jit::readArchiveAndTensors("data", /*pickle_prefix=*/"", /*tensor_prefix=*/"",
+                                           /*type_resolver=*/std::nullopt, /*obj_loader=*/std::nullopt,
+                                           /*device=*/std::nullopt, archive);
 }
 
 }  // namespace
@@ -255,8 +278,7 @@ at::Tensor DcpSource::load_chunk(const Entry& e, const Chunk& c) {
   for (int64_t s : c.sizes) numel *= s;
   if (blob.size() >= 4 && blob[0] == 'P' && blob[1] == 'K' && blob[2] == 3 && blob[3] == 4) {  // a torch.save zip
     try {
-      check_torch_save_blob(blob);
-      c10::IValue v = torch::pickle_load(blob);
+      c10::IValue v = load_torch_save(blob);
       TITAN_USER_CHECK(v.isTensor(), describe(), ": ", c.file, " holds no tensor for ", what);
       t = v.toTensor();
     } catch (const UserError&) {
@@ -347,8 +369,7 @@ std::optional<double> DcpSource::scalar(const std::string& key) {
   std::vector<char> blob = read_bytes(it->second.file, it->second.offset, it->second.length, "'" + key + "'");
   c10::IValue v;
   try {
-    check_torch_save_blob(blob);
-    v = torch::pickle_load(blob);
+    v = load_torch_save(blob);
   } catch (const std::exception& ex) {
     throw UserError(detail::concat(describe(), ": the value of '", key, "' in ", it->second.file,
                                    " is not readable: ", std::string(ex.what()).substr(0, 300)));
@@ -391,8 +412,7 @@ std::map<std::string, double> DcpSource::optimizer_hyperparameters() {
   if (it != values_.end()) {
     std::vector<char> blob = read_bytes(it->second.file, it->second.offset, it->second.length, "'" + first + ".betas'");
     try {
-      check_torch_save_blob(blob);
-      c10::IValue v = torch::pickle_load(blob);
+      c10::IValue v = load_torch_save(blob);
       if (v.isTuple() && v.toTupleRef().elements().size() == 2) {
         out["beta1"] = v.toTupleRef().elements()[0].toDouble();
         out["beta2"] = v.toTupleRef().elements()[1].toDouble();
