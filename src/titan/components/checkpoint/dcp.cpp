@@ -89,16 +89,40 @@ class BoundedBlobReader final : public caffe2::serialize::ReadAdapterInterface {
 // The value a torch.save blob holds (a tensor, a number, a tuple), as torch::pickle_load reads it but
 // bounded to the blob, and with the pickle checked by titan's reader before LibTorch's unpickler runs:
 // LibTorch reserves the length a string's header gives before reading it, so a damaged length would
-// ask for gigabytes. Throws std::exception (c10::Error, runtime_error) when the blob is not readable.
+// ask for gigabytes. Throws std::exception (c10::Error, runtime_error) when the blob is not readable
+// (never UserError: callers name the file and the value).
 c10::IValue load_torch_save(const std::vector<char>& blob) {
   caffe2::serialize::PyTorchStreamReader archive(std::make_shared<BoundedBlobReader>(blob));
   {
     auto [data, size] = archive.getRecord("data.pkl");
     (void)pickle::parse(std::string_view(static_cast<const char*>(data.get()), size));
   }
-  return torch::jit::readArchiveAndTensors("data", /*pickle_prefix=*/"", /*tensor_prefix=*/"",
-                                           /*type_resolver=*/std::nullopt, /*obj_loader=*/std::nullopt,
-                                           /*device=*/std::nullopt, archive);
+  c10::IValue v = torch::jit::readArchiveAndTensors("data", /*pickle_prefix=*/"", /*tensor_prefix=*/"",
+                                                     /*type_resolver=*/std::nullopt, /*obj_loader=*/std::nullopt,
+                                                     /*device=*/std::nullopt, archive);
+  // The unpickler takes a tensor's size, strides and storage offset as the pickle gives them, without
+  // checking them against its storage: a damaged pickle makes a view that reads past its storage.
+  v.visit([](const c10::IValue& x) {
+    if (!x.isTensor()) return false;
+    const at::Tensor& t = x.toTensor();
+    if (t.numel() == 0) return false;
+    int64_t last = t.storage_offset();  // the element furthest into the storage the view reaches
+    bool fits = last >= 0;
+    for (int64_t d = 0; d < t.dim() && fits; ++d) {
+      int64_t reach = 0;
+      fits = t.stride(d) >= 0 && !__builtin_mul_overflow(t.size(d) - 1, t.stride(d), &reach) &&
+             !__builtin_add_overflow(last, reach, &last);
+    }
+    const auto item = static_cast<int64_t>(t.element_size());
+    fits = fits && last < std::numeric_limits<int64_t>::max() / item &&
+           (last + 1) * item <= static_cast<int64_t>(t.storage().nbytes());
+    if (!fits)
+      throw std::runtime_error(detail::concat("a tensor of size ", t.sizes(), ", strides ", t.strides(),
+                                              " and storage offset ", t.storage_offset(), " reaches past its storage of ",
+                                              t.storage().nbytes(), " bytes"));
+    return false;
+  });
+  return v;
 }
 
 }  // namespace
