@@ -87,7 +87,7 @@ struct LRScheduler {
 struct Training {
   std::string dataset = "c4_test";
   std::string dataset_path;  // empty: resolved from the dataset name
-  std::vector<std::string> dataset_mix;  // "WEIGHT [NAME=]LOCATION" entries; non-empty replaces dataset/dataset_path
+  std::vector<std::string> dataset_mix;  // "WEIGHT [NAME=]LOCATION [text_field=FIELD]" entries; non-empty replaces dataset/dataset_path
   std::string dataset_text_field = "text";
   int64_t local_batch_size = 8;
   int64_t global_batch_size = -1;
@@ -106,8 +106,9 @@ struct Training {
     v(dataset_path, "dataset_path", "local path of the dataset; empty: found from the dataset name");
     v(dataset_mix, "dataset_mix",
       "a weighted mixture of datasets instead of dataset/dataset_path: entries \"WEIGHT PATH\" or \"WEIGHT "
-      "NAME=PATH\" (PATH: any dataset path, or c4_test / titan_corpus); sample k comes from the source furthest "
-      "behind its share, so the shares hold at every step");
+      "NAME=PATH\" (PATH: any dataset path, or c4_test / titan_corpus), a text source's own field or column "
+      "after the path as \"text_field=FIELD\"; sample k comes from the source furthest behind its share, so the "
+      "shares hold at every step");
     v(dataset_text_field, "dataset_text_field",
       "the field (JSON Lines) or column (Parquet, Arrow) holding each document's text");
     v(local_batch_size, "local_batch_size", "sequences per data-parallel rank per step");

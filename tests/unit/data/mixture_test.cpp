@@ -123,6 +123,53 @@ TEST(DataMixture, RanksReadTheSingleProcessBatchesAndResumeInAnotherLayoutIsExac
   EXPECT_EQ(again->state(), one->state());
 }
 
+// A text source's own field ("text_field=FIELD" after its path): each source of the mixture serves
+// the windows it serves alone with that field, the others keep the section's field.
+TEST(DataMixture, EachTextSourceReadsItsOwnField) {
+  Fixture f;
+  test::write_file(f.dir / "web.jsonl", test::jsonl({"alpha beta gamma", "delta", "epsilon zeta eta theta"}));
+  // The code source holds a `text` field too (other text): the mixture must read `content`.
+  std::string code;
+  const std::vector<std::string> sources = {"int main() { return 0; }", "def f(x):\n    return x", "fn g() {}"};
+  for (size_t i = 0; i < sources.size(); ++i)
+    code += nlohmann::json{{"text", "not this " + std::to_string(i)}, {"content", sources[i]}}.dump() + "\n";
+  test::write_file(f.dir / "code.jsonl", code);
+  const std::vector<std::string> mix = {"0.5 " + (f.dir / "web.jsonl"),
+                                        "0.5 stack=" + (f.dir / "code.jsonl") + "  text_field=content "};
+  const auto parsed = data::parse_dataset_mix(mix, "training.dataset_mix");
+  ASSERT_EQ(parsed.size(), 2u);
+  EXPECT_EQ(parsed[0].text_field, "");
+  EXPECT_EQ(parsed[1].name, "stack");
+  EXPECT_EQ(parsed[1].location, f.dir / "code.jsonl");
+  EXPECT_EQ(parsed[1].text_field, "content");
+
+  const int64_t S = 7;
+  auto mixed = data::make_dataloader(config(mix, 1, S), f.tok);
+  EXPECT_NE(mixed->description().find("stack (weight 0.5, text from " + (f.dir / "code.jsonl") + ", field content)"),
+            std::string::npos) << mixed->description();
+  auto web = data::make_dataloader(test::config(f.dir / "web.jsonl", 1, S), f.tok);
+  data::DataConfig code_alone = test::config(f.dir / "code.jsonl", 1, S);
+  code_alone.text_field = "content";
+  auto stack = data::make_dataloader(code_alone, f.tok);
+  // Equal weights alternate, the first source first.
+  for (int k = 0; k < 40; ++k) {
+    const data::Batch got = mixed->next(), want = (k % 2 == 0 ? web : stack)->next();
+    ASSERT_TRUE(at::equal(got.inputs, want.inputs)) << "sample " << k;
+    ASSERT_TRUE(at::equal(got.labels, want.labels)) << "sample " << k;
+  }
+
+  auto error = test::error_of;
+  std::string e = error([&] { data::parse_dataset_mix({"1 " + (f.dir / "code.jsonl") + " text_field="}, "training.dataset_mix"); });
+  EXPECT_NE(e.find("text_field= names no field"), std::string::npos) << e;
+  e = error([&] { data::make_dataloader(config({"1 " + (f.dir / "a.bin") + " text_field=content"}, 1, S), f.tok); });
+  EXPECT_NE(e.find("training.dataset_mix source 'a.bin' is llm.c token files, already tokenized: text_field=content "
+                   "applies to text sources only"),
+            std::string::npos) << e;
+  // A field the source lacks names the way to set it.
+  e = error([&] { data::make_dataloader(config({"1 " + (f.dir / "web.jsonl") + " text_field=body"}, 1, S), f.tok)->next(); });
+  EXPECT_NE(e.find("in a dataset_mix entry, text_field=FIELD after the path"), std::string::npos) << e;
+}
+
 TEST(DataMixture, BadEntriesAndAnotherMixturesStateAreClearErrors) {
   Fixture f;
   auto error = test::error_of;

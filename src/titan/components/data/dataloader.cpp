@@ -217,9 +217,15 @@ std::unique_ptr<DataLoader> make_dataloader(const DataConfig& config, const Toke
       char weight[32];
       std::snprintf(weight, sizeof weight, "%g", entry.weight);
       description += std::string(sources.empty() ? " " : ", ") + entry.name + " (weight " + weight + ", " +
-                     kind_description(r.kind) + " from " + r.path + ")";
+                     kind_description(r.kind) + " from " + r.path +
+                     (entry.text_field.empty() ? "" : ", field " + entry.text_field) + ")";
+      TITAN_USER_CHECK(entry.text_field.empty() || r.kind == "text", config.section, ".dataset_mix source '",
+                       entry.name, "' is ", kind_description(r.kind), ", already tokenized: text_field=",
+                       entry.text_field, " applies to text sources only; remove it");
+      DataConfig source_config = config;
+      if (!entry.text_field.empty()) source_config.text_field = entry.text_field;
       try {
-        sources.push_back({entry, make_source(r, config, tokenizer)});
+        sources.push_back({entry, make_source(r, source_config, tokenizer)});
       } catch (const UserError& err) {
         throw UserError(config.section + ".dataset_mix source '" + entry.name + "': " + err.what());
       }

@@ -600,7 +600,7 @@ std::string DocumentReader::text_of(const std::string& line, const DocPos& pos) 
     std::string keys;
     for (auto k = obj.begin(); k != obj.end(); ++k) keys += (keys.empty() ? "" : ", ") + k.key();
     TITAN_USER_CHECK(false, path, ":", line_no, ": no text field '", field_, "' (fields: ", keys,
-                     "); set training.dataset_text_field (validation.dataset_text_field for validation data) to the one holding the text");
+                     "); set training.dataset_text_field (validation.dataset_text_field for validation data; in a dataset_mix entry, text_field=FIELD after the path) to the one holding the text");
   }
   TITAN_USER_CHECK(it->is_string(), path, ":", line_no, ": field '", field_, "' is a ", it->type_name(),
                    ", expected a string");

@@ -29,10 +29,22 @@ std::vector<MixtureEntry> parse_dataset_mix(const std::vector<std::string>& entr
     while (!location.empty() && (location.back() == ' ' || location.back() == '\t')) location.pop_back();
     MixtureEntry e;
     e.weight = weight;
+    std::error_code ec;
+    auto exists = [&ec](const std::string& path) {
+      return std::filesystem::exists(path, ec) || std::filesystem::exists(path + ".bin", ec);
+    };
+    // A last word "text_field=FIELD", unless the whole text is a path that exists.
+    static const std::string kField = "text_field=";
+    if (const size_t word = location.find_last_of(" \t");
+        word != std::string::npos && location.compare(word + 1, kField.size(), kField) == 0 && !exists(location)) {
+      e.text_field = location.substr(word + 1 + kField.size());
+      TITAN_USER_CHECK(!e.text_field.empty(), key, " entry '", text,
+                       "': text_field= names no field (give the JSON field or column of this source's text)");
+      location.erase(location.find_last_not_of(" \t", word) + 1);
+    }
     // NAME=PATH, unless the whole text is a path that exists (a Hive-style folder such as
     // "data/lang=en", or a Megatron-LM prefix "x=y/corpus" beside its .bin and .idx).
-    std::error_code ec;
-    const bool whole_path = std::filesystem::exists(location, ec) || std::filesystem::exists(location + ".bin", ec);
+    const bool whole_path = exists(location);
     if (const size_t eq = location.find('='); !whole_path && eq != std::string::npos && location.find('/') > eq) {
       e.name = location.substr(0, eq);
       e.location = location.substr(eq + 1);

@@ -18,15 +18,18 @@ namespace titan::data {
 
 // One entry of training.dataset_mix: "WEIGHT LOCATION" or "WEIGHT NAME=LOCATION", where LOCATION is a
 // dataset path (any kind the data loader reads) or a dataset name with a default location (c4_test,
-// titan_corpus); NAME (default: the location's last path component) names the source in metrics.
+// titan_corpus); NAME (default: the location's last path component) names the source in metrics. A
+// last word "text_field=FIELD" names the JSON field or table column of this source's text (text
+// sources only; default: the section's dataset_text_field).
 struct MixtureEntry {
   std::string name;
   double weight = 0;      // as given; the mixture normalizes the weights
   std::string location;
+  std::string text_field;  // empty: the section's dataset_text_field
 };
 
 // Parses the entries; throws UserError naming `key` and the entry for a bad weight (not a positive
-// finite number), a missing location, or two entries of one name.
+// finite number), a missing location, an empty text_field, or two entries of one name.
 std::vector<MixtureEntry> parse_dataset_mix(const std::vector<std::string>& entries, const std::string& key);
 
 class MixtureWindowSource : public WindowSource {

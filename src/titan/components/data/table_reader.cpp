@@ -142,7 +142,7 @@ struct TableReader::Impl {
       for (const auto& f : fields)
         if (f.field->name() == column) found = &f;
       TITAN_USER_CHECK(found, "dataset file '", path, "' has no column '", column, "' (columns: ", column_list(all),
-                       "): set training.dataset_text_field (validation.dataset_text_field for validation data) to the column holding the text");
+                       "): set training.dataset_text_field (validation.dataset_text_field for validation data; in a dataset_mix entry, text_field=FIELD after the path) to the column holding the text");
       TITAN_USER_CHECK(found->is_leaf() && is_text_type(*found->field->type()), "dataset file '", path, "': column '",
                        column, "' is ", found->field->type()->ToString(), ", expected a string column");
       leaf = found->column_index;
@@ -172,7 +172,7 @@ struct TableReader::Impl {
       std::shared_ptr<arrow::Schema> schema = open_ipc(-1);
       field = schema->GetFieldIndex(column);
       TITAN_USER_CHECK(field >= 0, "dataset file '", path, "' has no column '", column, "' (columns: ",
-                       column_list(schema->fields()), "): set training.dataset_text_field (validation.dataset_text_field for validation data) to the column holding the text");
+                       column_list(schema->fields()), "): set training.dataset_text_field (validation.dataset_text_field for validation data; in a dataset_mix entry, text_field=FIELD after the path) to the column holding the text");
       TITAN_USER_CHECK(is_text_type(*schema->field(field)->type()), "dataset file '", path, "': column '", column,
                        "' is ", schema->field(field)->type()->ToString(), ", expected a string column");
       open_ipc(field);
