@@ -14,7 +14,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD_DIR="${FUZZ_BUILD_DIR:-$ROOT/build-fuzz}"
-ALL_TARGETS=(config tokenizer_hf tokenizer_tiktoken tokenizer_sentencepiece jsonl table token_shards checkpoint dcp pipeline_csv hub_readme)
+ALL_TARGETS=(config tokenizer_hf tokenizer_tiktoken tokenizer_sentencepiece jsonl table token_shards token_files checkpoint dcp pipeline_csv hub_readme)
 
 SECONDS_PER_TARGET=45
 JOBS=$(nproc)

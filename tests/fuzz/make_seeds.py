@@ -133,6 +133,29 @@ def data_seeds():
     one = dict(manifest, num_tokens=9, num_documents=2, shards=manifest["shards"][:1])
     put("token_shards", "one_shard", json.dumps(one).encode() + SEP + shard(docs0))
 
+    # Other frameworks' token files (token_files.h). The first byte chooses the format (bit 0: 0
+    # Megatron-LM, 1 llm.c) and the vocabulary (bit 1: 0 for 2048 tokens, 1 for 128256).
+    def megatron(docs, code, fmt):
+        tokens = [t for d in docs for t in d]
+        idx = b"MMIDIDX\0\0" + struct.pack("<QBQQ", 1, code, len(docs), len(docs) + 1)
+        idx += struct.pack(f"<{len(docs)}i", *[len(d) for d in docs])
+        offsets, n = [], 0
+        for d in docs:
+            offsets.append(n * struct.calcsize(fmt))
+            n += len(d)
+        idx += struct.pack(f"<{len(docs)}q", *offsets) + struct.pack(f"<{len(docs) + 1}q", *range(len(docs) + 1))
+        return idx + SEP + struct.pack(f"<{len(tokens)}{fmt}", *tokens)
+
+    def llmc(tokens, magic, version, fmt):
+        return struct.pack("<3i", magic, version, len(tokens)) + b"\0" * (256 * 4 - 12) + \
+            struct.pack(f"<{len(tokens)}{fmt}", *tokens)
+
+    docs = docs0 + docs1
+    put("token_files", "megatron_uint16", b"\x00" + megatron(docs, 8, "H"))
+    put("token_files", "megatron_int32", b"\x02" + megatron([[t * 60 for t in d] for d in docs], 4, "i"))
+    put("token_files", "llmc_gpt2", b"\x01" + llmc([t for d in docs for t in d], 20240520, 1, "H"))
+    put("token_files", "llmc_llama3", b"\x03" + llmc([t * 60 for d in docs for t in d], 20240801, 7, "I"))
+
 
 def safetensors_file(entries, metadata):
     """entries: [(name, dtype, shape, raw bytes)] -> (file bytes, [crc32 of each entry])."""

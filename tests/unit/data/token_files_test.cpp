@@ -221,6 +221,14 @@ TEST(TokenFiles, ResumeIsExactAndAnotherDatasetIsRefused) {
   m->next();
   const std::string e = test::error_of([&] { data::make_dataloader(config(dir / "l.bin", 2, 9), tok)->load_state(m->state()); });
   EXPECT_NE(e.find("the data loader state is for \"megatron\" data but the dataset is llmc data"), std::string::npos) << e;
+  // A window count whose stream position would overflow is no saved state (reading it was undefined).
+  data::LlmcWindowSource llmc(dir / "l.bin", tok.vocab_size(), 9);
+  const std::string far = test::error_of(
+      [&] { llmc.load_state({{"windows", int64_t{1} << 61}, {"num_tokens", llmc.num_tokens()}}); });
+  EXPECT_NE(far.find("bad llmc data loader state"), std::string::npos) << far;
+  llmc.load_state({{"windows", int64_t{1} << 40}, {"num_tokens", llmc.num_tokens()}});  // far, but a position
+  std::vector<int32_t> window(10);
+  llmc.read(window.data());
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
 
 namespace titan::data {
@@ -145,15 +146,19 @@ void MappedTokenSource::read(int32_t* out) {
 nlohmann::json MappedTokenSource::state() const { return {{"windows", windows_}, {"num_tokens", total_tokens_}}; }
 
 void MappedTokenSource::load_state(const nlohmann::json& s) {
+  int64_t windows = 0;
   try {
     TITAN_USER_CHECK(json_integer<int64_t>(s.at("num_tokens")) == total_tokens_, "the data loader state was saved for ",
                      kind_, " data of ", s.at("num_tokens"), " tokens, this data holds ", total_tokens_,
                      ": resume with the same data");
-    windows_ = json_integer<int64_t>(s.at("windows"));
+    windows = json_integer<int64_t>(s.at("windows"));
   } catch (const nlohmann::json::exception& e) {
     TITAN_USER_CHECK(false, "bad ", kind_, " data loader state (", e.what(), "): ", s.dump());
   }
-  TITAN_USER_CHECK(windows_ >= 0, "bad ", kind_, " data loader state: ", s.dump());
+  // A count whose stream position (windows * window length) overflows is no state a run saved.
+  TITAN_USER_CHECK(windows >= 0 && windows <= std::numeric_limits<int64_t>::max() / window_len_ / 2, "bad ", kind_,
+                   " data loader state: ", s.dump());
+  windows_ = windows;
 }
 
 // ---------------------------------------------------------------------------------------------
