@@ -158,8 +158,18 @@ TEST(DataMixture, EachTextSourceReadsItsOwnField) {
     ASSERT_TRUE(at::equal(got.labels, want.labels)) << "sample " << k;
   }
 
+  // Resuming reads the same field: the state says which.
+  const std::string state = mixed->state();
+  auto again = data::make_dataloader(config(mix, 1, S), f.tok);
+  again->load_state(state);
+  for (int k = 0; k < 5; ++k) ASSERT_TRUE(at::equal(again->next().inputs, mixed->next().inputs)) << "resumed " << k;
   auto error = test::error_of;
-  std::string e = error([&] { data::parse_dataset_mix({"1 " + (f.dir / "code.jsonl") + " text_field="}, "training.dataset_mix"); });
+  std::vector<std::string> other_field = mix;
+  other_field[1] = "0.5 stack=" + (f.dir / "code.jsonl");
+  std::string e = error([&] { data::make_dataloader(config(other_field, 1, S), f.tok)->load_state(state); });
+  EXPECT_NE(e.find("the data loader state was saved reading the text of the field 'content', this run reads 'text'"),
+            std::string::npos) << e;
+  e = error([&] { data::parse_dataset_mix({"1 " + (f.dir / "code.jsonl") + " text_field="}, "training.dataset_mix"); });
   EXPECT_NE(e.find("text_field= names no field"), std::string::npos) << e;
   e = error([&] { data::make_dataloader(config({"1 " + (f.dir / "a.bin") + " text_field=content"}, 1, S), f.tok); });
   EXPECT_NE(e.find("training.dataset_mix source 'a.bin' is llm.c token files, already tokenized: text_field=content "

@@ -161,7 +161,7 @@ nlohmann::json TextWindowSource::state() const {
           {"offset", p.offset}, {"line", p.line},
           {"skip_tokens", static_cast<int64_t>(head_ - base_)},
           {"num_files", static_cast<int64_t>(reader_.files().size())},
-          {"files_digest", files_digest_}};
+          {"files_digest", files_digest_}, {"text_field", reader_.text_field()}};
 }
 
 void TextWindowSource::load_state(const nlohmann::json& s) {
@@ -185,6 +185,14 @@ void TextWindowSource::load_state(const nlohmann::json& s) {
                      " files are not the ones the data loader state was saved with (their names or sizes differ, e.g. "
                      "a new snapshot of the dataset): resume with the same dataset files, or start the data from the "
                      "beginning with --checkpoint.exclude_from_loading dataloader");
+  // The same files read in another field are other documents at the same places (states saved
+  // before the field was recorded have none).
+  if (s.contains("text_field") && s.at("text_field").is_string())
+    TITAN_USER_CHECK(s.at("text_field").get<std::string>() == reader_.text_field(),
+                     "the data loader state was saved reading the text of the field '",
+                     s.at("text_field").get<std::string>(), "', this run reads '", reader_.text_field(),
+                     "': resume with that field (training.dataset_text_field, or text_field= in a dataset_mix entry), "
+                     "or start the data from the beginning with --checkpoint.exclude_from_loading dataloader");
   reader_.seek(anchor);
   epoch_ = anchor.epoch;
   appended_epoch_ = anchor.epoch;
