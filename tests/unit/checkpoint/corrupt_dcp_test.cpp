@@ -63,5 +63,24 @@ TEST(DcpCorrupt, ATensorViewPastItsStorageIsADamagedChunk) {
             std::string::npos) << e;
 }
 
+// Blobs LibTorch's reader takes as they are (tests/reference/damaged_dcp_blobs.py writes them with
+// PyTorch): a storage reference asking for more elements than its record holds, and a value that is a
+// list holding itself.
+TEST(DcpCorrupt, AStorageLargerThanItsRecordAndASelfContainingValueAreDamagedValues) {
+  test::TempDir dir;
+  const std::string folder = dir / "step-1";
+  const test::ProcessResult r = test::run_process(
+      {test::python(), std::string(TITAN_SOURCE_DIR) + "/tests/reference/damaged_dcp_blobs.py", folder});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  DcpSource source(folder);
+  std::string e = user_error([&] { (void)source.read("model.norm.weight", {0}, {16}); });
+  EXPECT_NE(e.find("__0_0.distcp is damaged at byte 0 ('norm.weight', a chunk at offsets [0])"), std::string::npos) << e;
+  EXPECT_NE(e.find("a storage of 16 elements of 4 bytes in data/0, which holds 24 bytes"), std::string::npos) << e;
+  e = user_error([&] { (void)source.state(1); });
+  EXPECT_NE(e.find("the value of 'train_state.step' in __0_0.distcp is not readable: its pickle makes a value that "
+                   "holds itself"),
+            std::string::npos) << e;
+}
+
 }  // namespace
 }  // namespace titan::checkpoint

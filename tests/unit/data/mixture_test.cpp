@@ -172,9 +172,11 @@ TEST(DataMixture, EachTextSourceReadsItsOwnField) {
   e = error([&] { data::parse_dataset_mix({"1 " + (f.dir / "code.jsonl") + " text_field="}, "training.dataset_mix"); });
   EXPECT_NE(e.find("text_field= names no field"), std::string::npos) << e;
   e = error([&] { data::make_dataloader(config({"1 " + (f.dir / "a.bin") + " text_field=content"}, 1, S), f.tok); });
-  EXPECT_NE(e.find("training.dataset_mix source 'a.bin' is llm.c token files, already tokenized: text_field=content "
+  EXPECT_NE(e.find("training.dataset_mix source 'a.bin' (llm.c token files) is already tokenized: text_field=content "
                    "applies to text sources only"),
             std::string::npos) << e;
+  e = error([&] { data::parse_dataset_mix({"1 text_field=content"}, "training.dataset_mix"); });
+  EXPECT_NE(e.find("names a text field but no dataset"), std::string::npos) << e;
   // A field the source lacks names the way to set it.
   e = error([&] { data::make_dataloader(config({"1 " + (f.dir / "web.jsonl") + " text_field=body"}, 1, S), f.tok)->next(); });
   EXPECT_NE(e.find("in a dataset_mix entry, text_field=FIELD after the path"), std::string::npos) << e;

@@ -9,6 +9,7 @@
 #include <torch/csrc/jit/serialization/import_read.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -86,42 +87,125 @@ class BoundedBlobReader final : public caffe2::serialize::ReadAdapterInterface {
   const std::vector<char>& blob_;
 };
 
+// Bytes per element of a torch.save storage type ("torch.FloatStorage", ...; "torch.UntypedStorage"
+// counts bytes), or 0 for a type titan does not know.
+int64_t storage_item_bytes(const std::string& type) {
+  static const std::map<std::string, at::ScalarType> kTypes = {
+      {"Float", at::kFloat},          {"Double", at::kDouble},         {"Half", at::kHalf},
+      {"BFloat16", at::kBFloat16},    {"Long", at::kLong},             {"Int", at::kInt},
+      {"Short", at::kShort},          {"Char", at::kChar},             {"Byte", at::kByte},
+      {"Bool", at::kBool},            {"ComplexFloat", at::kComplexFloat}, {"ComplexDouble", at::kComplexDouble},
+      {"Float8_e4m3fn", at::kFloat8_e4m3fn}, {"Float8_e5m2", at::kFloat8_e5m2}};
+  static const std::string prefix = "torch.", suffix = "Storage";
+  if (type == "torch.UntypedStorage") return 1;
+  if (!starts_with(type, prefix) || !ends_with(type, suffix) || type.size() <= prefix.size() + suffix.size()) return 0;
+  auto it = kTypes.find(type.substr(prefix.size(), type.size() - prefix.size() - suffix.size()));
+  return it == kTypes.end() ? 0 : static_cast<int64_t>(c10::elementSize(it->second));
+}
+
+// Throws unless `t` is a dense CPU tensor whose view lies inside its storage. LibTorch's unpickler
+// takes a tensor's size, strides and storage offset as the pickle gives them, without checking them
+// against the storage: a damaged pickle makes a view reading past it.
+void check_view_in_storage(const at::Tensor& t) {
+  if (!t.is_cpu() || t.layout() != at::kStrided || t.is_quantized())
+    throw std::runtime_error(detail::concat("a tensor on ", t.device(), " of layout ", t.layout(),
+                                            ", not a dense CPU tensor"));
+  for (int64_t d = 0; d < t.dim(); ++d)
+    if (t.size(d) < 0 || t.stride(d) < 0)
+      throw std::runtime_error(detail::concat("a tensor of size ", t.sizes(), " and strides ", t.strides()));
+  if (t.numel() == 0) return;
+  int64_t last = t.storage_offset();  // the element furthest into the storage the view reaches
+  bool fits = last >= 0;
+  for (int64_t d = 0; d < t.dim() && fits; ++d) {
+    int64_t reach = 0;
+    fits = !__builtin_mul_overflow(t.size(d) - 1, t.stride(d), &reach) && !__builtin_add_overflow(last, reach, &last);
+  }
+  const auto item = static_cast<int64_t>(t.element_size());
+  fits = fits && last < std::numeric_limits<int64_t>::max() / item &&
+         (last + 1) * item <= static_cast<int64_t>(t.storage().nbytes());
+  if (!fits)
+    throw std::runtime_error(detail::concat("a tensor of size ", t.sizes(), ", strides ", t.strides(),
+                                            " and storage offset ", t.storage_offset(), " reaches past its storage of ",
+                                            t.storage().nbytes(), " bytes"));
+}
+
+// Whether a value of `doc` holds itself (a list appended to itself, ...). torch.save never writes
+// one for tensors and numbers; LibTorch's unpickler would build the cycle, which is never freed.
+bool holds_itself(const pickle::Document& doc) {
+  std::map<const pickle::Value*, int> state;  // 1: on the current path, 2: done
+  for (const auto& start : doc.values()) {
+    if (state[start.get()] == 2) continue;
+    // Depth-first, iteratively: (value, index of its next child).
+    std::vector<std::pair<const pickle::Value*, size_t>> path = {{start.get(), 0}};
+    state[start.get()] = 1;
+    while (!path.empty()) {
+      auto& [v, next] = path.back();
+      const size_t n_items = v->items.size(), n_dict = 2 * v->dict.size();
+      const pickle::Value* child = nullptr;
+      if (next < n_items) child = v->items[next];
+      else if (next < n_items + n_dict) child = (next - n_items) % 2 ? v->dict[(next - n_items) / 2].second
+                                                                     : v->dict[(next - n_items) / 2].first;
+      else if (next == n_items + n_dict && v->state) child = v->state;
+      else {
+        state[v] = 2;
+        path.pop_back();
+        continue;
+      }
+      ++next;
+      int& s = state[child];
+      if (s == 1) return true;
+      if (s == 0) {
+        s = 1;
+        path.emplace_back(child, 0);
+      }
+    }
+  }
+  return false;
+}
+
 // The value a torch.save blob holds (a tensor, a number, a tuple), as torch::pickle_load reads it but
-// bounded to the blob, and with the pickle checked by titan's reader before LibTorch's unpickler runs:
-// LibTorch reserves the length a string's header gives before reading it, so a damaged length would
-// ask for gigabytes. Throws std::exception (c10::Error, runtime_error) when the blob is not readable
-// (never UserError: callers name the file and the value).
+// bounded to the blob, on the CPU, and checked first by titan's pickle reader: LibTorch reserves the
+// length a string's header gives before reading it (a damaged length would ask for gigabytes), sizes
+// a storage by the element count its reference gives, not by its record (a larger count would read
+// past the record), and builds a value that holds itself, which is never freed. Throws std::exception (c10::Error, runtime_error) when the blob is not
+// readable (never UserError: callers name the file and the value).
 c10::IValue load_torch_save(const std::vector<char>& blob) {
   caffe2::serialize::PyTorchStreamReader archive(std::make_shared<BoundedBlobReader>(blob));
   {
     auto [data, size] = archive.getRecord("data.pkl");
-    (void)pickle::parse(std::string_view(static_cast<const char*>(data.get()), size));
+    const pickle::Document doc = pickle::parse(std::string_view(static_cast<const char*>(data.get()), size));
+    if (holds_itself(doc)) throw std::runtime_error("its pickle makes a value that holds itself");
+    // Every storage reference: ('storage', type, key, location, element count), its record data/<key>.
+    for (const auto& v : doc.values()) {
+      if (v->kind != pickle::Value::Kind::Object || v->s != "persistent_id") continue;
+      const pickle::Value* id = v->items.empty() ? nullptr : v->items[0];
+      if (!id || id->kind != pickle::Value::Kind::Tuple || id->items.size() != 5 ||
+          id->items[0]->kind != pickle::Value::Kind::String || id->items[0]->s != "storage")
+        throw std::runtime_error("a storage reference that is not ('storage', type, key, location, size)");
+      const std::string& type = id->items[1]->as_string();
+      const std::string& key = id->items[2]->as_string();
+      const int64_t count = id->items[4]->as_int(), item = storage_item_bytes(type);
+      if (item == 0) throw std::runtime_error("a storage of type " + type + ", which titan does not read");
+      const std::string record = "data/" + key;
+      if (!archive.hasRecord(record)) throw std::runtime_error("no record " + record + " for a storage");
+      const auto bytes = static_cast<int64_t>(archive.getRecordSize(record));
+      if (count < 0 || count > bytes / item)
+        throw std::runtime_error(detail::concat("a storage of ", count, " elements of ", item, " bytes in ", record,
+                                                ", which holds ", bytes, " bytes"));
+    }
   }
   c10::IValue v = torch::jit::readArchiveAndTensors("data", /*pickle_prefix=*/"", /*tensor_prefix=*/"",
                                                      /*type_resolver=*/std::nullopt, /*obj_loader=*/std::nullopt,
-                                                     /*device=*/std::nullopt, archive);
-  // The unpickler takes a tensor's size, strides and storage offset as the pickle gives them, without
-  // checking them against its storage: a damaged pickle makes a view that reads past its storage.
-  v.visit([](const c10::IValue& x) {
-    if (!x.isTensor()) return false;
-    const at::Tensor& t = x.toTensor();
-    if (t.numel() == 0) return false;
-    int64_t last = t.storage_offset();  // the element furthest into the storage the view reaches
-    bool fits = last >= 0;
-    for (int64_t d = 0; d < t.dim() && fits; ++d) {
-      int64_t reach = 0;
-      fits = t.stride(d) >= 0 && !__builtin_mul_overflow(t.size(d) - 1, t.stride(d), &reach) &&
-             !__builtin_add_overflow(last, reach, &last);
-    }
-    const auto item = static_cast<int64_t>(t.element_size());
-    fits = fits && last < std::numeric_limits<int64_t>::max() / item &&
-           (last + 1) * item <= static_cast<int64_t>(t.storage().nbytes());
-    if (!fits)
-      throw std::runtime_error(detail::concat("a tensor of size ", t.sizes(), ", strides ", t.strides(),
-                                              " and storage offset ", t.storage_offset(), " reaches past its storage of ",
-                                              t.storage().nbytes(), " bytes"));
-    return false;
-  });
+                                                     /*device=*/at::Device(at::kCPU), archive);
+  // The tensors a caller reads: the value itself, or the items of a tuple or list (nothing deeper is
+  // read).
+  if (v.isTensor()) check_view_in_storage(v.toTensor());
+  if (v.isTuple())
+    for (const c10::IValue& x : v.toTupleRef().elements())
+      if (x.isTensor()) check_view_in_storage(x.toTensor());
+  if (v.isList())
+    for (const c10::IValue& x : v.toListRef())
+      if (x.isTensor()) check_view_in_storage(x.toTensor());
   return v;
 }
 
@@ -391,17 +475,16 @@ std::optional<double> DcpSource::scalar(const std::string& key) {
   auto it = values_.find(key);
   if (it == values_.end()) return std::nullopt;
   std::vector<char> blob = read_bytes(it->second.file, it->second.offset, it->second.length, "'" + key + "'");
-  c10::IValue v;
   try {
-    v = load_torch_save(blob);
+    const c10::IValue v = load_torch_save(blob);
+    if (v.isInt()) return static_cast<double>(v.toInt());
+    if (v.isDouble()) return v.toDouble();
+    if (v.isBool()) return v.toBool() ? 1.0 : 0.0;
+    if (v.isTensor() && v.toTensor().numel() == 1 && !v.toTensor().is_complex()) return v.toTensor().item<double>();
   } catch (const std::exception& ex) {
     throw UserError(detail::concat(describe(), ": the value of '", key, "' in ", it->second.file,
                                    " is not readable: ", std::string(ex.what()).substr(0, 300)));
   }
-  if (v.isInt()) return static_cast<double>(v.toInt());
-  if (v.isDouble()) return v.toDouble();
-  if (v.isBool()) return v.toBool() ? 1.0 : 0.0;
-  if (v.isTensor() && v.toTensor().numel() == 1) return v.toTensor().item<double>();
   return std::nullopt;
 }
 
@@ -409,7 +492,7 @@ nlohmann::json DcpSource::state(int64_t dp_degree) {
   nlohmann::json s = nlohmann::json::object();
   auto integer = [&](const std::string& key) {
     const std::optional<double> v = scalar(key);
-    TITAN_USER_CHECK(v && *v >= 0 && *v == static_cast<double>(static_cast<int64_t>(*v)), describe(), ": '", key,
+    TITAN_USER_CHECK(v && *v >= 0 && *v < 0x1p63 && *v == std::floor(*v), describe(), ": '", key,
                      "' is not a non-negative integer");
     return static_cast<int64_t>(*v);
   };

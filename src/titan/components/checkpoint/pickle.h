@@ -44,6 +44,8 @@ struct Value {
 class Document {
  public:
   const Value& root() const { return *root_; }
+  // Every value the pickle made, reachable from the root or not, in the order made.
+  const std::vector<std::unique_ptr<Value>>& values() const { return values_; }
 
  private:
   friend class Parser;

@@ -220,7 +220,7 @@ std::unique_ptr<DataLoader> make_dataloader(const DataConfig& config, const Toke
                      kind_description(r.kind) + " from " + r.path +
                      (entry.text_field.empty() ? "" : ", field " + entry.text_field) + ")";
       TITAN_USER_CHECK(entry.text_field.empty() || r.kind == "text", config.section, ".dataset_mix source '",
-                       entry.name, "' is ", kind_description(r.kind), ", already tokenized: text_field=",
+                       entry.name, "' (", kind_description(r.kind), ") is already tokenized: text_field=",
                        entry.text_field, " applies to text sources only; remove it");
       DataConfig source_config = config;
       if (!entry.text_field.empty()) source_config.text_field = entry.text_field;

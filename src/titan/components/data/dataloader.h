@@ -31,7 +31,7 @@ namespace titan::data {
 struct DataConfig {
   std::string dataset = "c4_test";  // c4_test | c4 | c4_validation | titan_corpus (see resolve_dataset)
   std::string dataset_path;         // a file or folder; empty = the dataset's default
-  std::vector<std::string> dataset_mix;  // a weighted mixture instead (mixture.h): "WEIGHT [NAME=]LOCATION"
+  std::vector<std::string> dataset_mix;  // a weighted mixture instead (mixture.h): "WEIGHT [NAME=]LOCATION [text_field=FIELD]"
   std::string text_field = "text";  // JSON field holding a document's text
   int64_t local_batch_size = 8;     // samples per rank per step
   int64_t seq_len = 2048;           // tokens per sample

@@ -42,6 +42,8 @@ std::vector<MixtureEntry> parse_dataset_mix(const std::vector<std::string>& entr
                        "': text_field= names no field (give the JSON field or column of this source's text)");
       location.erase(location.find_last_not_of(" \t", word) + 1);
     }
+    TITAN_USER_CHECK(location.compare(0, kField.size(), kField) != 0 || exists(location), key, " entry '", text,
+                     "' names a text field but no dataset: \"WEIGHT [NAME=]PATH text_field=FIELD\"");
     // NAME=PATH, unless the whole text is a path that exists (a Hive-style folder such as
     // "data/lang=en", or a Megatron-LM prefix "x=y/corpus" beside its .bin and .idx).
     const bool whole_path = exists(location);

@@ -335,8 +335,11 @@ MegatronWindowSource::MegatronWindowSource(const std::string& path, int64_t voca
       std::memcpy(&length, lengths + 4 * i, 4);
       std::memcpy(&pointer, pointers + 8 * i, 8);
       // The writer puts the sequences back to back: each one starts where the previous one ended.
-      TITAN_USER_CHECK(length >= 0 && pointer == tokens * item, "'", idx_path, "': sequence ", i, " (length ", length,
-                       ", at byte ", pointer, ") does not follow the previous one; the index is corrupt");
+      // (tokens stays below 2^63 / item, so tokens * item cannot overflow.)
+      TITAN_USER_CHECK(length >= 0 && length <= std::numeric_limits<int64_t>::max() / item - tokens &&
+                           pointer == tokens * item,
+                       "'", idx_path, "': sequence ", i, " (length ", length, ", at byte ", pointer,
+                       ") does not follow the previous one; the index is corrupt");
       tokens += length;
     }
     num_documents_ += h.documents > 0 ? static_cast<int64_t>(h.documents) - 1 : 0;  // the last entry ends the list

@@ -1,0 +1,62 @@
+"""Writes a torch.distributed.checkpoint folder whose torch.save blobs are damaged in ways LibTorch's
+reader does not check (the folder's metadata is sound):
+
+    python damaged_dcp_blobs.py OUT_DIR
+
+- norm.weight: a 16-element tensor whose storage record holds only 6 elements (24 bytes): the pickle's
+  storage reference asks for 16, LibTorch would size the storage by it and read past the record.
+- train_state.step: a list that holds itself (LibTorch builds the cycle; walking it never ends).
+"""
+import io
+import os
+import pickle
+import sys
+import zipfile
+
+import torch
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.metadata import (BytesStorageMetadata, ChunkStorageMetadata, Metadata,
+                                                   MetadataIndex, TensorProperties, TensorStorageMetadata)
+
+
+def saved(obj):
+    b = io.BytesIO()
+    torch.save(obj, b)
+    return b.getvalue()
+
+
+def short_storage_blob():
+    sixteen = zipfile.ZipFile(io.BytesIO(saved(torch.arange(16.0))))
+    six = zipfile.ZipFile(io.BytesIO(saved(torch.arange(6.0))))
+    six_root = six.namelist()[0].split("/")[0]
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as z:
+        for name in sixteen.namelist():
+            root, rest = name.split("/", 1)
+            z.writestr(name, six.read(six_root + "/" + rest) if rest == "data/0" else sixteen.read(name))
+    return out.getvalue()
+
+
+def main(out):
+    tensor_blob = short_storage_blob()
+    loop = []
+    loop.append(loop)
+    value_blob = saved(loop)
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "__0_0.distcp"), "wb") as f:
+        f.write(tensor_blob + value_blob)
+    chunk = ChunkStorageMetadata(offsets=torch.Size([0]), sizes=torch.Size([16]))
+    md = Metadata(
+        state_dict_metadata={
+            "norm.weight": TensorStorageMetadata(properties=TensorProperties(dtype=torch.float32),
+                                                 size=torch.Size([16]), chunks=[chunk]),
+            "train_state.step": BytesStorageMetadata()},
+        storage_data={
+            MetadataIndex("norm.weight", torch.Size([0])): _StorageInfo("__0_0.distcp", 0, len(tensor_blob)),
+            MetadataIndex("train_state.step"): _StorageInfo("__0_0.distcp", len(tensor_blob), len(value_blob))})
+    with open(os.path.join(out, ".metadata"), "wb") as f:
+        pickle.dump(md, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
