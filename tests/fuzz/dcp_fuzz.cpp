@@ -1,7 +1,8 @@
 // Fuzz target: torch.distributed.checkpoint folders (torchtitan's checkpoints). Input: the `.metadata`
 // pickle, then (after the file separator) `__0_0.distcp`. Parses the pickle alone (titan's reader), then
-// opens the folder, asks for every tensor's dtype and shape, reads each small tensor whole and one block
-// of it, the state and the optimizer's settings.
+// opens the folder and, each on its own (a damaged value must not hide the tensors from the fuzzer),
+// reads the state, the optimizer's settings, every tensor's dtype and shape, and each small tensor whole
+// and one block of it.
 #include "fuzz_util.h"
 #include "source_fuzz.h"
 
@@ -10,6 +11,7 @@
 
 #include <ATen/ATen.h>
 
+#include <optional>
 #include <stdexcept>
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -24,13 +26,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fuzz::fs::create_directories(dir);
   fuzz::write_file(dir + "/.metadata", parts[0]);
   if (parts.size() > 1) fuzz::write_file(dir + "/__0_0.distcp", parts[1]);
+  std::optional<checkpoint::DcpSource> source;
+  fuzz::run_one("dcp", [&] { source.emplace(dir); });
+  if (!source) return 0;
+  // Each part on its own, so that a damaged value does not hide the tensors from the fuzzer.
   fuzz::run_one("dcp", [&] {
-    checkpoint::DcpSource source(dir);
-    (void)source.contents();
-    (void)source.state(2);
-    (void)source.optimizer_hyperparameters();
-    (void)source.unread_summary();
-    fuzz::read_every_tensor(source);
+    (void)source->contents();
+    (void)source->unread_summary();
   });
+  fuzz::run_one("dcp", [&] { (void)source->state(2); });
+  fuzz::run_one("dcp", [&] { (void)source->optimizer_hyperparameters(); });
+  fuzz::run_one("dcp", [&] { fuzz::read_every_tensor(*source); });
   return 0;
 }
