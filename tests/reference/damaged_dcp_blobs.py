@@ -37,25 +37,31 @@ def short_storage_blob():
     return out.getvalue()
 
 
+def write_folder(out, blobs, tensors):
+    """blobs: [(key, bytes)] stored back to back; tensors: {key: size} of those that are tensors."""
+    os.makedirs(out, exist_ok=True)
+    storage, state, at = {}, {}, 0
+    for key, blob in blobs:
+        if key in tensors:
+            size = tensors[key]
+            chunk = ChunkStorageMetadata(offsets=torch.Size([0] * len(size)), sizes=torch.Size(size))
+            state[key] = TensorStorageMetadata(properties=TensorProperties(dtype=torch.float32), size=torch.Size(size),
+                                               chunks=[chunk])
+            storage[MetadataIndex(key, torch.Size([0] * len(size)))] = _StorageInfo("__0_0.distcp", at, len(blob))
+        else:
+            state[key] = BytesStorageMetadata()
+            storage[MetadataIndex(key)] = _StorageInfo("__0_0.distcp", at, len(blob))
+        at += len(blob)
+    with open(os.path.join(out, "__0_0.distcp"), "wb") as f:
+        f.write(b"".join(blob for _, blob in blobs))
+    with open(os.path.join(out, ".metadata"), "wb") as f:
+        pickle.dump(Metadata(state_dict_metadata=state, storage_data=storage), f)
+
+
 def main(out):
-    tensor_blob = short_storage_blob()
     loop = []
     loop.append(loop)
-    value_blob = saved(loop)
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "__0_0.distcp"), "wb") as f:
-        f.write(tensor_blob + value_blob)
-    chunk = ChunkStorageMetadata(offsets=torch.Size([0]), sizes=torch.Size([16]))
-    md = Metadata(
-        state_dict_metadata={
-            "norm.weight": TensorStorageMetadata(properties=TensorProperties(dtype=torch.float32),
-                                                 size=torch.Size([16]), chunks=[chunk]),
-            "train_state.step": BytesStorageMetadata()},
-        storage_data={
-            MetadataIndex("norm.weight", torch.Size([0])): _StorageInfo("__0_0.distcp", 0, len(tensor_blob)),
-            MetadataIndex("train_state.step"): _StorageInfo("__0_0.distcp", len(tensor_blob), len(value_blob))})
-    with open(os.path.join(out, ".metadata"), "wb") as f:
-        pickle.dump(md, f)
+    write_folder(out, [("norm.weight", short_storage_blob()), ("train_state.step", saved(loop))], {"norm.weight": [16]})
 
 
 if __name__ == "__main__":
