@@ -1,5 +1,6 @@
 // Damaged torch.distributed.checkpoint folders found by fuzzing (tests/fuzz/regressions/dcp/): each is
-// a clear UserError naming the file and the value, with nothing read outside the bytes the folder holds.
+// a clear UserError naming the file and the value (an empty message, test::error_of's "no UserError",
+// fails the checks), with nothing read outside the bytes the folder holds.
 #include "fuzz_regressions.h"
 #include "test_util.h"
 
@@ -9,7 +10,6 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <functional>
 
 namespace titan::checkpoint {
 namespace {
@@ -24,16 +24,6 @@ std::string write_folder(const test::TempDir& dir, const std::string& name) {
   return step;
 }
 
-std::string user_error(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const UserError& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "no UserError";
-  return "";
-}
-
 // A torch.save blob whose zip directory points past the blob: read through a reader bounded to it,
 // the archive is refused (LibTorch's own in-memory reader copied whatever lay after the blob). Here
 // the message is checked; the read past the blob is seen by the fuzz target's replay of the same input
@@ -41,7 +31,7 @@ std::string user_error(const std::function<void()>& f) {
 TEST(DcpCorrupt, AZipDirectoryBeyondTheBlobIsADamagedValue) {
   test::TempDir dir;
   DcpSource source(write_folder(dir, "zip_directory_beyond_the_blob"));
-  const std::string e = user_error([&] { (void)source.state(1); });
+  const std::string e = test::error_of([&] { (void)source.state(1); });
   EXPECT_NE(e.find("__0_0.distcp is not readable"), std::string::npos) << e;
   EXPECT_NE(e.find("the value of 'train_state."), std::string::npos) << e;
   EXPECT_NE(e.find("zip archive"), std::string::npos) << e;
@@ -54,7 +44,7 @@ TEST(DcpCorrupt, ATensorViewPastItsStorageIsADamagedChunk) {
   DcpSource source(write_folder(dir, "tensor_view_past_its_storage"));
   const auto meta = source.meta("model.layers.0.attention.wq.weight");
   ASSERT_TRUE(meta.has_value());
-  const std::string e = user_error([&] {
+  const std::string e = test::error_of([&] {
     (void)source.read("model.layers.0.attention.wq.weight", std::vector<int64_t>(meta->shape.size(), 0), meta->shape);
   });
   EXPECT_NE(e.find("__0_0.distcp is damaged at byte"), std::string::npos) << e;
@@ -73,10 +63,10 @@ TEST(DcpCorrupt, AStorageLargerThanItsRecordAndASelfContainingValueAreDamagedVal
       {test::python(), std::string(TITAN_SOURCE_DIR) + "/tests/reference/damaged_dcp_blobs.py", folder});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   DcpSource source(folder);
-  std::string e = user_error([&] { (void)source.read("model.norm.weight", {0}, {16}); });
+  std::string e = test::error_of([&] { (void)source.read("model.norm.weight", {0}, {16}); });
   EXPECT_NE(e.find("__0_0.distcp is damaged at byte 0 ('norm.weight', a chunk at offsets [0])"), std::string::npos) << e;
   EXPECT_NE(e.find("a storage of 16 elements of 4 bytes in data/0, which holds 24 bytes"), std::string::npos) << e;
-  e = user_error([&] { (void)source.state(1); });
+  e = test::error_of([&] { (void)source.state(1); });
   EXPECT_NE(e.find("the value of 'train_state.step' in __0_0.distcp is not readable: its pickle makes a value that "
                    "holds itself"),
             std::string::npos) << e;
