@@ -1,6 +1,6 @@
 // Damaged torch.distributed.checkpoint folders found by fuzzing (tests/fuzz/regressions/dcp/): each is
-// a clear UserError naming the file and the value (an empty message, test::error_of's "no UserError",
-// fails the checks), with nothing read outside the bytes the folder holds.
+// a clear UserError naming the file and the value (without one, test::error_of's empty message fails
+// the checks), with nothing read outside the bytes the folder holds.
 #include "fuzz_regressions.h"
 #include "test_util.h"
 
