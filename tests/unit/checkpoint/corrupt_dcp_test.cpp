@@ -53,6 +53,28 @@ TEST(DcpCorrupt, ATensorViewPastItsStorageIsADamagedChunk) {
             std::string::npos) << e;
 }
 
+// A value whose pickle names torch._tensor._rebuild_from_type_v2: LibTorch then reads a later global
+// as another one (a storage type other than the one titan checked). Only a plain tensor's globals are
+// read.
+TEST(DcpCorrupt, AGlobalOutsideAPlainTensorsPickleIsADamagedValue) {
+  test::TempDir dir;
+  DcpSource source(write_folder(dir, "global_read_as_another"));
+  const std::string e = test::error_of([&] { (void)source.state(1); });
+  EXPECT_NE(e.find("the value of 'train_state.step' in __0_0.distcp is not readable: its pickle names "
+                   "torch._tensor._rebuild_from_type_v2, which titan does not read"),
+            std::string::npos) << e;
+}
+
+// A token count that the data-parallel degree multiplies past 64 bits.
+TEST(DcpCorrupt, ATokenCountOverflowingWithTheDegreeIsAnError) {
+  test::TempDir dir;
+  DcpSource source(write_folder(dir, "ntokens_seen_times_dp_overflows"));
+  const std::string e = test::error_of([&] { (void)source.state(2); });
+  EXPECT_NE(e.find("'train_state.ntokens_seen' (4611686018427387904) times the data-parallel degree 2 does not fit 64 "
+                   "bits"),
+            std::string::npos) << e;
+}
+
 // Blobs LibTorch's reader takes as they are (tests/reference/damaged_dcp_blobs.py writes them with
 // PyTorch): a storage reference asking for more elements than its record holds, and a value that is a
 // list holding itself.

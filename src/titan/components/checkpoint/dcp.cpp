@@ -87,17 +87,16 @@ class BoundedBlobReader final : public caffe2::serialize::ReadAdapterInterface {
   const std::vector<char>& blob_;
 };
 
-// Bytes per element of a torch.save storage type ("torch.FloatStorage", ...; "torch.UntypedStorage"
-// counts bytes), or 0 for a type titan does not know.
+// Bytes per element of a torch.save storage type ("torch.FloatStorage", ...), or 0 for a type titan
+// does not read (torch.save writes the dtypes without a typed storage class, float8 among them, as
+// untyped storages rebuilt by _rebuild_tensor_v3, which LibTorch's unpickler refuses).
 int64_t storage_item_bytes(const std::string& type) {
   static const std::map<std::string, at::ScalarType> kTypes = {
       {"Float", at::kFloat},          {"Double", at::kDouble},         {"Half", at::kHalf},
       {"BFloat16", at::kBFloat16},    {"Long", at::kLong},             {"Int", at::kInt},
       {"Short", at::kShort},          {"Char", at::kChar},             {"Byte", at::kByte},
-      {"Bool", at::kBool},            {"ComplexFloat", at::kComplexFloat}, {"ComplexDouble", at::kComplexDouble},
-      {"Float8_e4m3fn", at::kFloat8_e4m3fn}, {"Float8_e5m2", at::kFloat8_e5m2}};
+      {"Bool", at::kBool},            {"ComplexFloat", at::kComplexFloat}, {"ComplexDouble", at::kComplexDouble}};
   static const std::string prefix = "torch.", suffix = "Storage";
-  if (type == "torch.UntypedStorage") return 1;
   if (!starts_with(type, prefix) || !ends_with(type, suffix) || type.size() <= prefix.size() + suffix.size()) return 0;
   auto it = kTypes.find(type.substr(prefix.size(), type.size() - prefix.size() - suffix.size()));
   return it == kTypes.end() ? 0 : static_cast<int64_t>(c10::elementSize(it->second));
@@ -175,6 +174,14 @@ c10::IValue load_torch_save(const std::vector<char>& blob) {
     auto [data, size] = archive.getRecord("data.pkl");
     const pickle::Document doc = pickle::parse(std::string_view(static_cast<const char*>(data.get()), size));
     if (holds_itself(doc)) throw std::runtime_error("its pickle makes a value that holds itself");
+    // Only the globals a plain tensor's pickle names: LibTorch resolves some others its own way (after
+    // torch._tensor._rebuild_from_type_v2 it reads a later global as another one), so the storage
+    // types checked below would not be the ones it uses.
+    for (const auto& v : doc.values())
+      if (v->kind == pickle::Value::Kind::Global && v->s != "torch._utils._rebuild_tensor_v2" &&
+          v->s != "collections.OrderedDict" && storage_item_bytes(v->s) == 0)
+        throw std::runtime_error("its pickle names " + v->s + ", which titan does not read (a plain tensor's pickle "
+                                 "names torch._utils._rebuild_tensor_v2, collections.OrderedDict and a storage type)");
     // Every storage reference: ('storage', type, key, location, element count), its record data/<key>.
     for (const auto& v : doc.values()) {
       if (v->kind != pickle::Value::Kind::Object || v->s != "persistent_id") continue;
@@ -498,7 +505,10 @@ nlohmann::json DcpSource::state(int64_t dp_degree) {
   };
   if (has_value("train_state.step")) {
     const int64_t tokens = has_value("train_state.ntokens_seen") ? integer("train_state.ntokens_seen") : 0;
-    s["train_state"] = {{"step", integer("train_state.step")}, {"ntokens_seen", tokens * dp_degree}};
+    int64_t seen = 0;
+    TITAN_USER_CHECK(!__builtin_mul_overflow(tokens, dp_degree, &seen), describe(), ": 'train_state.ntokens_seen' (",
+                     tokens, ") times the data-parallel degree ", dp_degree, " does not fit 64 bits");
+    s["train_state"] = {{"step", integer("train_state.step")}, {"ntokens_seen", seen}};
   }
   if (has_value("lr_scheduler.last_epoch")) s["lr_scheduler"] = {{"step", integer("lr_scheduler.last_epoch")}};
   return s;
