@@ -24,14 +24,19 @@ std::string write_folder(const test::TempDir& dir, const std::string& name) {
   return step;
 }
 
+// The error of reading the regression folder's state for a data-parallel degree.
+std::string state_error(const std::string& name, int64_t dp_degree) {
+  test::TempDir dir;
+  DcpSource source(write_folder(dir, name));
+  return test::error_of([&] { (void)source.state(dp_degree); });
+}
+
 // A torch.save blob whose zip directory points past the blob: read through a reader bounded to it,
 // the archive is refused (LibTorch's own in-memory reader copied whatever lay after the blob). Here
 // the message is checked; the read past the blob is seen by the fuzz target's replay of the same input
 // under AddressSanitizer (scripts/fuzz.sh), as a plain build reads it unnoticed.
 TEST(DcpCorrupt, AZipDirectoryBeyondTheBlobIsADamagedValue) {
-  test::TempDir dir;
-  DcpSource source(write_folder(dir, "zip_directory_beyond_the_blob"));
-  const std::string e = test::error_of([&] { (void)source.state(1); });
+  const std::string e = state_error("zip_directory_beyond_the_blob", 1);
   EXPECT_NE(e.find("__0_0.distcp is not readable"), std::string::npos) << e;
   EXPECT_NE(e.find("the value of 'train_state."), std::string::npos) << e;
   EXPECT_NE(e.find("zip archive"), std::string::npos) << e;
@@ -57,9 +62,7 @@ TEST(DcpCorrupt, ATensorViewPastItsStorageIsADamagedChunk) {
 // as another one (a storage type other than the one titan checked). Only a plain tensor's globals are
 // read.
 TEST(DcpCorrupt, AGlobalOutsideAPlainTensorsPickleIsADamagedValue) {
-  test::TempDir dir;
-  DcpSource source(write_folder(dir, "global_read_as_another"));
-  const std::string e = test::error_of([&] { (void)source.state(1); });
+  const std::string e = state_error("global_read_as_another", 1);
   EXPECT_NE(e.find("the value of 'train_state.step' in __0_0.distcp is not readable: its pickle names "
                    "torch._tensor._rebuild_from_type_v2, which titan does not read"),
             std::string::npos) << e;
@@ -67,9 +70,7 @@ TEST(DcpCorrupt, AGlobalOutsideAPlainTensorsPickleIsADamagedValue) {
 
 // A token count that the data-parallel degree multiplies past 64 bits.
 TEST(DcpCorrupt, ATokenCountOverflowingWithTheDegreeIsAnError) {
-  test::TempDir dir;
-  DcpSource source(write_folder(dir, "ntokens_seen_times_dp_overflows"));
-  const std::string e = test::error_of([&] { (void)source.state(2); });
+  const std::string e = state_error("ntokens_seen_times_dp_overflows", 2);
   EXPECT_NE(e.find("'train_state.ntokens_seen' (4611686018427387904) times the data-parallel degree 2 does not fit 64 "
                    "bits"),
             std::string::npos) << e;

@@ -166,8 +166,9 @@ bool holds_itself(const pickle::Document& doc) {
 // bounded to the blob, on the CPU, and checked first by titan's pickle reader: LibTorch reserves the
 // length a string's header gives before reading it (a damaged length would ask for gigabytes), sizes
 // a storage by the element count its reference gives, not by its record (a larger count would read
-// past the record), and builds a value that holds itself, which is never freed. Throws std::exception (c10::Error, runtime_error) when the blob is not
-// readable (never UserError: callers name the file and the value).
+// past the record), and builds a value that holds itself, which is never freed. Throws std::exception
+// (c10::Error, runtime_error) when the blob is not readable (never UserError: callers name the file
+// and the value).
 c10::IValue load_torch_save(const std::vector<char>& blob) {
   caffe2::serialize::PyTorchStreamReader archive(std::make_shared<BoundedBlobReader>(blob));
   {
