@@ -356,6 +356,13 @@ dataset_info:
   EXPECT_EQ(configs[0].files.at("validation"), (std::vector<std::string>{"eval/test-*"}));
   EXPECT_EQ(configs[3].name, "broken");
   EXPECT_NE(configs[3].problem.find("README.md:24: configuration 'broken': "), std::string::npos) << configs[3].problem;
+  // An empty config_name is that entry's problem (it is known by the name a missing one has).
+  test::write_file(repo / "README.md", "---\nconfigs:\n- config_name: ''\n  data_files: data/*/*\n---\n");
+  const auto unnamed = data::read_hub_configs(repo / "README.md");
+  ASSERT_EQ(unnamed.size(), 1u);
+  EXPECT_EQ(unnamed[0].name, "default");
+  EXPECT_NE(unnamed[0].problem.find("README.md:3: configuration 'default': its config_name is empty"), std::string::npos)
+      << unnamed[0].problem;
   // Marked default (yes, as YAML 1.1 reads it) wins over the one named "default".
   std::string marked = front;
   marked.replace(marked.find("  description: |"), 16, "  default: yes\n  description: |");

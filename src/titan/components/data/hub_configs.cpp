@@ -293,7 +293,12 @@ HubConfig read_entry(const std::vector<Line>& lines, const std::string& where) {
     if (seq.kind != Node::kSeq || seq.items.size() != 1 || seq.items[0].kind != Node::kMap)
       throw UserError("not a mapping");
     const Node& c = seq.items[0];
-    if (const Node* name = c.get("config_name"); name && name->kind == Node::kScalar) h.name = name->scalar;
+    if (const Node* name = c.get("config_name"); name && name->kind == Node::kScalar) {
+      if (name->scalar.empty())
+        throw UserError("its config_name is empty: give it a name, or remove the key (a configuration without one is "
+                        "'default')");
+      h.name = name->scalar;
+    }
     const Node* def = c.get("default");
     h.is_default = def && def->kind == Node::kScalar && yaml_true(def->scalar);
     const Node* files = c.get("data_files");
