@@ -92,12 +92,11 @@ inline int open_fds() {
   return n;
 }
 
-// Runs `body` on one input: a titan::UserError is the clean rejection of bad input; anything else
-// that escapes is reported and aborts, so that libFuzzer keeps the input as a crash. So does a file
-// descriptor left open (a parser that throws must close what it opened: a long run would run out).
+// One part of an input read inside run_one's body: a UserError ends that part only (with the message
+// checked as run_one does), so the next part is still read; anything else escapes to run_one. For
+// readers that hold files open across parts, which run_one alone would count as left open.
 template <class Body>
-int run_one(const char* target, Body&& body) {
-  const int fds_before = open_fds();
+void part(const char* target, Body&& body) {
   try {
     body();
   } catch (const UserError& e) {
@@ -106,6 +105,17 @@ int run_one(const char* target, Body&& body) {
       std::fprintf(stderr, "[%s] a UserError without a message\n", target);
       std::abort();
     }
+  }
+}
+
+// Runs `body` on one input: a titan::UserError is the clean rejection of bad input; anything else
+// that escapes is reported and aborts, so that libFuzzer keeps the input as a crash. So does a file
+// descriptor left open (a parser that throws must close what it opened: a long run would run out).
+template <class Body>
+int run_one(const char* target, Body&& body) {
+  const int fds_before = open_fds();
+  try {
+    part(target, body);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "[%s] unexpected exception %s: %s\n", target, typeid(e).name(), e.what());
     std::abort();
