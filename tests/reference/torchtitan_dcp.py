@@ -11,8 +11,9 @@ single-device step does (mean cross-entropy, clip_grad_norm_, AdamW, a LambdaLR 
 schedule with linear decay), then saves with torch.distributed.checkpoint.save the state dict torchtitan
 saves: the model's parameters at the top level, "optimizer" through get_optimizer_state_dict with
 flatten_optimizer_state_dict=True, "lr_scheduler" (the LambdaLR's state dict), "train_state"
-({step, ntokens_seen}; with ranks == 1 as the 0-d tensors older torchtitan saved), a complex64
-"freqs_cis" buffer (older torchtitan's) and a "dataloader" entry. With ranks > 1 the save runs in that
+({step, ntokens_seen}, one rank's count; with ranks == 1 as the 0-d tensors older torchtitan saved), a
+complex64 "freqs_cis" buffer (older torchtitan's) and a "dataloader" entry (with ranks > 1 holding
+"world_size", the data-parallel degree). With ranks > 1 the save runs in that
 many Gloo processes, every real tensor of one or more dimensions sharded on dim 0 as FSDP does (DTensor
 Shard(0), one file per rank, uneven chunks where dim 0 does not divide). Then it continues M steps on the given
 batches from the same state and writes their losses (OUT.safetensors: "losses", float64).
@@ -126,14 +127,19 @@ def main():
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     state["optimizer"] = get_optimizer_state_dict(model, opt, options=StateDictOptions(flatten_optimizer_state_dict=True))
     state["lr_scheduler"] = sched.state_dict()
-    seen = t["saved_steps"] * t["batch"] * t["seq_len"]
+    # torchtitan counts the tokens of one data-parallel rank (each of `ranks` took an equal part).
+    seen = t["saved_steps"] * t["batch"] * t["seq_len"] // t["ranks"]
     state["train_state"] = {"step": t["saved_steps"], "ntokens_seen": seen}
     if t["ranks"] == 1:  # as older torchtitan saved them: 0-d tensors
         state["train_state"] = {"step": torch.tensor(t["saved_steps"], dtype=torch.int32), "ntokens_seen": torch.tensor(seen)}
     # Older torchtitan kept its RoPE table as a persistent buffer: complex, and not titan's to read.
     angles_all = torch.outer(torch.arange(2 * t["seq_len"]).float(), freqs)
     state["freqs_cis"] = torch.polar(torch.ones_like(angles_all), angles_all)
+    # Its data loader's state: one entry per data-parallel rank, and the data-parallel degree (left out
+    # with ranks == 1, as a data loader that does not record it).
     state["dataloader"] = {"dp_rank_0": b"torchtitan's data loader state (titan does not read it)"}
+    if t["ranks"] > 1:
+        state["dataloader"]["world_size"] = t["ranks"]
     if t["ranks"] == 1:
         dcp.save(state, checkpoint_id=out_dir, no_dist=True)
     else:

@@ -127,7 +127,8 @@ int64_t convert_from_dcp(const std::string& dcp_dir, const std::string& out_step
   }
   for (const auto& [prefix, layer] : m->moe_layers())  // routing biases, where the folder has them
     if (layer->expert_bias.defined()) take("model." + prefix + "expert_bias", layer->expert_bias.sizes().vec(), false);
-  // torchtitan counts one rank's tokens: times the saving ranks (exact for FSDP and DDP runs).
+  // torchtitan counts one rank's tokens: times the saving run's data-parallel degree, which its data
+  // loader records; without that record, times the saving ranks (exact for FSDP and DDP runs).
   nlohmann::json state = source.state(source.num_files());
   for (auto it = state.begin(); it != state.end();)
     it = std::find(contents.begin(), contents.end(), it.key()) == contents.end() ? state.erase(it) : std::next(it);

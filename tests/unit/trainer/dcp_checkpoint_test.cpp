@@ -11,6 +11,7 @@
 #include "distributed/launched_training.h"
 #include "models/llama3_reference_config.h"
 #include "titan/common/error.h"
+#include "titan/components/checkpoint/checkpoint.h"
 #include "titan/components/checkpoint/dcp.h"
 #include "titan/components/checkpoint/pickle.h"
 #include "titan/components/checkpoint/safetensors.h"
@@ -96,7 +97,9 @@ TEST(TorchtitanCheckpoint, TitanContinuesAsPyTorchDoes) {
   // What the folder holds, under titan's names.
   checkpoint::DcpSource source(dcp_dir);
   EXPECT_EQ(source.contents(), (std::vector<std::string>{"model", "optimizer", "lr_scheduler", "train_state"}));
-  const nlohmann::json state = source.state(1);
+  // One rank's token count times the data-parallel degree the data loader recorded (2), not the one
+  // given for folders without that record.
+  const nlohmann::json state = source.state(7);
   EXPECT_EQ(state["train_state"]["step"], kSaved);
   EXPECT_EQ(state["train_state"]["ntokens_seen"], kSaved * kBatch * kSeqLen);
   EXPECT_EQ(state["lr_scheduler"]["step"], kSaved);
@@ -129,6 +132,7 @@ TEST(TorchtitanCheckpoint, TitanContinuesAsPyTorchDoes) {
       {kTitan, "convert", "from-dcp", dcp_dir, converted, "--model.flavor", "debugmodel"}, {}, std::chrono::seconds(120));
   ASSERT_EQ(c.exit_code, 0) << c.output;
   EXPECT_NE(c.output.find("as titan checkpoint " + converted), std::string::npos) << c.output;
+  EXPECT_EQ(checkpoint::Reader(converted).state()["train_state"]["ntokens_seen"], kSaved * kBatch * kSeqLen);
   Trainer t(parse_config(run_args(dir / "run2", converted)));
   EXPECT_EQ(t.train(), direct);
   // Another flavor's shapes are refused, naming the tensor.
@@ -165,6 +169,8 @@ TEST(TorchtitanCheckpoint, ModelOnlyStartsTheRunAfresh) {
   const std::string log = testing::internal::GetCapturedStdout() + testing::internal::GetCapturedStderr();
   EXPECT_NE(log.find("(torch.distributed.checkpoint) (model); starting at step 1"), std::string::npos) << log;
   EXPECT_EQ(t.train().size(), static_cast<size_t>(kSaved + kContinued));
+  // This folder's data loader did not record the degree: the count is taken times the one given.
+  EXPECT_EQ(checkpoint::DcpSource(dcp_dir).state(3)["train_state"]["ntokens_seen"], 3 * kSaved * kBatch * kSeqLen);
 }
 
 // Damaged or incomplete folders: errors that name the file, before anything is loaded.

@@ -18,6 +18,9 @@
 
 namespace titan::checkpoint {
 
+// The data-parallel degree torchtitan's data loader saves beside its per-rank states.
+constexpr const char* kRecordedDpDegree = "dataloader.world_size";
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -496,7 +499,7 @@ std::optional<double> DcpSource::scalar(const std::string& key) {
   return std::nullopt;
 }
 
-nlohmann::json DcpSource::state(int64_t dp_degree) {
+nlohmann::json DcpSource::state(int64_t dp_degree_if_unrecorded) {
   nlohmann::json s = nlohmann::json::object();
   auto integer = [&](const std::string& key) {
     const std::optional<double> v = scalar(key);
@@ -506,6 +509,11 @@ nlohmann::json DcpSource::state(int64_t dp_degree) {
   };
   if (has_value("train_state.step")) {
     const int64_t tokens = has_value("train_state.ntokens_seen") ? integer("train_state.ntokens_seen") : 0;
+    int64_t dp_degree = dp_degree_if_unrecorded;
+    if (has_value(kRecordedDpDegree)) {
+      dp_degree = integer(kRecordedDpDegree);
+      TITAN_USER_CHECK(dp_degree >= 1, describe(), ": '", kRecordedDpDegree, "' is 0, not a data-parallel degree");
+    }
     int64_t seen = 0;
     TITAN_USER_CHECK(!__builtin_mul_overflow(tokens, dp_degree, &seen), describe(), ": 'train_state.ntokens_seen' (",
                      tokens, ") times the data-parallel degree ", dp_degree, " does not fit 64 bits");
@@ -548,7 +556,8 @@ std::string DcpSource::unread_summary() const {
     return key.substr(0, key.find('.'));
   };
   for (const auto& k : unread_) by_part[part(k)]++;
-  static const std::set<std::string> read_values = {"train_state.step", "train_state.ntokens_seen", "lr_scheduler.last_epoch"};
+  static const std::set<std::string> read_values = {"train_state.step", "train_state.ntokens_seen", "lr_scheduler.last_epoch",
+                                                    kRecordedDpDegree};
   for (const auto& [k, b] : values_)
     if (!read_values.count(k)) by_part[part(k)]++;
   std::string out;

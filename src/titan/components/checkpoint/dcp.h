@@ -53,9 +53,10 @@ class DcpSource : public Source {
   // titan's parts the folder holds: "model", "optimizer", "lr_scheduler", "train_state" (in that order).
   std::vector<std::string> contents() const;
   // {"train_state": {"step", "ntokens_seen"}, "lr_scheduler": {"step"}} for the parts it holds.
-  // torchtitan records the tokens seen by one rank: titan's global count is that times `dp_degree`
-  // (exact when the saving run had the same data-parallel degree).
-  nlohmann::json state(int64_t dp_degree);
+  // torchtitan records the tokens seen by one rank: titan's global count is that times the saving
+  // run's data-parallel degree, which its data loader records ("dataloader.world_size"); a folder
+  // without it (a data loader that did not save one) is taken to have `dp_degree_if_unrecorded`.
+  nlohmann::json state(int64_t dp_degree_if_unrecorded);
   // The optimizer's hyperparameters as saved (from the first parameter's group): lr, eps,
   // weight_decay, beta1, beta2 and initial_lr (the base lr under a schedule), those present.
   std::map<std::string, double> optimizer_hyperparameters();
