@@ -3,15 +3,19 @@
 // separated by the line of tests/fuzz/fuzz_util.h.
 #pragma once
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace titan::test {
 
 inline std::vector<std::string> fuzz_regression_files(const std::string& target, const std::string& name) {
-  std::ifstream in(std::string(TITAN_SOURCE_DIR) + "/tests/fuzz/regressions/" + target + "/" + name, std::ios::binary);
+  const std::filesystem::path path = std::filesystem::path(TITAN_SOURCE_DIR) / "tests/fuzz/regressions" / target / name;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("no regression input " + path.string());
   std::ostringstream all;
   all << in.rdbuf();
   const std::string text = all.str(), separator = "\n--titan-fuzz-file--\n";
