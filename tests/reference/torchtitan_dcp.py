@@ -4,7 +4,7 @@
 IN.safetensors holds the initial weights (param.<name>, torchtitan's names), titan's first batches of the
 run that will continue (batch.tokens, batch.labels: (M, B, S)) and, as JSON metadata "config", the model's
 configuration (llama3_reference.py's) with a "train" object: lr, beta1, beta2, eps, weight_decay,
-max_norm, warmup_steps, decay_ratio, min_lr_factor, total_steps, saved_steps, ranks, batch, seq_len.
+max_norm, warmup_steps, decay_ratio, min_lr_factor, total_steps, saved_steps, ranks, batch, seq_len, loader.
 
 The script trains `saved_steps` steps from the initial weights on random batches, as torchtitan's
 single-device step does (mean cross-entropy, clip_grad_norm_, AdamW, a LambdaLR warmup-stable-decay
@@ -12,8 +12,8 @@ schedule with linear decay), then saves with torch.distributed.checkpoint.save t
 saves: the model's parameters at the top level, "optimizer" through get_optimizer_state_dict with
 flatten_optimizer_state_dict=True, "lr_scheduler" (the LambdaLR's state dict), "train_state"
 ({step, ntokens_seen}, one rank's count; with ranks == 1 as the 0-d tensors older torchtitan saved), a
-complex64 "freqs_cis" buffer (older torchtitan's) and a "dataloader" entry (with ranks > 1 holding
-"world_size", the data-parallel degree). With ranks > 1 the save runs in that
+complex64 "freqs_cis" buffer (older torchtitan's) and a "dataloader" entry (with the data-parallel
+degree as the train object's "loader" says). With ranks > 1 the save runs in that
 many Gloo processes, every real tensor of one or more dimensions sharded on dim 0 as FSDP does (DTensor
 Shard(0), one file per rank, uneven chunks where dim 0 does not divide). Then it continues M steps on the given
 batches from the same state and writes their losses (OUT.safetensors: "losses", float64).
@@ -135,10 +135,13 @@ def main():
     # Older torchtitan kept its RoPE table as a persistent buffer: complex, and not titan's to read.
     angles_all = torch.outer(torch.arange(2 * t["seq_len"]).float(), freqs)
     state["freqs_cis"] = torch.polar(torch.ones_like(angles_all), angles_all)
-    # Its data loader's state: one entry per data-parallel rank, and the data-parallel degree (left out
-    # with ranks == 1, as a data loader that does not record it).
+    # Its data loader's state: one entry per data-parallel rank, and the data-parallel degree as the
+    # version named by "loader" records it: "grain" (from 2026-08) as "dp_world_size" with a version,
+    # "stateful" (before) as "world_size", "none" not at all.
     state["dataloader"] = {"dp_rank_0": b"torchtitan's data loader state (titan does not read it)"}
-    if t["ranks"] > 1:
+    if t["loader"] == "grain":
+        state["dataloader"].update({"version": 1, "dp_world_size": t["ranks"]})
+    elif t["loader"] == "stateful":
         state["dataloader"]["world_size"] = t["ranks"]
     if t["ranks"] == 1:
         dcp.save(state, checkpoint_id=out_dir, no_dist=True)

@@ -361,7 +361,7 @@ void Trainer::set_up_checkpointing() {
       if (!c.initial_load_model_only) {
         for (const auto& p : dcp->contents())
           if (p != "model" && !has(c.exclude_from_loading, p)) parts.push_back(p);
-        state = dcp->state(dims_->dp_size());
+        if (has(parts, "train_state") || has(parts, "lr_scheduler")) state = dcp->state(dims_->dp_size());
         if (has(parts, "optimizer")) dcp_note = dcp_optimizer_note(dcp->optimizer_hyperparameters());
       }
       const std::string unread = dcp->unread_summary();

@@ -356,13 +356,21 @@ dataset_info:
   EXPECT_EQ(configs[0].files.at("validation"), (std::vector<std::string>{"eval/test-*"}));
   EXPECT_EQ(configs[3].name, "broken");
   EXPECT_NE(configs[3].problem.find("README.md:24: configuration 'broken': "), std::string::npos) << configs[3].problem;
-  // An empty config_name is that entry's problem (it is known by the name a missing one has).
+  // An entry with an empty config_name cannot be read; as the entry load_dataset would take by default
+  // (no other is marked default), its problem is the error, not a read of the whole folder.
   test::write_file(repo / "README.md", "---\nconfigs:\n- config_name: ''\n  data_files: data/*/*\n---\n");
   const auto unnamed = data::read_hub_configs(repo / "README.md");
   ASSERT_EQ(unnamed.size(), 1u);
-  EXPECT_EQ(unnamed[0].name, "default");
-  EXPECT_NE(unnamed[0].problem.find("README.md:3: configuration 'default': its config_name is empty"), std::string::npos)
-      << unnamed[0].problem;
+  EXPECT_EQ(unnamed[0].problem, (repo / "README.md").string() +
+                                    ":3: a configuration: its config_name is empty or not a plain name: name it");
+  const std::string unnamed_error = test::error_of([&] { data::list_data_files(repo, "train"); });
+  EXPECT_NE(unnamed_error.find(unnamed[0].problem + ". It would be the configuration to read: correct README.md, or set "
+                                                    "the dataset path to the folder of the data to read"),
+            std::string::npos) << unnamed_error;
+  // Another marked default: that one is read.
+  test::write_file(repo / "README.md", "---\nconfigs:\n- config_name: ''\n  data_files: data/*/*\n"
+                                       "- config_name: sample-10BT\n  default: true\n  data_files: sample/10BT/*\n---\n");
+  EXPECT_EQ(names_of(data::list_data_files(repo, "train"), repo), (std::vector<std::string>{"sample/10BT/000_00000.jsonl"}));
   // Marked default (yes, as YAML 1.1 reads it) wins over the one named "default".
   std::string marked = front;
   marked.replace(marked.find("  description: |"), 16, "  default: yes\n  description: |");

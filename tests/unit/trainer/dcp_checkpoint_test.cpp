@@ -47,9 +47,11 @@ std::vector<std::string> run_args(const std::string& dump, const std::string& lo
   return a;
 }
 
-// Writes the DCP folder `dcp_dir` (saved by `ranks` processes) from this run's initial weights and
-// returns PyTorch's losses of the kContinued steps after it, on titan's first batches of the run.
-std::vector<double> pytorch_checkpoint_and_continuation(const test::TempDir& dir, const std::string& dcp_dir, int ranks) {
+// Writes the DCP folder `dcp_dir` (saved by `ranks` processes, its data loader's state as `loader_state`:
+// "grain", "stateful" or "none", see tests/reference/torchtitan_dcp.py) from this run's initial weights
+// and returns PyTorch's losses of the kContinued steps after it, on titan's first batches of the run.
+std::vector<double> pytorch_checkpoint_and_continuation(const test::TempDir& dir, const std::string& dcp_dir, int ranks,
+                                                        const std::string& loader_state) {
   const JobConfig cfg = parse_config(run_args(dir / "init", ""));
   safetensors::Tensors in;
   {
@@ -76,7 +78,8 @@ std::vector<double> pytorch_checkpoint_and_continuation(const test::TempDir& dir
                  {"max_norm", cfg.training.max_norm}, {"warmup_steps", s.warmup_steps},
                  {"decay_ratio", s.decay_ratio ? nlohmann::json(*s.decay_ratio) : nlohmann::json()},
                  {"min_lr_factor", s.min_lr_factor}, {"total_steps", kSaved + kContinued},
-                 {"saved_steps", kSaved}, {"ranks", ranks}, {"batch", kBatch}, {"seq_len", kSeqLen}};
+                 {"saved_steps", kSaved}, {"ranks", ranks}, {"batch", kBatch}, {"seq_len", kSeqLen},
+                 {"loader", loader_state}};
   EXPECT_EQ(s.decay_type, "linear");
   safetensors::save(dir / "in.safetensors", in, {{"config", mc.dump()}});
   const test::ProcessResult r = test::run_process(
@@ -90,15 +93,15 @@ std::vector<double> pytorch_checkpoint_and_continuation(const test::TempDir& dir
 TEST(TorchtitanCheckpoint, TitanContinuesAsPyTorchDoes) {
   test::TempDir dir;
   const std::string dcp_dir = dir / "step-3";
-  const std::vector<double> expected = pytorch_checkpoint_and_continuation(dir, dcp_dir, 2);
+  const std::vector<double> expected = pytorch_checkpoint_and_continuation(dir, dcp_dir, 2, "grain");
   ASSERT_EQ(expected.size(), static_cast<size_t>(kContinued));
   EXPECT_TRUE(fs::exists(fs::path(dcp_dir) / "__0_0.distcp") && fs::exists(fs::path(dcp_dir) / "__1_0.distcp"));
 
   // What the folder holds, under titan's names.
   checkpoint::DcpSource source(dcp_dir);
   EXPECT_EQ(source.contents(), (std::vector<std::string>{"model", "optimizer", "lr_scheduler", "train_state"}));
-  // One rank's token count times the data-parallel degree the data loader recorded (2), not the one
-  // given for folders without that record.
+  // One rank's token count times the data-parallel degree the data loader recorded (2, as torchtitan's
+  // grain loader does), not the one given for folders without that record.
   const nlohmann::json state = source.state(7);
   EXPECT_EQ(state["train_state"]["step"], kSaved);
   EXPECT_EQ(state["train_state"]["ntokens_seen"], kSaved * kBatch * kSeqLen);
@@ -160,7 +163,7 @@ TEST(TorchtitanCheckpoint, TitanContinuesAsPyTorchDoes) {
 TEST(TorchtitanCheckpoint, ModelOnlyStartsTheRunAfresh) {
   test::TempDir dir;
   const std::string dcp_dir = dir / "step-3";
-  pytorch_checkpoint_and_continuation(dir, dcp_dir, 1);
+  pytorch_checkpoint_and_continuation(dir, dcp_dir, 1, "stateful");
   auto args = run_args(dir / "run", dcp_dir);
   args.back() = "true";  // initial_load_model_only
   testing::internal::CaptureStdout();
@@ -169,15 +172,15 @@ TEST(TorchtitanCheckpoint, ModelOnlyStartsTheRunAfresh) {
   const std::string log = testing::internal::GetCapturedStdout() + testing::internal::GetCapturedStderr();
   EXPECT_NE(log.find("(torch.distributed.checkpoint) (model); starting at step 1"), std::string::npos) << log;
   EXPECT_EQ(t.train().size(), static_cast<size_t>(kSaved + kContinued));
-  // This folder's data loader did not record the degree: the count is taken times the one given.
-  EXPECT_EQ(checkpoint::DcpSource(dcp_dir).state(3)["train_state"]["ntokens_seen"], 3 * kSaved * kBatch * kSeqLen);
+  // The degree as torchtitan's loader recorded it before 2026-08 (1 here), not the one given.
+  EXPECT_EQ(checkpoint::DcpSource(dcp_dir).state(3)["train_state"]["ntokens_seen"], kSaved * kBatch * kSeqLen);
 }
 
 // Damaged or incomplete folders: errors that name the file, before anything is loaded.
 TEST(TorchtitanCheckpoint, DamagedFoldersAreClearErrors) {
   test::TempDir dir;
   const std::string good = dir / "good";
-  pytorch_checkpoint_and_continuation(dir, good, 1);
+  pytorch_checkpoint_and_continuation(dir, good, 1, "none");
   auto copy = [&](const std::string& name) {
     const std::string to = dir / name;
     fs::copy(good, to, fs::copy_options::recursive);
@@ -223,6 +226,8 @@ TEST(TorchtitanCheckpoint, DamagedFoldersAreClearErrors) {
   }
   // Older torchtitan's 0-d tensor step counters are read (the good folder holds them).
   EXPECT_EQ(checkpoint::DcpSource(good).state(1)["train_state"]["step"], kSaved);
+  // Its data loader did not record the degree: the token count is taken times the one given.
+  EXPECT_EQ(checkpoint::DcpSource(good).state(3)["train_state"]["ntokens_seen"], 3 * kSaved * kBatch * kSeqLen);
   // Chunks that overlap and leave a gap (their sizes still add up to the tensor's).
   d = copy("overlap");
   const test::ProcessResult shift = test::run_process(

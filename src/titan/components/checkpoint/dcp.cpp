@@ -18,8 +18,9 @@
 
 namespace titan::checkpoint {
 
-// The data-parallel degree torchtitan's data loader saves beside its per-rank states.
-constexpr const char* kRecordedDpDegree = "dataloader.world_size";
+// The data-parallel degree torchtitan's data loader saves beside its per-rank states (its grain
+// loader, from 2026-08), and as older versions named it.
+const std::vector<std::string> kRecordedDpDegree = {"dataloader.dp_world_size", "dataloader.world_size"};
 
 namespace fs = std::filesystem;
 
@@ -510,10 +511,12 @@ nlohmann::json DcpSource::state(int64_t dp_degree_if_unrecorded) {
   if (has_value("train_state.step")) {
     const int64_t tokens = has_value("train_state.ntokens_seen") ? integer("train_state.ntokens_seen") : 0;
     int64_t dp_degree = dp_degree_if_unrecorded;
-    if (has_value(kRecordedDpDegree)) {
-      dp_degree = integer(kRecordedDpDegree);
-      TITAN_USER_CHECK(dp_degree >= 1, describe(), ": '", kRecordedDpDegree, "' is 0, not a data-parallel degree");
-    }
+    for (const std::string& key : kRecordedDpDegree)
+      if (has_value(key)) {
+        dp_degree = integer(key);
+        TITAN_USER_CHECK(dp_degree >= 1, describe(), ": '", key, "' is 0, not a data-parallel degree");
+        break;
+      }
     int64_t seen = 0;
     TITAN_USER_CHECK(!__builtin_mul_overflow(tokens, dp_degree, &seen), describe(), ": 'train_state.ntokens_seen' (",
                      tokens, ") times the data-parallel degree ", dp_degree, " does not fit 64 bits");
@@ -557,7 +560,7 @@ std::string DcpSource::unread_summary() const {
   };
   for (const auto& k : unread_) by_part[part(k)]++;
   static const std::set<std::string> read_values = {"train_state.step", "train_state.ntokens_seen", "lr_scheduler.last_epoch",
-                                                    kRecordedDpDegree};
+                                                    kRecordedDpDegree[0], kRecordedDpDegree[1]};
   for (const auto& [k, b] : values_)
     if (!read_values.count(k)) by_part[part(k)]++;
   std::string out;

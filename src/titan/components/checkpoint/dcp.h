@@ -54,8 +54,10 @@ class DcpSource : public Source {
   std::vector<std::string> contents() const;
   // {"train_state": {"step", "ntokens_seen"}, "lr_scheduler": {"step"}} for the parts it holds.
   // torchtitan records the tokens seen by one rank: titan's global count is that times the saving
-  // run's data-parallel degree, which its data loader records ("dataloader.world_size"); a folder
-  // without it (a data loader that did not save one) is taken to have `dp_degree_if_unrecorded`.
+  // run's data-parallel degree, which its data loader records ("dataloader.dp_world_size", before
+  // 2026-08 "dataloader.world_size"); a folder without it (a data loader that did not save one) is
+  // taken to have `dp_degree_if_unrecorded`. Exact without context parallelism (torchtitan from
+  // 2026-04 counts a rank's part of a sequence split over context-parallel ranks).
   nlohmann::json state(int64_t dp_degree_if_unrecorded);
   // The optimizer's hyperparameters as saved (from the first parameter's group): lr, eps,
   // weight_decay, beta1, beta2 and initial_lr (the base lr under a schedule), those present.

@@ -150,7 +150,7 @@ std::vector<fs::path> narrow_to_split(std::vector<fs::path> rel, const std::stri
     if (in_split(r, split)) of_split.push_back(r);
   if (!of_split.empty()) return of_split;
   std::set<std::string> others;
-  for (const std::string& s : {"train", "validation", "test", "eval"})
+  for (const char* s : {"train", "validation", "test", "eval"})
     for (const auto& r : rel)
       if (s != split && in_split(r, s)) others.insert(s);
   TITAN_USER_CHECK(others.empty(), "dataset folder '", where.string(), "' holds files of the ", joined(others, " and "),
@@ -172,10 +172,16 @@ std::optional<std::vector<fs::path>> hub_files(const fs::path& root, const std::
   std::vector<const HubConfig*> here;
   for (const auto& c : configs)
     if (c.problem.empty() && is_here(c)) here.push_back(&c);
-  if (here.empty()) return std::nullopt;
   const HubConfig* chosen = nullptr;
   for (const auto* c : here)
     if (!chosen && c->is_default) chosen = c;
+  // An entry titan cannot read that load_dataset would take as the default (named "default", or
+  // without a name titan can find), with none marked default: its problem is the error.
+  for (const auto& c : configs)
+    TITAN_USER_CHECK(chosen || c.problem.empty() || c.name != "default", c.problem,
+                     ". It would be the configuration to read: correct README.md, or set the dataset path to the folder "
+                     "of the data to read");
+  if (here.empty()) return std::nullopt;
   for (const auto* c : here)
     if (!chosen && c->name == "default") chosen = c;
   if (!chosen && here.size() == 1) chosen = here.front();

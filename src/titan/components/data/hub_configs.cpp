@@ -286,6 +286,8 @@ HubConfig read_entry(const std::vector<Line>& lines, const std::string& where) {
       h.name = m[1];
       break;
     }
+  // How messages name the entry: by its name where one is found before the entry is parsed.
+  const std::string shown = h.name.empty() ? "a configuration" : "configuration '" + h.name + "'";
   if (h.name.empty()) h.name = "default";
   try {
     Parser p(lines, where);
@@ -293,10 +295,8 @@ HubConfig read_entry(const std::vector<Line>& lines, const std::string& where) {
     if (seq.kind != Node::kSeq || seq.items.size() != 1 || seq.items[0].kind != Node::kMap)
       throw UserError("not a mapping");
     const Node& c = seq.items[0];
-    if (const Node* name = c.get("config_name"); name && name->kind == Node::kScalar) {
-      if (name->scalar.empty())
-        throw UserError("its config_name is empty: give it a name, or remove the key (a configuration without one is "
-                        "'default')");
+    if (const Node* name = c.get("config_name")) {
+      if (name->kind != Node::kScalar || trim(name->scalar).empty()) throw UserError("its config_name is empty or not a plain name: name it");
       h.name = name->scalar;
     }
     const Node* def = c.get("default");
@@ -324,7 +324,7 @@ HubConfig read_entry(const std::vector<Line>& lines, const std::string& where) {
       h.files["train"] = patterns_of(*files);
     }
   } catch (const UserError& e) {
-    h.problem = detail::concat(where, ":", lines.front().number, ": configuration '", h.name, "': ", e.what());
+    h.problem = detail::concat(where, ":", lines.front().number, ": ", shown, ": ", e.what());
     h.files.clear();
   }
   return h;

@@ -24,7 +24,8 @@ struct HubConfig {
 // `configs:` key). Reads the YAML subset these files use: block mappings and sequences (a sequence
 // may sit at its key's indentation), plain, single- and double-quoted scalars, flow sequences and
 // mappings (over several lines too), block scalars (| and >, skipped), comments. An entry it cannot
-// read is returned with its `problem` (an error only if that configuration is the one to read).
+// read is returned with its `problem` (an error only where load_dataset would read that configuration
+// by default: named "default", or without a name titan can find, and none other marked default).
 std::vector<HubConfig> read_hub_configs(const std::string& readme_path);
 
 // Whether `path` (relative, '/'-separated) matches `pattern` as the Hub's data_files do: '*' and '?'
