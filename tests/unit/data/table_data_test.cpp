@@ -356,21 +356,6 @@ dataset_info:
   EXPECT_EQ(configs[0].files.at("validation"), (std::vector<std::string>{"eval/test-*"}));
   EXPECT_EQ(configs[3].name, "broken");
   EXPECT_NE(configs[3].problem.find("README.md:24: configuration 'broken': "), std::string::npos) << configs[3].problem;
-  // An entry with an empty config_name cannot be read; as the entry load_dataset would take by default
-  // (no other is marked default), its problem is the error, not a read of the whole folder.
-  test::write_file(repo / "README.md", "---\nconfigs:\n- config_name: ''\n  data_files: data/*/*\n---\n");
-  const auto unnamed = data::read_hub_configs(repo / "README.md");
-  ASSERT_EQ(unnamed.size(), 1u);
-  EXPECT_EQ(unnamed[0].problem, (repo / "README.md").string() +
-                                    ":3: a configuration: its config_name is empty or not a plain name: name it");
-  const std::string unnamed_error = test::error_of([&] { data::list_data_files(repo, "train"); });
-  EXPECT_NE(unnamed_error.find(unnamed[0].problem + ". It would be the configuration to read: correct README.md, or set "
-                                                    "the dataset path to the folder of the data to read"),
-            std::string::npos) << unnamed_error;
-  // Another marked default: that one is read.
-  test::write_file(repo / "README.md", "---\nconfigs:\n- config_name: ''\n  data_files: data/*/*\n"
-                                       "- config_name: sample-10BT\n  default: true\n  data_files: sample/10BT/*\n---\n");
-  EXPECT_EQ(names_of(data::list_data_files(repo, "train"), repo), (std::vector<std::string>{"sample/10BT/000_00000.jsonl"}));
   // Marked default (yes, as YAML 1.1 reads it) wins over the one named "default".
   std::string marked = front;
   marked.replace(marked.find("  description: |"), 16, "  default: yes\n  description: |");
@@ -418,6 +403,62 @@ dataset_info:
   EXPECT_TRUE(data::hub_pattern_matches("data/**", "data/a/b/c.jsonl"));
   EXPECT_TRUE(data::hub_pattern_matches("**/*.jsonl", "x.jsonl"));
   EXPECT_TRUE(data::hub_pattern_matches("./en/c4-train.*.json.gz", "en/c4-train.00001-of-01024.json.gz"));
+}
+
+// README entries titan cannot read, or whose files load_dataset finds by its own rules: an error or
+// the folder by the other rules where load_dataset would read that entry by default (marked default,
+// named "default" or unnamed, or the only one), and passed over otherwise.
+TEST(DataHuggingFace, EntriesTitanCannotReadAreErrorsWhereLoadDatasetWouldReadThem) {
+  test::TempDir dir;
+  const fs::path repo = dir / "repo";
+  for (const std::string f : {"data/a/0.jsonl", "data/b/0.jsonl", "sample/0.jsonl"}) {
+    fs::create_directories((repo / f).parent_path());
+    test::write_file(repo / f, test::jsonl({f}));
+  }
+  const std::string readme = (repo / "README.md").string();
+  auto with = [&](const std::string& configs) { test::write_file(readme, "---\nconfigs:\n" + configs + "---\n"); };
+  auto files = [&] { return names_of(data::list_data_files(repo, "train"), repo); };
+  auto error = [&] { return test::error_of([&] { data::list_data_files(repo, "train"); }); };
+  const std::string tail = ". titan cannot read this entry, and load_dataset would read it by default: set the dataset "
+                           "path to the folder or file of the data to read, or simplify the entry in README.md";
+  const std::string sample = "- config_name: sample\n  data_files: sample/*\n";
+  const std::vector<std::string> all = {"data/a/0.jsonl", "data/b/0.jsonl", "sample/0.jsonl"};
+
+  // An empty (or blank, or list) config_name: the entry is unnamed, and as the only one, an error.
+  for (const std::string name : {"''", "'  '", "[a]"}) {
+    with("- config_name: " + name + "\n  data_files: data/*/*\n");
+    const auto configs = data::read_hub_configs(readme);
+    ASSERT_EQ(configs.size(), 1u);
+    EXPECT_EQ(configs[0].name, "default") << name;
+    EXPECT_EQ(configs[0].problem, readme + ":3: a configuration: its config_name is empty or not a plain name: name it")
+        << name;
+    EXPECT_EQ(error(), configs[0].problem + tail) << name;
+  }
+  // Named default and unreadable (an alias), beside a readable one: the error, naming it.
+  with("- config_name: default\n  data_files: *files\n" + sample);
+  EXPECT_EQ(error(), readme + ":3: configuration 'default': line 4: unsupported YAML value '*files' (anchors, aliases and "
+                              "tags)" + tail);
+  // In a flow mapping, and with a quoted key: the names as written.
+  with("- {config_name: default, data_files: *files}\n" + sample);
+  EXPECT_NE(error().find("configuration 'default':"), std::string::npos) << error();
+  with("- \"config_name\": en\n  data_files: *files\n" + sample);
+  EXPECT_EQ(data::read_hub_configs(readme).at(0).name, "en");
+  EXPECT_EQ(files(), std::vector<std::string>{"sample/0.jsonl"});  // en is neither marked nor named default
+  // Marked default under another name (its mark found in the text): the error, not the readable one.
+  with("- config_name: main\n  default: true\n  data_files: *files\n" + sample);
+  EXPECT_NE(error().find("configuration 'main':"), std::string::npos) << error();
+  // The only entry, under another name: the error, not the whole folder.
+  with("- config_name: en\n  data_files: *files\n");
+  EXPECT_NE(error().find("configuration 'en':"), std::string::npos) << error();
+  // A readable one marked default wins over any unreadable entry.
+  with("- config_name: default\n  data_files: *files\n- config_name: sample\n  default: true\n  data_files: sample/*\n");
+  EXPECT_EQ(files(), std::vector<std::string>{"sample/0.jsonl"});
+  // Without data_files nor data_dir (load_dataset then finds the files itself): as the default, the
+  // folder by the other rules; otherwise passed over.
+  with("- config_name: default\n  drop_labels: true\n" + sample);
+  EXPECT_EQ(files(), all);
+  with("- config_name: other\n  drop_labels: true\n" + sample);
+  EXPECT_EQ(files(), std::vector<std::string>{"sample/0.jsonl"});
 }
 
 // allenai/c4's layout with several variants downloaded: each configuration's files lie in a folder of

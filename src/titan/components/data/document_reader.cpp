@@ -175,12 +175,16 @@ std::optional<std::vector<fs::path>> hub_files(const fs::path& root, const std::
   const HubConfig* chosen = nullptr;
   for (const auto* c : here)
     if (!chosen && c->is_default) chosen = c;
-  // An entry titan cannot read that load_dataset would take as the default (named "default", or
-  // without a name titan can find), with none marked default: its problem is the error.
-  for (const auto& c : configs)
-    TITAN_USER_CHECK(chosen || c.problem.empty() || c.name != "default", c.problem,
-                     ". It would be the configuration to read: correct README.md, or set the dataset path to the folder "
-                     "of the data to read");
+  // Where none present is marked default, the entry load_dataset would read by default may be one
+  // whose files titan cannot list: without data_files nor data_dir, the folder is read by the other
+  // rules (as load_dataset finds its files); an entry titan cannot read is an error.
+  for (const auto& c : configs) {
+    if (chosen || (c.problem.empty() && !c.infers_files)) continue;
+    if (!c.is_default && c.name != "default" && configs.size() != 1) continue;
+    if (c.infers_files) return std::nullopt;
+    TITAN_USER_CHECK(false, c.problem, ". titan cannot read this entry, and load_dataset would read it by default: set "
+                     "the dataset path to the folder or file of the data to read, or simplify the entry in README.md");
+  }
   if (here.empty()) return std::nullopt;
   for (const auto* c : here)
     if (!chosen && c->name == "default") chosen = c;

@@ -279,13 +279,18 @@ bool yaml_true(const std::string& s) {
 // problem only.
 HubConfig read_entry(const std::vector<Line>& lines, const std::string& where) {
   HubConfig h;
+  // The name and the default mark as found in the text, for an entry the parser cannot read: a
+  // quoted name whole, a plain one up to a blank, comma or bracket.
   std::smatch m;
-  static const std::regex name_re(R"(config_name:\s*['"]?([^'"\s#]+))");
+  static const std::regex name_re(R"re(['"]?config_name['"]?\s*:\s*(?:'([^']*)'|"([^"]*)"|([^'"\s,\[\]{}#][^'"\s,\]}#]*)))re");
+  static const std::regex default_re(R"re((^|[\s{,])['"]?default['"]?\s*:\s*['"]?(true|yes|on|y|1)['"]?\s*([,}#]|$))re",
+                                     std::regex::icase);
   for (const auto& l : lines)
     if (std::regex_search(l.text, m, name_re)) {
-      h.name = m[1];
+      h.name = trim(m[1].matched ? m[1].str() : m[2].matched ? m[2].str() : m[3].str());
       break;
     }
+  for (const auto& l : lines) h.is_default = h.is_default || std::regex_search(l.text, default_re);
   // How messages name the entry: by its name where one is found before the entry is parsed.
   const std::string shown = h.name.empty() ? "a configuration" : "configuration '" + h.name + "'";
   if (h.name.empty()) h.name = "default";
@@ -304,11 +309,9 @@ HubConfig read_entry(const std::vector<Line>& lines, const std::string& where) {
     const Node* files = c.get("data_files");
     const Node* dir = c.get("data_dir");
     if (files == nullptr || files->kind == Node::kNull) {
-      if (dir && dir->kind == Node::kScalar && !dir->scalar.empty()) {
-        h.data_dir = dir->scalar;
-        return h;
-      }
-      throw UserError("it names no data_files (nor data_dir)");
+      if (dir && dir->kind == Node::kScalar && !dir->scalar.empty()) h.data_dir = dir->scalar;
+      else h.infers_files = true;  // load_dataset finds its files by its own rules
+      return h;
     }
     if (files->kind == Node::kSeq && !files->items.empty() && files->items.front().kind == Node::kMap) {
       for (const Node& s : files->items) {
@@ -324,7 +327,10 @@ HubConfig read_entry(const std::vector<Line>& lines, const std::string& where) {
       h.files["train"] = patterns_of(*files);
     }
   } catch (const UserError& e) {
-    h.problem = detail::concat(where, ":", lines.front().number, ": ", shown, ": ", e.what());
+    // The parser's errors name the file and line: the line only, after the entry's.
+    std::string what = e.what();
+    if (what.rfind(where + ":", 0) == 0) what = "line " + what.substr(where.size() + 1);
+    h.problem = detail::concat(where, ":", lines.front().number, ": ", shown, ": ", what);
     h.files.clear();
   }
   return h;
