@@ -117,6 +117,12 @@ for t in "${TARGETS[@]}"; do
     artifact=$(sed -n 's/.*Test unit written to //p' "$log" | tail -1)
     echo "[fuzz]   reproduce: $BUILD_DIR/${t}_fuzz ${artifact:-<see $log>}" >&2
     echo "[fuzz]   once fixed, keep it: cp ${artifact:-<input>} tests/fuzz/regressions/$t/" >&2
+    # The input itself where it is small, so that a log from another machine (CI) reproduces it.
+    if [[ -n "$artifact" && -f "$artifact" ]] && (($(stat -c %s "$artifact") <= 16384)); then
+      echo "[fuzz]   the input ($(stat -c %s "$artifact") bytes; recreate it: echo <the line below> | base64 -d > input):" >&2
+      base64 -w 0 "$artifact" >&2
+      echo >&2
+    fi
   fi
 done
 ((${#failed[@]} == 0)) || { echo "[fuzz] FAILED: ${failed[*]}" >&2; exit 1; }
