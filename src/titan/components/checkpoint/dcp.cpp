@@ -510,11 +510,12 @@ nlohmann::json DcpSource::state(int64_t dp_degree_if_unrecorded) {
   };
   if (has_value("train_state.step")) {
     const int64_t tokens = has_value("train_state.ntokens_seen") ? integer("train_state.ntokens_seen") : 0;
+    // The record is another program's (a data loader's): one that is not a degree is not used.
     int64_t dp_degree = dp_degree_if_unrecorded;
     for (const std::string& key : kRecordedDpDegree)
       if (has_value(key)) {
-        dp_degree = integer(key);
-        TITAN_USER_CHECK(dp_degree >= 1, describe(), ": '", key, "' is 0, not a data-parallel degree");
+        const std::optional<double> v = scalar(key);
+        if (v && *v >= 1 && *v < 0x1p63 && *v == std::floor(*v)) dp_degree = static_cast<int64_t>(*v);
         break;
       }
     int64_t seen = 0;

@@ -55,8 +55,8 @@ class DcpSource : public Source {
   // {"train_state": {"step", "ntokens_seen"}, "lr_scheduler": {"step"}} for the parts it holds.
   // torchtitan records the tokens seen by one rank: titan's global count is that times the saving
   // run's data-parallel degree, which its data loader records ("dataloader.dp_world_size", before
-  // 2026-08 "dataloader.world_size"); a folder without it (a data loader that did not save one) is
-  // taken to have `dp_degree_if_unrecorded`. Exact without context parallelism (torchtitan from
+  // 2026-08 "dataloader.world_size"); a folder without it (a data loader that did not save one, or
+  // saved something else under that key) is taken to have `dp_degree_if_unrecorded`. Exact without context parallelism (torchtitan from
   // 2026-04 counts a rank's part of a sequence split over context-parallel ranks).
   nlohmann::json state(int64_t dp_degree_if_unrecorded);
   // The optimizer's hyperparameters as saved (from the first parameter's group): lr, eps,
