@@ -229,12 +229,15 @@ TEST(LaunchTrain, DegreesThatDoNotFitTheWorldAreAClearError) {
   argv.insert(argv.end(), args.begin(), args.end());
   auto r = test::run_process(argv, {}, std::chrono::seconds(120));
   EXPECT_NE(r.exit_code, 0);
-  // Said once, by the launcher, for both ranks (each rank raised it alike).
+  // Said once, by the launcher: for both ranks where each raised it before the launcher saw the other
+  // fail, else for the first and the other named as stopped (on a loaded machine a rank may still be
+  // starting when the other fails).
   const size_t first = r.output.find("there are 2 processes");
   EXPECT_NE(first, std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("there are 2 processes", first + 1), std::string::npos) << r.output;
   EXPECT_TRUE(r.output.find("titan launch: ranks 0, 1 (pid ") != std::string::npos ||
-              r.output.find(", with the same error as rank ") != std::string::npos)
+              r.output.find(", with the same error as rank ") != std::string::npos ||
+              r.output.find("titan launch: stopping the other 1 worker(s)") != std::string::npos)
       << r.output;
   EXPECT_EQ(r.output.find("stopping the other 0 worker(s)"), std::string::npos) << r.output;
 }
