@@ -9,6 +9,7 @@
 #include <torch/csrc/jit/serialization/import_read.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -18,13 +19,13 @@
 
 namespace titan::checkpoint {
 
-// The data-parallel degree torchtitan's data loader saves beside its per-rank states (its grain
-// loader, from 2026-08), and as older versions named it.
-const std::vector<std::string> kRecordedDpDegree = {"dataloader.dp_world_size", "dataloader.world_size"};
-
 namespace fs = std::filesystem;
 
 namespace {
+
+// The data-parallel degree torchtitan's data loader saves beside its per-rank states (its grain
+// loader, from 2026-08), and as older versions named it.
+constexpr std::array<const char*, 2> kRecordedDpDegree = {"dataloader.dp_world_size", "dataloader.world_size"};
 
 const std::map<std::string, at::ScalarType>& dtypes() {
   static const std::map<std::string, at::ScalarType> m = {
@@ -502,20 +503,23 @@ std::optional<double> DcpSource::scalar(const std::string& key) {
 
 nlohmann::json DcpSource::state(int64_t dp_degree_if_unrecorded) {
   nlohmann::json s = nlohmann::json::object();
-  auto integer = [&](const std::string& key) {
+  auto as_integer = [&](const std::string& key) -> std::optional<int64_t> {
     const std::optional<double> v = scalar(key);
-    TITAN_USER_CHECK(v && *v >= 0 && *v < 0x1p63 && *v == std::floor(*v), describe(), ": '", key,
-                     "' is not a non-negative integer");
+    if (!v || *v < 0 || *v >= 0x1p63 || *v != std::floor(*v)) return std::nullopt;
     return static_cast<int64_t>(*v);
+  };
+  auto integer = [&](const std::string& key) {
+    const std::optional<int64_t> v = as_integer(key);
+    TITAN_USER_CHECK(v.has_value(), describe(), ": '", key, "' is not a non-negative integer");
+    return *v;
   };
   if (has_value("train_state.step")) {
     const int64_t tokens = has_value("train_state.ntokens_seen") ? integer("train_state.ntokens_seen") : 0;
     // The record is another program's (a data loader's): one that is not a degree is not used.
     int64_t dp_degree = dp_degree_if_unrecorded;
-    for (const std::string& key : kRecordedDpDegree)
+    for (const char* key : kRecordedDpDegree)
       if (has_value(key)) {
-        const std::optional<double> v = scalar(key);
-        if (v && *v >= 1 && *v < 0x1p63 && *v == std::floor(*v)) dp_degree = static_cast<int64_t>(*v);
+        if (const std::optional<int64_t> d = as_integer(key); d && *d >= 1) dp_degree = *d;
         break;
       }
     int64_t seen = 0;
@@ -560,8 +564,9 @@ std::string DcpSource::unread_summary() const {
     return key.substr(0, key.find('.'));
   };
   for (const auto& k : unread_) by_part[part(k)]++;
-  static const std::set<std::string> read_values = {"train_state.step", "train_state.ntokens_seen", "lr_scheduler.last_epoch",
-                                                    kRecordedDpDegree[0], kRecordedDpDegree[1]};
+  static const std::set<std::string> read_values = {"train_state.step", "train_state.ntokens_seen",
+                                                    "lr_scheduler.last_epoch", kRecordedDpDegree[0],
+                                                    kRecordedDpDegree[1]};
   for (const auto& [k, b] : values_)
     if (!read_values.count(k)) by_part[part(k)]++;
   std::string out;

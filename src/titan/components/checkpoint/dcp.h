@@ -56,8 +56,9 @@ class DcpSource : public Source {
   // torchtitan records the tokens seen by one rank: titan's global count is that times the saving
   // run's data-parallel degree, which its data loader records ("dataloader.dp_world_size", before
   // 2026-08 "dataloader.world_size"); a folder without it (a data loader that did not save one, or
-  // saved something else under that key) is taken to have `dp_degree_if_unrecorded`. Exact without context parallelism (torchtitan from
-  // 2026-04 counts a rank's part of a sequence split over context-parallel ranks).
+  // saved something else under that key) is taken to have `dp_degree_if_unrecorded`. Exact without
+  // context parallelism (torchtitan from 2026-04 counts a rank's part of a sequence split over
+  // context-parallel ranks).
   nlohmann::json state(int64_t dp_degree_if_unrecorded);
   // The optimizer's hyperparameters as saved (from the first parameter's group): lr, eps,
   // weight_decay, beta1, beta2 and initial_lr (the base lr under a schedule), those present.

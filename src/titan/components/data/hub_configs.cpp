@@ -282,7 +282,8 @@ HubConfig read_entry(const std::vector<Line>& lines, const std::string& where) {
   // The name and the default mark as found in the text, for an entry the parser cannot read: a
   // quoted name whole, a plain one up to a blank, comma or bracket.
   std::smatch m;
-  static const std::regex name_re(R"re(['"]?config_name['"]?\s*:\s*(?:'([^']*)'|"([^"]*)"|([^'"\s,\[\]{}#][^'"\s,\]}#]*)))re");
+  static const std::regex name_re(
+      R"re(['"]?config_name['"]?\s*:\s*(?:'([^']*)'|"([^"]*)"|([^'"\s,\[\]{}#][^'"\s,\]}#]*)))re");
   static const std::regex default_re(R"re((^|[\s{,])['"]?default['"]?\s*:\s*['"]?(true|yes|on|y|1)['"]?\s*([,}#]|$))re",
                                      std::regex::icase);
   for (const auto& l : lines)
@@ -290,7 +291,7 @@ HubConfig read_entry(const std::vector<Line>& lines, const std::string& where) {
       h.name = trim(m[1].matched ? m[1].str() : m[2].matched ? m[2].str() : m[3].str());
       break;
     }
-  for (const auto& l : lines) h.is_default = h.is_default || std::regex_search(l.text, default_re);
+  h.is_default = std::any_of(lines.begin(), lines.end(), [](const Line& l) { return std::regex_search(l.text, default_re); });
   // How messages name the entry: by its name where one is found before the entry is parsed.
   const std::string shown = h.name.empty() ? "a configuration" : "configuration '" + h.name + "'";
   if (h.name.empty()) h.name = "default";
@@ -301,7 +302,8 @@ HubConfig read_entry(const std::vector<Line>& lines, const std::string& where) {
       throw UserError("not a mapping");
     const Node& c = seq.items[0];
     if (const Node* name = c.get("config_name")) {
-      if (name->kind != Node::kScalar || trim(name->scalar).empty()) throw UserError("its config_name is empty or not a plain name: name it");
+      if (name->kind != Node::kScalar || trim(name->scalar).empty())
+        throw UserError("its config_name is empty or not a plain name: name it");
       h.name = name->scalar;
     }
     const Node* def = c.get("default");
