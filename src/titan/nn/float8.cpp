@@ -1,12 +1,14 @@
 #include "titan/nn/float8.h"
 
 #include "titan/common/error.h"
+#include "titan/nn/fused_kernels.h"
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/autograd.h>
 
+#include <limits>
 #include <numeric>
 #include <optional>
 
@@ -53,23 +55,30 @@ at::Tensor float8_scale(const at::Tensor& amax, Float8Type type, bool round_scal
   return round_scales_to_power_of_2 ? at::exp2(at::floor(at::log2(scale))) : scale;
 }
 
-at::Tensor float8_data(const at::Tensor& t, const at::Tensor& scale, Float8Type type) {
+at::Tensor float8_data(const at::Tensor& t, const at::Tensor& scale, Float8Type type, bool column_major) {
+  // On CUDA titan's kernel: one pass, the layout written directly (no fp32 temporaries, no transposing copy).
+  if (fused::float8_cast_accepts(t, scale)) return fused::float8_cast(t, scale, scalar_type(type), column_major);
   const double fp8_max = max_of(type);
-  return (t.to(at::kFloat) * scale).clamp(-fp8_max, fp8_max).to(scalar_type(type));
+  const at::Tensor data = (t.to(at::kFloat) * scale).clamp(-fp8_max, fp8_max).to(scalar_type(type));
+  return column_major && data.dim() == 2 ? data.t().contiguous().t() : data;
 }
 
 Float8Operand float8_cast(const at::Tensor& t, const Float8Cast& cast, int64_t k_dim, bool round_scales_to_power_of_2,
-                          const std::function<void(at::Tensor&)>* max_over_ranks) {
+                          const std::function<void(at::Tensor&)>* max_over_ranks, bool column_major) {
   TITAN_ASSERT(cast.type != Float8Type::HighPrecision, "float8_cast: a high-precision operand is not cast");
   TITAN_ASSERT(t.dim() == 2, "float8_cast: a matmul operand is 2-D");
   at::NoGradGuard no_grad;
-  at::Tensor amax = cast.scaling == Float8Scaling::Tensorwise ? t.abs().amax() : t.abs().amax(k_dim, /*keepdim=*/true);
+  // max |t| in one reduction (the infinity norm), without |t| as a temporary.
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  at::Tensor amax = cast.scaling == Float8Scaling::Tensorwise
+                        ? at::linalg_vector_norm(t, kInf)
+                        : at::linalg_vector_norm(t, kInf, at::IntArrayRef{k_dim}, /*keepdim=*/true);
   if (max_over_ranks) {
     amax = amax.to(at::kFloat).contiguous();  // (exact: an amax is one of the tensor's values)
     (*max_over_ranks)(amax);
   }
   const at::Tensor scale = float8_scale(amax, cast.type, round_scales_to_power_of_2);
-  return {float8_data(t, scale, cast.type), scale};
+  return {float8_data(t, scale, cast.type, column_major), scale};
 }
 
 at::Tensor float8_mm(const at::Tensor& a, const at::Tensor& b, const Float8Cast& ca, const Float8Cast& cb,
@@ -84,8 +93,10 @@ at::Tensor float8_mm(const at::Tensor& a, const at::Tensor& b, const Float8Cast&
     const at::ScalarType dtype = a.scalar_type();
     return at::mm(a, b.to(dtype)).to(out_dtype);
   }
-  const Float8Operand fa = a_cast ? *a_cast : float8_cast(a, ca, 1, recipe.round_scales_to_power_of_2, max_a);
-  const Float8Operand fb = b_cast ? *b_cast : float8_cast(b, cb, 0, recipe.round_scales_to_power_of_2, max_b);
+  // cuBLAS's float8 product takes A row-major and B column-major: the casts write those layouts.
+  const bool cublas = a.is_cuda() || a.is_meta();
+  const Float8Operand fa = a_cast ? *a_cast : float8_cast(a, ca, 1, recipe.round_scales_to_power_of_2, max_a, false);
+  const Float8Operand fb = b_cast ? *b_cast : float8_cast(b, cb, 0, recipe.round_scales_to_power_of_2, max_b, cublas);
   at::NoGradGuard no_grad;
   const at::Tensor inv_a = fa.scale.reciprocal(), inv_b = fb.scale.reciprocal();
   if (recipe.emulate) {
@@ -93,8 +104,9 @@ at::Tensor float8_mm(const at::Tensor& a, const at::Tensor& b, const Float8Cast&
     return at::mm(fa.data.to(at::kFloat) * inv_a, fb.data.to(at::kFloat) * inv_b).to(out_dtype);
   }
   const bool tensorwise = inv_a.numel() == 1 && inv_b.numel() == 1;
-  if (a.is_cuda() || a.is_meta()) {  // (meta: titan estimate's dry run of a CUDA run)
-    // cuBLAS: A row-major, B column-major; rowwise scales (M, 1) and (1, N) (a tensorwise one expanded).
+  if (cublas) {  // (meta: titan estimate's dry run of a CUDA run)
+    // cuBLAS: A row-major, B column-major (an operand cast beforehand is copied into its layout when
+    // it is in the other); rowwise scales (M, 1) and (1, N) (a tensorwise one expanded).
     const at::Tensor b_col = fb.data.t().contiguous().t();
     if (tensorwise)
       return at::_scaled_mm(fa.data.contiguous(), b_col, inv_a, inv_b, std::nullopt, std::nullopt, out_dtype,
@@ -183,7 +195,10 @@ struct Float8LinearFn : public torch::autograd::Function<Float8LinearFn> {
     if (want_x && want_w && tensorwise(r.grad_output) && tensorwise(r.grad_output_for_grad_weight) &&
         r.grad_output.type == r.grad_output_for_grad_weight.type) {
       g_cast = float8_cast(g, r.grad_output, 1, r.round_scales_to_power_of_2, max_for(s, "MN", 'N', r.grad_output));
-      g_t_cast = Float8Operand{g_cast->data.t(), g_cast->scale};
+      // On CUDA grad_weight's A is gyᵀ row-major: gy cast again under the same scale straight into that
+      // layout (cheaper than transposing the float8 copy); elsewhere the same values transposed.
+      g_t_cast = Float8Operand{g.is_cuda() ? float8_data(g.t(), g_cast->scale, r.grad_output.type) : g_cast->data.t(),
+                               g_cast->scale};
     }
     at::Tensor gx, gw;
     if (want_x) {

@@ -74,19 +74,21 @@ struct Float8Weight {
 
 // The cast's two steps, for a caller that reduces amaxes its own way (FSDP's float8 all-gather):
 // the scale from an amax (fp64, stored fp32, optionally a power of 2), and the float8 data of `t`
-// under a scale that broadcasts against it.
+// under a scale that broadcasts against it (one value, or (R, 1) or (1, C) for a 2-D t), row-major,
+// or column-major (its transpose contiguous) when `column_major` and t is 2-D. On CUDA one pass of
+// titan's kernel (fused_kernels.h) writes it in that layout; elsewhere ATen's operations.
 at::Tensor float8_scale(const at::Tensor& amax, Float8Type type, bool round_scales_to_power_of_2);
-at::Tensor float8_data(const at::Tensor& t, const at::Tensor& scale, Float8Type type);
+at::Tensor float8_data(const at::Tensor& t, const at::Tensor& scale, Float8Type type, bool column_major = false);
 
 // One operand cast as above: `data` float8 (the operand's shape), `scale` fp32 (a scalar
 // (tensorwise) or the operand's shape with K reduced to 1 (axiswise)). `k_dim` is the dimension
 // summed by the matmul (1 for A, 0 for B). `max_over_ranks`, when given, completes the amax across
-// the ranks that hold the rest of the operand.
+// the ranks that hold the rest of the operand. `column_major`: `data` in that layout (float8_data).
 struct Float8Operand {
   at::Tensor data, scale;
 };
 Float8Operand float8_cast(const at::Tensor& t, const Float8Cast& cast, int64_t k_dim, bool round_scales_to_power_of_2,
-                          const std::function<void(at::Tensor&)>* max_over_ranks = nullptr);
+                          const std::function<void(at::Tensor&)>* max_over_ranks = nullptr, bool column_major = false);
 
 // a (M, K) @ b (K, N) with a and b cast as `ca`, `cb` (both high precision or both float8), in
 // `out_dtype`, each amax completed over the ranks by the function given for it (or none).

@@ -134,6 +134,51 @@ at::Tensor cross_entropy_backward(const at::Tensor& logits, const at::Tensor& la
   return grad;
 }
 
+namespace {
+
+// t's (rows, columns) and their strides. A 1-D tensor is rows of 32 where its length allows (the
+// kernel's tiles are 32 x 32), else one row.
+struct Matrix {
+  int64_t R, C, sr, sc;
+};
+Matrix matrix_of(const at::Tensor& t) {
+  if (t.dim() == 2) return {t.size(0), t.size(1), t.stride(0), t.stride(1)};
+  const int64_t n = t.size(0), s = t.stride(0);
+  if (n % 32 == 0) return {n / 32, 32, 32 * s, s};
+  return {1, n, n * s, s};
+}
+
+}  // namespace
+
+bool float8_cast_accepts(const at::Tensor& t, const at::Tensor& scale) {
+  if (!t.is_cuda() || (t.dim() != 1 && t.dim() != 2) || !kernel_dtype(t.scalar_type()) ||
+      scale.device() != t.device() || scale.scalar_type() != at::kFloat)
+    return false;
+  const Matrix m = matrix_of(t);
+  const int64_t n = scale.numel();
+  if (n == 1) return true;
+  if (t.dim() == 1) return false;
+  // One per row: (R, 1); one per column: (1, C) (a 1-D scale would broadcast along the columns).
+  return scale.dim() == 2 && ((scale.size(0) == m.R && scale.size(1) == 1) || (scale.size(0) == 1 && scale.size(1) == m.C));
+}
+
+at::Tensor float8_cast(const at::Tensor& t, const at::Tensor& scale_in, at::ScalarType fp8, bool column_major) {
+  TORCH_CHECK(float8_cast_accepts(t, scale_in), "fused float8 cast: unsupported inputs");
+  TORCH_CHECK(fp8 == at::kFloat8_e4m3fn || fp8 == at::kFloat8_e5m2, "fused float8 cast: e4m3fn or e5m2, got ", fp8);
+  const c10::cuda::CUDAGuard guard(t.device());
+  const Matrix m = matrix_of(t);
+  const at::Tensor scale = scale_in.contiguous();
+  launch::Float8Scale mode = launch::Float8Scale::kOne;
+  if (scale.numel() != 1)
+    mode = scale.dim() == 2 && scale.size(0) == 1 ? launch::Float8Scale::kPerColumn : launch::Float8Scale::kPerRow;
+  at::Tensor out = column_major && t.dim() == 2 ? at::empty({m.C, m.R}, t.options().dtype(fp8)).t()
+                                                : at::empty(t.sizes(), t.options().dtype(fp8));
+  C10_CUDA_CHECK(launch::float8_cast(dtype_of(t), t.data_ptr(), m.R, m.C, m.sr, m.sc, scale.data_ptr<float>(), mode,
+                                     fp8 == at::kFloat8_e4m3fn, out.data_ptr(), column_major && t.dim() == 2,
+                                     stream_of(t)));
+  return out;
+}
+
 bool init_normal(at::Tensor& flat, int64_t first, uint32_t k0, uint32_t k1, float mean, float std, bool truncated,
                  float a_in, float b_in) {
   if (!flat.is_cuda() || !flat.is_contiguous() || !kernel_dtype(flat.scalar_type())) return false;
@@ -149,6 +194,7 @@ bool kernels_built() { return false; }
 bool swiglu_accepts(const at::Tensor&, const at::Tensor&) { return false; }
 bool rope_accepts(const at::Tensor&, const at::Tensor&) { return false; }
 bool cross_entropy_accepts(const at::Tensor&, const at::Tensor&) { return false; }
+bool float8_cast_accepts(const at::Tensor&, const at::Tensor&) { return false; }
 bool init_normal(at::Tensor&, int64_t, uint32_t, uint32_t, float, float, bool, float, float) { return false; }
 
 namespace {
@@ -162,6 +208,7 @@ std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor&, const at::T
   not_built("fused swiglu backward");
 }
 at::Tensor rope(const at::Tensor&, const at::Tensor&, bool) { not_built("fused rope"); }
+at::Tensor float8_cast(const at::Tensor&, const at::Tensor&, at::ScalarType, bool) { not_built("fused float8 cast"); }
 std::pair<at::Tensor, at::Tensor> cross_entropy_forward(const at::Tensor&, const at::Tensor&, int64_t) {
   not_built("fused cross-entropy");
 }

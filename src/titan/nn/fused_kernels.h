@@ -38,6 +38,14 @@ std::pair<at::Tensor, at::Tensor> cross_entropy_forward(const at::Tensor& logits
 at::Tensor cross_entropy_backward(const at::Tensor& logits, const at::Tensor& labels, const at::Tensor& lse,
                                   const at::Tensor& g, int64_t ignore_index);
 
+// t (R, C) or (n) on CUDA (float32, bfloat16 or float16, any strides) and `scale` fp32 on its
+// device: one value, one per row (R, 1) or one per column (1, C). Returns
+// float8(clamp(t * scale, -max, max)) in `fp8` (Float8_e4m3fn or Float8_e5m2), to nearest even, in
+// one pass: t's shape, row-major, or column-major when `column_major` (its transpose contiguous:
+// cuBLAS's layout for a matmul's second operand), with no fp32 temporaries.
+bool float8_cast_accepts(const at::Tensor& t, const at::Tensor& scale);
+at::Tensor float8_cast(const at::Tensor& t, const at::Tensor& scale, at::ScalarType fp8, bool column_major);
+
 // Parameter initialization on the GPU (init.cpp): `flat`, a contiguous CUDA tensor of float32,
 // bfloat16 or float16, gets elements [first, first + flat.numel()) of the normal (or, when
 // `truncated`, normal redrawn until inside [a_in, b_in]) that init.cpp's CPU generator draws with

@@ -12,6 +12,7 @@
 #include "titan/components/checkpoint/safetensors.h"
 #include "titan/distributed/process_group.h"
 #include "titan/nn/float8.h"
+#include "titan/nn/fused_kernels.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -273,6 +274,74 @@ TEST(CudaFloat8, EveryRecipeOnTheGpuEqualsTheCpu) {
   const auto cpu = grouped(at::kCPU, 16), gpu = grouped(cuda, 0);
   for (size_t i = 0; i < 3; ++i) EXPECT_LT(test::relative_error(gpu[i], cpu[i]), 5e-3) << "tensor " << i;
   EXPECT_TRUE(at::equal(gpu[2][1], at::zeros({48, 32}))) << "an expert without tokens has no gradient";
+}
+
+// titan's float8 cast kernel (fused_kernels.h) against ATen's formulation of the cast on the CPU,
+// bit for bit: every input dtype, inputs row-major, transposed and strided, both output layouts,
+// scales of one value, per row and per column, both float8 types, sizes that are not multiples of
+// the kernel's 32 x 32 tiles, values past float8's range (clamped), below its normal range
+// (subnormals) and signed zeros.
+TEST(CudaFloat8, CastKernelEqualsAtensCastInEveryLayoutAndDtype) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible: this check runs only on a GPU machine";
+  const at::Device cuda(at::kCUDA);
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(17);
+  auto aten_cast = [](const at::Tensor& t, const at::Tensor& scale, at::ScalarType fp8) {
+    const double max = fp8 == at::kFloat8_e4m3fn ? 448.0 : 57344.0;
+    return (t.to(at::kFloat) * scale).clamp(-max, max).to(fp8);
+  };
+  int checked = 0;
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    for (const auto& [R, C] : std::vector<std::pair<int64_t, int64_t>>{{37, 53}, {64, 96}, {1, 70}, {130, 5}}) {
+      // Magnitudes from 1e-6 to 1e4 (below e4m3's subnormals, through them, past its maximum once scaled).
+      const int64_t n = std::max(R, C);
+      at::Tensor base = at::randn({n + 3, 2 * n}, gen) * at::pow(10.0, at::randint(-6, 5, {n + 3, 2 * n}, gen));
+      base.index_put_({0, 0}, -0.0);
+      base = base.to(dtype);
+      const std::vector<std::pair<std::string, at::Tensor>> inputs = {
+          {"row-major", base.narrow(0, 0, R).narrow(1, 0, C).contiguous()},
+          {"strided rows", base.narrow(0, 2, R).narrow(1, 1, C)},
+          {"transposed", base.narrow(0, 0, C).narrow(1, 0, R).contiguous().t()},
+          {"every other column", base.narrow(0, 0, R).slice(1, 0, 2 * C, 2)}};
+      for (const auto& [layout, t] : inputs) {
+        ASSERT_EQ(t.sizes(), at::IntArrayRef({R, C}));
+        const std::vector<at::Tensor> scales = {at::full({}, 0.37f), at::rand({R, 1}, gen) * 8, at::rand({1, C}, gen) * 8};
+        for (size_t s = 0; s < scales.size(); ++s) {
+          for (const at::ScalarType fp8 : {at::kFloat8_e4m3fn, at::kFloat8_e5m2}) {
+            const at::Tensor want = aten_cast(t, scales[s], fp8).view(at::kByte);
+            const at::Tensor t_gpu = t.to(cuda), scale_gpu = scales[s].to(cuda);
+            ASSERT_TRUE(nn::fused::float8_cast_accepts(t_gpu, scale_gpu));
+            for (const bool column_major : {false, true}) {
+              SCOPED_TRACE(std::string(c10::toString(dtype)) + " " + std::to_string(R) + "x" + std::to_string(C) + " " +
+                           layout + " scale " + std::to_string(s) + " " + c10::toString(fp8) +
+                           (column_major ? " column-major" : " row-major"));
+              const at::Tensor got = nn::fused::float8_cast(t_gpu, scale_gpu, fp8, column_major);
+              EXPECT_EQ(got.scalar_type(), fp8);
+              EXPECT_EQ(got.sizes(), t.sizes());
+              EXPECT_TRUE(column_major ? got.t().is_contiguous() : got.is_contiguous());
+              EXPECT_TRUE(at::equal(got.cpu().view(at::kByte), want));
+              ++checked;
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_EQ(checked, 3 * 4 * 4 * 3 * 2 * 2);
+  // The saturation and the subnormals are really exercised (e4m3's max 448 = 0x7e; smallest subnormal 0x01).
+  const at::Tensor t = at::tensor({1000.0f, -1000.0f, 0.002f, -0.0f, 3.0f}).reshape({1, 5});
+  const at::Tensor one = at::ones({});
+  const at::Tensor got = nn::fused::float8_cast(t.to(cuda), one.to(cuda), at::kFloat8_e4m3fn, false).cpu().view(at::kByte);
+  EXPECT_TRUE(at::equal(got, at::tensor({0x7e, 0xfe, 0x01, 0x80, 0x44}, at::kByte).reshape({1, 5}))) << got;
+  // A 1-D tensor (FSDP's float8 shards) in rows of 32 and, for other lengths, one row.
+  for (const int64_t n : {96, 50}) {
+    const at::Tensor v = at::randn({n}, gen).to(at::kBFloat16);
+    const at::Tensor got1 = nn::fused::float8_cast(v.to(cuda), at::full({}, 100.0f, at::kFloat).to(cuda), at::kFloat8_e4m3fn, false);
+    EXPECT_TRUE(at::equal(got1.cpu().view(at::kByte), aten_cast(v, at::full({}, 100.0f), at::kFloat8_e4m3fn).view(at::kByte)))
+        << n;
+  }
+  // A scale the kernel does not take: a 1-D one over a 2-D tensor would broadcast along the columns.
+  EXPECT_FALSE(nn::fused::float8_cast_accepts(at::ones({4, 4}, cuda), at::ones({4}, cuda)));
+  EXPECT_FALSE(nn::fused::float8_cast_accepts(at::ones({4, 4}), at::ones({}))) << "a CPU tensor";
 }
 
 }  // namespace

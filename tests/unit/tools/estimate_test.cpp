@@ -688,8 +688,9 @@ TEST(Estimate, PipelineRanksHoldTheActivationsTheirScheduleKeeps) {
     EXPECT_EQ(gpipe.pipeline_ranks[r].in_flight, 8);
     EXPECT_EQ(one_f_one_b.pipeline_ranks[r].in_flight, 4 - r);
     // The middle stages hold two blocks each: activations follow the microbatches in flight.
-    if (r == 1 || r == 2)
+    if (r == 1 || r == 2) {
       EXPECT_GT(gpipe.pipeline_ranks[r].activations, 2 * one_f_one_b.pipeline_ranks[r].activations) << "rank " << r;
+    }
   }
   EXPECT_GT(one_f_one_b.pipeline_ranks[1].activations, one_f_one_b.pipeline_ranks[2].activations);
   // The stages' FLOPs add up to the model's.

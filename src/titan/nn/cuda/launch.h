@@ -52,4 +52,12 @@ cudaError_t cross_entropy_backward(Dtype dtype, const void* x, int64_t N, int64_
 cudaError_t init_normal(Dtype dtype, void* out, int64_t first, int64_t n, uint32_t k0, uint32_t k1, float mean,
                         float std, bool truncated, float a_in, float b_in, cudaStream_t stream);
 
+// out = float8(clamp(x[r, c] * scale, -max, max)), rounded to nearest even, for the R x C values of x
+// at x + r * sr + c * sc (elements of `dtype`), as e4m3fn (max 448) or e5m2 (max 57344); NaN stays
+// NaN. `scale`: fp32 on the device, one value, one per row (R) or one per column (C), as `mode` says.
+// out (one byte each) is row-major (r * C + c) or, when `out_column_major`, column-major (c * R + r).
+enum class Float8Scale : int { kOne, kPerRow, kPerColumn };
+cudaError_t float8_cast(Dtype dtype, const void* x, int64_t R, int64_t C, int64_t sr, int64_t sc, const float* scale,
+                        Float8Scale mode, bool e4m3, void* out, bool out_column_major, cudaStream_t stream);
+
 }  // namespace titan::nn::cuda_launch
