@@ -58,9 +58,14 @@ at::Tensor float8_scale(const at::Tensor& amax, Float8Type type, bool round_scal
 at::Tensor float8_data(const at::Tensor& t, const at::Tensor& scale, Float8Type type, bool column_major) {
   // On CUDA titan's kernel: one pass, the layout written directly (no fp32 temporaries, no transposing copy).
   if (fused::float8_cast_accepts(t, scale)) return fused::float8_cast(t, scale, scalar_type(type), column_major);
+  // The meta device stands for CUDA (titan estimate's dry run): the kernel's one allocation.
+  if (t.is_meta()) {
+    const at::TensorOptions fp8 = t.options().dtype(scalar_type(type));
+    return column_major && t.dim() == 2 ? at::empty({t.size(1), t.size(0)}, fp8).t() : at::empty(t.sizes(), fp8);
+  }
   const double fp8_max = max_of(type);
   const at::Tensor data = (t.to(at::kFloat) * scale).clamp(-fp8_max, fp8_max).to(scalar_type(type));
-  return column_major && data.dim() == 2 ? data.t().contiguous().t() : data;
+  return column_major && data.dim() == 2 ? data.t().contiguous().t() : data.contiguous();
 }
 
 Float8Operand float8_cast(const at::Tensor& t, const Float8Cast& cast, int64_t k_dim, bool round_scales_to_power_of_2,

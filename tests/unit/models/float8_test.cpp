@@ -230,6 +230,29 @@ TEST(Float8Linear, UnknownRecipeIsNamed) {
 // cuBLAS's fast float8 accumulation), 5e-3 where cuBLAS writes rowwise products in bf16 (half a bf16
 // unit is up to 2^-8 = 3.9e-3 of an entry). Then the grouped layer of MoE experts (groups padded to 16 rows on the GPU) against the CPU
 // padded alike.
+// The CPU writes a column-major cast when asked (the same values), and the meta device (titan
+// estimate's dry run of a CUDA run) allocates what CUDA's cast kernel does: the float8 output in the
+// layout cuBLAS takes, no fp32 copies.
+TEST(Float8Linear, ColumnMajorCastsHoldTheSameValuesAndMetaTakesTheKernelsLayout) {
+  const LayerData d = spread_layer(3, 40, 24, 8);
+  const nn::Float8Recipe recipe = nn::Float8Recipe::named("rowwise");
+  for (const auto& [t, k_dim] : std::vector<std::pair<at::Tensor, int64_t>>{{d.x, 1}, {d.w.t(), 0}, {d.x.t(), 0}}) {
+    const nn::Float8Operand rows = nn::float8_cast(t, recipe.input, k_dim, true, nullptr, false);
+    const nn::Float8Operand cols = nn::float8_cast(t, recipe.input, k_dim, true, nullptr, true);
+    EXPECT_TRUE(rows.data.is_contiguous());
+    EXPECT_TRUE(cols.data.t().is_contiguous());
+    EXPECT_TRUE(at::equal(rows.data.view(at::kByte), cols.data.contiguous().view(at::kByte)));
+    EXPECT_TRUE(at::equal(rows.scale, cols.scale));
+    for (const bool column_major : {false, true}) {
+      const at::Tensor meta = t.to(at::kMeta).to(at::kBFloat16);
+      const at::Tensor data = nn::float8_cast(meta, recipe.input, k_dim, true, nullptr, column_major).data;
+      EXPECT_EQ(data.scalar_type(), at::kFloat8_e4m3fn);
+      EXPECT_EQ(data.sizes(), t.sizes());
+      EXPECT_TRUE(column_major ? data.t().is_contiguous() : data.is_contiguous());
+    }
+  }
+}
+
 TEST(CudaFloat8, EveryRecipeOnTheGpuEqualsTheCpu) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible: this check runs only on a GPU machine";
   const int64_t M = 64, K = 64, N = 32;
