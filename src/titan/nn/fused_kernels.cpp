@@ -156,6 +156,7 @@ bool float8_cast_accepts(const at::Tensor& t, const at::Tensor& scale) {
     return false;
   const Matrix m = matrix_of(t);
   const int64_t n = scale.numel();
+  if (scale.dim() > t.dim()) return false;  // (ATen would broadcast t to the scale's rank)
   if (n == 1) return true;
   if (t.dim() == 1) return false;
   // One per row: (R, 1); one per column: (1, C) (a 1-D scale would broadcast along the columns).
