@@ -161,6 +161,13 @@ Float8Operand transposed(const Float8Weight* w) {
   return {c.data.t(), c.scale};
 }
 
+// Whether grad_input casts the weight exactly as the output's product does (tensorwise scaling and
+// one float8 type for both, as the tensorwise recipe has it): then the forward's scale serves both.
+bool reuses_weight_scale(const Float8Recipe& r) {
+  return r.weight.type != Float8Type::HighPrecision && r.weight.scaling == Float8Scaling::Tensorwise &&
+         r.weight_for_grad_input.type == r.weight.type && r.weight_for_grad_input.scaling == Float8Scaling::Tensorwise;
+}
+
 struct Float8LinearFn : public torch::autograd::Function<Float8LinearFn> {
   // `kept`: not a tensor input of the graph (the autograd function records every tensor input).
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, int64_t recipe,
@@ -172,8 +179,14 @@ struct Float8LinearFn : public torch::autograd::Function<Float8LinearFn> {
     if (kept && kept->defined()) return kept->detach();
     const Float8Recipe& r = *reinterpret_cast<const Float8Recipe*>(recipe);
     const auto* s = reinterpret_cast<const Float8Sharding*>(sharding);
-    const Float8Operand w_t = transposed(reinterpret_cast<const Float8Weight*>(cast_weight));
+    Float8Operand w_t = transposed(reinterpret_cast<const Float8Weight*>(cast_weight));
     const int64_t K = x.size(-1);
+    if (!w_t.data.defined() && reuses_weight_scale(r)) {
+      // The weight cast here (cuBLAS's layout on CUDA), its scale kept for grad_input's cast.
+      const bool cublas = x.is_cuda() || x.is_meta();
+      w_t = float8_cast(w.t(), r.weight, 0, r.round_scales_to_power_of_2, max_for(s, "NK", 'K', r.weight), cublas);
+      ctx->saved_data["weight_scale"] = w_t.scale;
+    }
     // (A weight cast beforehand may have no memory of its own: not even a view of it is taken.)
     const at::Tensor y = float8_mm(x.reshape({-1, K}), w_t.data.defined() ? at::Tensor() : w.t(), r.input, r.weight, x.scalar_type(), r,
                                    max_for(s, "MK", 'K', r.input), max_for(s, "NK", 'K', r.weight), /*fast_accum=*/true,
@@ -208,11 +221,16 @@ struct Float8LinearFn : public torch::autograd::Function<Float8LinearFn> {
     at::Tensor gx, gw;
     if (want_x) {
       // The tensorwise recipe casts the weight for grad_input as for the output: a weight cast
-      // beforehand serves both.
-      const Float8Operand cast = cast_weight ? checked(*cast_weight) : Float8Operand{};
-      gx = float8_mm(g, cast_weight ? at::Tensor() : w, r.grad_output, r.weight_for_grad_input, x.scalar_type(), r,
+      // beforehand serves both, and otherwise the forward's scale does (the same weight: no second
+      // amax over it, nor its all-reduce under tensor parallelism).
+      Float8Operand cast = cast_weight ? checked(*cast_weight) : Float8Operand{};
+      if (!cast_weight && ctx->saved_data.count("weight_scale")) {
+        const at::Tensor scale = ctx->saved_data["weight_scale"].toTensor();
+        cast = {float8_data(w, scale, r.weight_for_grad_input.type, g.is_cuda() || g.is_meta()), scale};
+      }
+      gx = float8_mm(g, cast.data.defined() ? at::Tensor() : w, r.grad_output, r.weight_for_grad_input, x.scalar_type(), r,
                      max_for(s, "MN", 'N', r.grad_output), max_for(s, "NK", 'N', r.weight_for_grad_input), false,
-                     cast_weight ? &cast : nullptr, g_cast ? &*g_cast : nullptr)
+                     cast.data.defined() ? &cast : nullptr, g_cast ? &*g_cast : nullptr)
                .view(x.sizes());
     }
     if (want_w)

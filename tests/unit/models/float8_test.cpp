@@ -137,6 +137,46 @@ TEST(Float8Linear, SplitLayersCastAsOneDevice) {
   }
 }
 
+// The tensorwise recipe casts the weight alike for the output and for grad_input: the backward takes
+// the forward's scale (no second amax, and under tensor parallelism no second all-reduce), with the
+// same results as casting again. Counted through the sharding's all-reduce (one rank: the identity).
+TEST(Float8Linear, TensorwiseBackwardTakesTheForwardsWeightScale) {
+  const LayerData d = spread_layer(5, 32, 64, 48);
+  for (const std::string recipe_name : {"tensorwise", "rowwise"}) {
+    const nn::Float8Recipe recipe = nn::Float8Recipe::named(recipe_name);
+    for (const char dim : {'N', 'K'}) {
+      SCOPED_TRACE(recipe_name + " split along " + std::string(1, dim));
+      int calls = 0;
+      nn::Float8Sharding s;
+      s.dim = dim;
+      s.max_over_ranks = [&](at::Tensor&) { ++calls; };
+      const at::Tensor x = d.x.clone().requires_grad_(true), w = d.w.clone().requires_grad_(true);
+      const at::Tensor y = nn::float8_linear(x, w, recipe, {}, &s);
+      const int forward_calls = calls;
+      y.backward(d.gy);
+      const int backward_calls = calls - forward_calls;
+      // Forward: the weight (split either way), and x when split along K. Backward, tensorwise: the
+      // output gradient when split along N (its cast shared by both products), x when split along K;
+      // not the weight again. Rowwise: only the scales along a split K (the weight's for grad_input:
+      // K of gy @ W is N).
+      if (recipe_name == "tensorwise") {
+        EXPECT_EQ(forward_calls, dim == 'K' ? 2 : 1);
+        EXPECT_EQ(backward_calls, 1);
+      } else {
+        EXPECT_EQ(forward_calls, dim == 'K' ? 2 : 0);
+        EXPECT_EQ(backward_calls, dim == 'N' ? 2 : 0);
+      }
+      // The same values as the layer without the split (the amaxes are this rank's alone either way).
+      const at::Tensor x1 = d.x.clone().requires_grad_(true), w1 = d.w.clone().requires_grad_(true);
+      const at::Tensor y1 = nn::float8_linear(x1, w1, recipe);
+      y1.backward(d.gy);
+      EXPECT_TRUE(at::equal(y, y1));
+      EXPECT_TRUE(at::equal(x.grad(), x1.grad()));
+      EXPECT_TRUE(at::equal(w.grad(), w1.grad()));
+    }
+  }
+}
+
 TEST(Float8Linear, UnderAutocastTheInputIsCastAndTheProductsKeepTheirDtypes) {
   // Under bf16 autocast (CPU's standing in for CUDA's) the layer takes its input in bf16 and
   // returns bf16, and its products run in the dtypes the recipe says: the emulated product in fp32
