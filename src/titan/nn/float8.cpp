@@ -182,7 +182,9 @@ struct Float8LinearFn : public torch::autograd::Function<Float8LinearFn> {
     Float8Operand w_t = transposed(reinterpret_cast<const Float8Weight*>(cast_weight));
     const int64_t K = x.size(-1);
     if (!w_t.data.defined() && reuses_weight_scale(r)) {
-      // The weight cast here (cuBLAS's layout on CUDA), its scale kept for grad_input's cast.
+      // The weight cast here (cuBLAS's layout on CUDA), its scale kept for grad_input's cast. (Under
+      // per-operator checkpointing the kept output returns above: the backward casts afresh.)
+      c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);  // as float8_mm casts
       const bool cublas = x.is_cuda() || x.is_meta();
       w_t = float8_cast(w.t(), r.weight, 0, r.round_scales_to_power_of_2, max_for(s, "NK", 'K', r.weight), cublas);
       ctx->saved_data["weight_scale"] = w_t.scale;
@@ -222,7 +224,7 @@ struct Float8LinearFn : public torch::autograd::Function<Float8LinearFn> {
     if (want_x) {
       // The tensorwise recipe casts the weight for grad_input as for the output: a weight cast
       // beforehand serves both, and otherwise the forward's scale does (the same weight: no second
-      // amax over it, nor its all-reduce under tensor parallelism).
+      // amax over it, nor its all-reduce under tensor parallelism), where the forward cast it.
       Float8Operand cast = cast_weight ? checked(*cast_weight) : Float8Operand{};
       if (!cast_weight && ctx->saved_data.count("weight_scale")) {
         const at::Tensor scale = ctx->saved_data["weight_scale"].toTensor();

@@ -173,6 +173,21 @@ TEST(Float8Linear, TensorwiseBackwardTakesTheForwardsWeightScale) {
       EXPECT_TRUE(at::equal(y, y1));
       EXPECT_TRUE(at::equal(x.grad(), x1.grad()));
       EXPECT_TRUE(at::equal(w.grad(), w1.grad()));
+      // grad_input equals the product with the weight cast afresh (amax and scale recomputed).
+      EXPECT_TRUE(at::equal(x.grad(), nn::float8_mm(d.gy, d.w, recipe.grad_output, recipe.weight_for_grad_input,
+                                                    at::kFloat, recipe)));
+      // Under per-operator checkpointing the forward returns the kept output without casting: the
+      // backward casts the weight itself (and all-reduces its amax), with the same gradients.
+      calls = 0;
+      const at::Tensor x2 = d.x.clone().requires_grad_(true), w2 = d.w.clone().requires_grad_(true);
+      const at::Tensor y2 = nn::float8_linear(x2, w2, recipe, y1.detach(), &s);
+      EXPECT_EQ(calls, 0);
+      y2.backward(d.gy);
+      if (recipe_name == "tensorwise") {
+        EXPECT_EQ(calls, 2);
+      }
+      EXPECT_TRUE(at::equal(x2.grad(), x1.grad()));
+      EXPECT_TRUE(at::equal(w2.grad(), w1.grad()));
     }
   }
 }
