@@ -47,6 +47,10 @@ namespace {
 at::ScalarType scalar_type(Float8Type t) { return t == Float8Type::E4M3 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2; }
 double max_of(Float8Type t) { return t == Float8Type::E4M3 ? 448.0 : 57344.0; }
 
+// Whether products with `t` go to cuBLAS (CUDA, or the meta device standing for it in titan
+// estimate's dry run), whose float8 kernels take A row-major and B column-major.
+bool cublas_layouts(const at::Tensor& t) { return t.is_cuda() || t.is_meta(); }
+
 }  // namespace
 
 at::Tensor float8_scale(const at::Tensor& amax, Float8Type type, bool round_scales_to_power_of_2) {
@@ -99,7 +103,7 @@ at::Tensor float8_mm(const at::Tensor& a, const at::Tensor& b, const Float8Cast&
     return at::mm(a, b.to(dtype)).to(out_dtype);
   }
   // cuBLAS's float8 product takes A row-major and B column-major: the casts write those layouts.
-  const bool cublas = a.is_cuda() || a.is_meta();
+  const bool cublas = cublas_layouts(a);
   const Float8Operand fa = a_cast ? *a_cast : float8_cast(a, ca, 1, recipe.round_scales_to_power_of_2, max_a, false);
   const Float8Operand fb = b_cast ? *b_cast : float8_cast(b, cb, 0, recipe.round_scales_to_power_of_2, max_b, cublas);
   at::NoGradGuard no_grad;
@@ -185,8 +189,8 @@ struct Float8LinearFn : public torch::autograd::Function<Float8LinearFn> {
       // The weight cast here (cuBLAS's layout on CUDA), its scale kept for grad_input's cast. (Under
       // per-operator checkpointing the kept output returns above: the backward casts afresh.)
       c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);  // as float8_mm casts
-      const bool cublas = x.is_cuda() || x.is_meta();
-      w_t = float8_cast(w.t(), r.weight, 0, r.round_scales_to_power_of_2, max_for(s, "NK", 'K', r.weight), cublas);
+      w_t = float8_cast(w.t(), r.weight, 0, r.round_scales_to_power_of_2, max_for(s, "NK", 'K', r.weight),
+                        cublas_layouts(x));
       ctx->saved_data["weight_scale"] = w_t.scale;
     }
     // (A weight cast beforehand may have no memory of its own: not even a view of it is taken.)
@@ -215,9 +219,9 @@ struct Float8LinearFn : public torch::autograd::Function<Float8LinearFn> {
     if (want_x && want_w && tensorwise(r.grad_output) && tensorwise(r.grad_output_for_grad_weight) &&
         r.grad_output.type == r.grad_output_for_grad_weight.type) {
       g_cast = float8_cast(g, r.grad_output, 1, r.round_scales_to_power_of_2, max_for(s, "MN", 'N', r.grad_output));
-      // On CUDA grad_weight's A is gyᵀ row-major: gy cast again under the same scale straight into that
-      // layout (cheaper than transposing the float8 copy); elsewhere the same values transposed.
-      g_t_cast = Float8Operand{g.is_cuda() ? float8_data(g.t(), g_cast->scale, r.grad_output.type) : g_cast->data.t(),
+      // For cuBLAS grad_weight's A is gyᵀ row-major: gy cast again under the same scale straight into
+      // that layout (cheaper than transposing the float8 copy); elsewhere the same values transposed.
+      g_t_cast = Float8Operand{cublas_layouts(g) ? float8_data(g.t(), g_cast->scale, r.grad_output.type) : g_cast->data.t(),
                                g_cast->scale};
     }
     at::Tensor gx, gw;
@@ -228,7 +232,7 @@ struct Float8LinearFn : public torch::autograd::Function<Float8LinearFn> {
       Float8Operand cast = cast_weight ? checked(*cast_weight) : Float8Operand{};
       if (!cast_weight && ctx->saved_data.count("weight_scale")) {
         const at::Tensor scale = ctx->saved_data["weight_scale"].toTensor();
-        cast = {float8_data(w, scale, r.weight_for_grad_input.type, g.is_cuda() || g.is_meta()), scale};
+        cast = {float8_data(w, scale, r.weight_for_grad_input.type, cublas_layouts(g)), scale};
       }
       gx = float8_mm(g, cast.data.defined() ? at::Tensor() : w, r.grad_output, r.weight_for_grad_input, x.scalar_type(), r,
                      max_for(s, "MN", 'N', r.grad_output), max_for(s, "NK", 'N', r.weight_for_grad_input), false,
