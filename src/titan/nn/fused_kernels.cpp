@@ -174,9 +174,19 @@ at::Tensor float8_cast(const at::Tensor& t, const at::Tensor& scale_in, at::Scal
     mode = scale.dim() == 2 && scale.size(0) == 1 ? launch::Float8Scale::kPerColumn : launch::Float8Scale::kPerRow;
   at::Tensor out = column_major && t.dim() == 2 ? at::empty({m.C, m.R}, t.options().dtype(fp8)).t()
                                                 : at::empty(t.sizes(), t.options().dtype(fp8));
+  const bool e4m3 = fp8 == at::kFloat8_e4m3fn;
+  if (t.dim() == 1 && t.numel() > 32 && t.numel() % 32 != 0) {
+    // A 1-D tensor of another length: its rows of 32, then the rest as one row.
+    const int64_t n = t.numel(), body = n / 32 * 32, s = t.stride(0);
+    C10_CUDA_CHECK(launch::float8_cast(dtype_of(t), t.data_ptr(), body / 32, 32, 32 * s, s, scale.data_ptr<float>(),
+                                       mode, e4m3, out.data_ptr(), false, stream_of(t)));
+    const at::Tensor rest = t.narrow(0, body, n - body);
+    C10_CUDA_CHECK(launch::float8_cast(dtype_of(t), rest.data_ptr(), 1, n - body, n * s, s, scale.data_ptr<float>(),
+                                       mode, e4m3, static_cast<uint8_t*>(out.data_ptr()) + body, false, stream_of(t)));
+    return out;
+  }
   C10_CUDA_CHECK(launch::float8_cast(dtype_of(t), t.data_ptr(), m.R, m.C, m.sr, m.sc, scale.data_ptr<float>(), mode,
-                                     fp8 == at::kFloat8_e4m3fn, out.data_ptr(), column_major && t.dim() == 2,
-                                     stream_of(t)));
+                                     e4m3, out.data_ptr(), column_major && t.dim() == 2, stream_of(t)));
   return out;
 }
 

@@ -369,7 +369,9 @@ TEST(CudaFloat8, CastKernelEqualsAtensCastInEveryLayoutAndDtype) {
   };
   int checked = 0;
   for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
-    for (const auto& [R, C] : std::vector<std::pair<int64_t, int64_t>>{{37, 53}, {64, 96}, {1, 70}, {130, 5}}) {
+    // (Sizes in multiples of 8 take the vectorized kernels, with partial 64 x 64 tiles in 72 x 40.)
+    for (const auto& [R, C] :
+         std::vector<std::pair<int64_t, int64_t>>{{37, 53}, {64, 96}, {72, 40}, {8, 136}, {1, 70}, {130, 5}}) {
       // Magnitudes from 1e-6 to 1e4 (below e4m3's subnormals, through them, past its maximum once scaled).
       const int64_t n = std::max(R, C);
       at::Tensor base = at::randn({n + 3, 2 * n}, gen) * at::pow(10.0, at::randint(-6, 5, {n + 3, 2 * n}, gen));
@@ -379,7 +381,9 @@ TEST(CudaFloat8, CastKernelEqualsAtensCastInEveryLayoutAndDtype) {
           {"row-major", base.narrow(0, 0, R).narrow(1, 0, C).contiguous()},
           {"strided rows", base.narrow(0, 2, R).narrow(1, 1, C)},
           {"transposed", base.narrow(0, 0, C).narrow(1, 0, R).contiguous().t()},
-          {"every other column", base.narrow(0, 0, R).slice(1, 0, 2 * C, 2)}};
+          {"every other column", base.narrow(0, 0, R).slice(1, 0, 2 * C, 2)},
+          {"aligned block", base.narrow(0, 3, R).narrow(1, 8, C)},
+          {"aligned block transposed", base.narrow(0, 3, C).narrow(1, 8, R).t()}};
       for (const auto& [layout, t] : inputs) {
         ASSERT_EQ(t.sizes(), at::IntArrayRef({R, C}));
         const std::vector<at::Tensor> scales = {at::full({}, 0.37f), at::rand({R, 1}, gen) * 8, at::rand({1, C}, gen) * 8};
@@ -404,22 +408,51 @@ TEST(CudaFloat8, CastKernelEqualsAtensCastInEveryLayoutAndDtype) {
       }
     }
   }
-  EXPECT_EQ(checked, 3 * 4 * 4 * 3 * 2 * 2);
+  EXPECT_EQ(checked, 3 * 6 * 6 * 3 * 2 * 2);
   // The saturation and the subnormals are really exercised (e4m3's max 448 = 0x7e; smallest subnormal 0x01).
   const at::Tensor t = at::tensor({1000.0f, -1000.0f, 0.002f, -0.0f, 3.0f}).reshape({1, 5});
   const at::Tensor one = at::ones({});
   const at::Tensor got = nn::fused::float8_cast(t.to(cuda), one.to(cuda), at::kFloat8_e4m3fn, false).cpu().view(at::kByte);
   EXPECT_TRUE(at::equal(got, at::tensor({0x7e, 0xfe, 0x01, 0x80, 0x44}, at::kByte).reshape({1, 5}))) << got;
-  // A 1-D tensor (FSDP's float8 shards) in rows of 32 and, for other lengths, one row.
-  for (const int64_t n : {96, 50}) {
+  // A 1-D tensor (FSDP's float8 shards) in rows of 32 and, for other lengths, the rest as one row;
+  // strided; large enough that the kernels' blocks loop over several tiles.
+  for (const int64_t n : {int64_t{96}, int64_t{50}, int64_t{20}, (int64_t{1} << 25) + 48}) {
     const at::Tensor v = at::randn({n}, gen).to(at::kBFloat16);
     const at::Tensor got1 = nn::fused::float8_cast(v.to(cuda), at::full({}, 100.0f, at::kFloat).to(cuda), at::kFloat8_e4m3fn, false);
     EXPECT_TRUE(at::equal(got1.cpu().view(at::kByte), aten_cast(v, at::full({}, 100.0f), at::kFloat8_e4m3fn).view(at::kByte)))
         << n;
   }
+  {
+    const at::Tensor v = at::randn({2 * 1000 + 1}, gen).slice(0, 0, 2001, 2);  // 1001 values, stride 2
+    const at::Tensor got2 = nn::fused::float8_cast(v.to(cuda), at::full({}, 3.0f).to(cuda), at::kFloat8_e5m2, false);
+    EXPECT_TRUE(at::equal(got2.cpu().view(at::kByte), aten_cast(v, at::full({}, 3.0f), at::kFloat8_e5m2).view(at::kByte)));
+  }
+  // 2-D casts of ~17 million values, both layouts from either input layout (blocks loop over tiles).
+  for (const bool transposed : {false, true}) {
+    const at::Tensor big = transposed ? at::randn({8200, 2056}, gen).to(at::kBFloat16).t() : at::randn({2056, 8200}, gen).to(at::kBFloat16);
+    const at::Tensor want = aten_cast(big, at::full({}, 50.0f), at::kFloat8_e4m3fn).view(at::kByte);
+    for (const bool column_major : {false, true}) {
+      const at::Tensor got3 = nn::fused::float8_cast(big.to(cuda), at::full({}, 50.0f).to(cuda), at::kFloat8_e4m3fn, column_major);
+      EXPECT_TRUE(at::equal(got3.cpu().contiguous().view(at::kByte), want.contiguous())) << transposed << column_major;
+    }
+  }
+  // Infinities clamp to the largest float8 value; NaN stays NaN (0x7f); in every kernel.
+  for (const int64_t C : {int64_t{8}, int64_t{5}}) {
+    at::Tensor special = at::randn({16, C}, gen);
+    special.index_put_({0, 0}, std::numeric_limits<float>::infinity());
+    special.index_put_({1, 1}, -std::numeric_limits<float>::infinity());
+    special.index_put_({2, 2}, std::numeric_limits<float>::quiet_NaN());
+    for (const at::ScalarType fp8 : {at::kFloat8_e4m3fn, at::kFloat8_e5m2})
+      for (const bool column_major : {false, true}) {
+        const at::Tensor got4 = nn::fused::float8_cast(special.to(cuda), at::ones({}).to(cuda), fp8, column_major);
+        EXPECT_TRUE(at::equal(got4.cpu().contiguous().view(at::kByte), aten_cast(special, at::ones({}), fp8).view(at::kByte)))
+            << C << " " << c10::toString(fp8) << " " << column_major;
+      }
+  }
   // A scale the kernel does not take: a 1-D one over a 2-D tensor would broadcast along the columns.
   EXPECT_FALSE(nn::fused::float8_cast_accepts(at::ones({4, 4}, cuda), at::ones({4}, cuda)));
   EXPECT_FALSE(nn::fused::float8_cast_accepts(at::ones({4, 4}), at::ones({}))) << "a CPU tensor";
+  EXPECT_FALSE(nn::fused::float8_cast_accepts(at::ones({4}, cuda), at::ones({1, 1}, cuda))) << "a scale of higher rank";
 }
 
 }  // namespace
