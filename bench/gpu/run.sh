@@ -12,7 +12,7 @@
 # FLOAT8="tensorwise rowwise" (or one of them) adds, per model and recipe, float8 rows of titan
 # (quantize.linear.float8, filter_fqns output) and torchtitan (its converter: torchao's Float8Linear,
 # so torchao must be importable too), ratios against titan's float8 row; MODELS="1B 8B" (default)
-# or one of them.
+# or one of them; TT_MODES="eager compile" (default) or one of them: torchtitan's rows that run.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 LAYERS=${1:-16} STEPS=${2:-15} SEQ=8192 WARMUP=5
@@ -59,6 +59,9 @@ PYEOF
 
 tt_run() {  # $1: extra arguments
   [[ "${TORCHTITAN:-1}" == 0 ]] && return
+  local mode=eager
+  [[ " $* " == *" --compile "* ]] && mode=compile
+  [[ " ${TT_MODES:-eager compile} " == *" $mode "* ]] || return 0
   LAUNCH_TIME=$(date +%s.%N) timeout 200 "$PY" "$ROOT/bench/gpu/torchtitan_step.py" --seq $SEQ --steps "$STEPS" \
     --warmup $WARMUP "$@" 2> "$WORK/tt.err" | tee -a "$RESULTS" || { echo "[gpu] torchtitan $* failed:"; tail -20 "$WORK/tt.err"; }
 }

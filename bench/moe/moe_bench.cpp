@@ -3,6 +3,9 @@
 // DEVICE cuda on the GPU in bf16 (parameters and activations), timed with a device synchronization
 // around each step.
 // usage: titan_moe_bench TOKENS DIM HIDDEN EXPERTS TOP_K STEPS [cpu|cuda]
+// env TRACE=DIR: the grouped variant's fourth step recorded by the profiler as a Chrome trace,
+// DIR/iteration_4/rank0_trace.json (bench/gpu/kernels.py sums its kernels).
+#include "titan/components/metrics/profiler.h"
 #include "titan/nn/moe.h"
 
 #include <ATen/ATen.h>
@@ -13,6 +16,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -49,14 +53,28 @@ int main(int argc, char** argv) {
     }
     const at::Tensor x = at::randn({1, T, D}, opts).requires_grad_(true);
     const at::Tensor g = at::randn({1, T, D}, opts);
+    std::unique_ptr<titan::metrics::Profiler> profiler;
+    const char* trace = std::getenv("TRACE");
+    if (grouped && trace != nullptr && *trace != '\0') {
+      titan::metrics::ProfilerOptions po;
+      po.traces = true;
+      po.traces_dir = trace;
+      po.freq = 4;
+      po.warmup = 1;
+      po.active = 1;
+      po.device = opts.device();
+      profiler = std::make_unique<titan::metrics::Profiler>(po);
+    }
     std::vector<double> ms;
     for (int64_t s = 0; s < steps + 3; ++s) {
+      if (profiler && s < 4) profiler->step_begin(s + 1);
       sync();
       const auto t0 = std::chrono::steady_clock::now();
       (moe->forward(x) * g).sum().backward();
       sync();
       const double dt = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       if (s >= 3) ms.push_back(dt);  // 3 warm-up steps
+      if (profiler && s < 4) profiler->step_end(s + 1);
       for (auto& p : moe->parameters()) p.mutable_grad() = at::Tensor();
       x.mutable_grad() = at::Tensor();
     }

@@ -1,7 +1,10 @@
 """The same MoE layer step in PyTorch eager, written as torchtitan's layer (softmax router, top-k,
 normalized weights, tokens sorted by expert, torch._grouped_mm experts, scatter_add combine).
 usage: pytorch_moe.py TOKENS DIM HIDDEN EXPERTS TOP_K STEPS [cpu|cuda]; prints one JSON line.
-On the CPU in fp32; on CUDA in bf16, timed with a device synchronization around each step."""
+On the CPU in fp32; on CUDA in bf16, timed with a device synchronization around each step.
+env TRACE=FILE: the fourth step recorded by torch.profiler as a Chrome trace in FILE."""
+
+import os
 
 import json
 import statistics
@@ -45,10 +48,18 @@ def main():
             t.grad = None
 
     ms = []
+    trace = os.environ.get("TRACE")
     for s in range(steps + 3):
         sync()
         t0 = time.perf_counter()
-        step()
+        if trace and s == 3:
+            acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+            with torch.profiler.profile(activities=acts) as prof:
+                step()
+                sync()
+            prof.export_chrome_trace(trace)
+        else:
+            step()
         sync()
         if s >= 3:
             ms.append((time.perf_counter() - t0) * 1e3)
