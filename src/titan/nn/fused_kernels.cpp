@@ -190,6 +190,52 @@ at::Tensor float8_cast(const at::Tensor& t, const at::Tensor& scale_in, at::Scal
   return out;
 }
 
+bool moe_combine_accepts(const at::Tensor& out, const at::Tensor& row, const at::Tensor& w) {
+  return out.is_cuda() && out.dim() == 2 && kernel_dtype(out.scalar_type()) && row.device() == out.device() &&
+         row.scalar_type() == at::kLong && row.dim() == 1 &&
+         (!w.defined() || (w.device() == out.device() && w.scalar_type() == at::kFloat && w.numel() == row.numel()));
+}
+
+namespace {
+bool rows_of_16_bytes(const at::Tensor& t) {
+  return (t.size(1) * static_cast<int64_t>(t.element_size())) % 16 == 0 && aligned16(t.data_ptr());
+}
+}  // namespace
+
+at::Tensor moe_combine_forward(const at::Tensor& out_in, const at::Tensor& row_in, const at::Tensor& w_in, int64_t K) {
+  TORCH_CHECK(moe_combine_accepts(out_in, row_in, w_in) && K > 0 && row_in.numel() % K == 0,
+              "fused MoE combine: unsupported inputs");
+  const c10::cuda::CUDAGuard guard(out_in.device());
+  const at::Tensor out = out_in.contiguous(), row = row_in.contiguous();
+  const at::Tensor w = w_in.defined() ? w_in.contiguous() : w_in;
+  const int64_t T = row.numel() / K, D = out.size(1);
+  at::Tensor y = at::empty({T, D}, out.options());
+  const bool vec = rows_of_16_bytes(out) && aligned16(y.data_ptr());
+  C10_CUDA_CHECK(launch::moe_combine_forward(dtype_of(out), out.data_ptr(), row.data_ptr<int64_t>(),
+                                             w.defined() ? w.data_ptr<float>() : nullptr, y.data_ptr(), T, K, D, vec,
+                                             stream_of(out)));
+  return y;
+}
+
+std::pair<at::Tensor, at::Tensor> moe_combine_backward(const at::Tensor& gy_in, const at::Tensor& out_in,
+                                                       const at::Tensor& row_in, const at::Tensor& w_in, int64_t K) {
+  TORCH_CHECK(moe_combine_accepts(out_in, row_in, w_in) && w_in.defined() && K > 0 && row_in.numel() % K == 0 &&
+                  gy_in.device() == out_in.device() && gy_in.scalar_type() == out_in.scalar_type() &&
+                  gy_in.dim() == 2 && gy_in.size(0) * K == row_in.numel() && gy_in.size(1) == out_in.size(1),
+              "fused MoE combine backward: unsupported inputs");
+  const c10::cuda::CUDAGuard guard(out_in.device());
+  const at::Tensor gy = gy_in.contiguous(), out = out_in.contiguous(), row = row_in.contiguous(), w = w_in.contiguous();
+  const int64_t T = gy.size(0), D = out.size(1);
+  // Every row is written when row holds each of out's rows once (the MoE layer's permutation).
+  at::Tensor grad_out = out.size(0) == row.numel() ? at::empty_like(out) : at::zeros_like(out);
+  at::Tensor grad_w = at::empty({row.numel()}, w.options());
+  const bool vec = rows_of_16_bytes(out) && rows_of_16_bytes(gy) && aligned16(grad_out.data_ptr());
+  C10_CUDA_CHECK(launch::moe_combine_backward(dtype_of(out), gy.data_ptr(), out.data_ptr(), row.data_ptr<int64_t>(),
+                                              w.data_ptr<float>(), grad_out.data_ptr(), grad_w.data_ptr<float>(), T, K,
+                                              D, vec, stream_of(out)));
+  return {grad_out, grad_w};
+}
+
 bool init_normal(at::Tensor& flat, int64_t first, uint32_t k0, uint32_t k1, float mean, float std, bool truncated,
                  float a_in, float b_in) {
   if (!flat.is_cuda() || !flat.is_contiguous() || !kernel_dtype(flat.scalar_type())) return false;
@@ -206,6 +252,7 @@ bool swiglu_accepts(const at::Tensor&, const at::Tensor&) { return false; }
 bool rope_accepts(const at::Tensor&, const at::Tensor&) { return false; }
 bool cross_entropy_accepts(const at::Tensor&, const at::Tensor&) { return false; }
 bool float8_cast_accepts(const at::Tensor&, const at::Tensor&) { return false; }
+bool moe_combine_accepts(const at::Tensor&, const at::Tensor&, const at::Tensor&) { return false; }
 bool init_normal(at::Tensor&, int64_t, uint32_t, uint32_t, float, float, bool, float, float) { return false; }
 
 namespace {
@@ -220,6 +267,13 @@ std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor&, const at::T
 }
 at::Tensor rope(const at::Tensor&, const at::Tensor&, bool) { not_built("fused rope"); }
 at::Tensor float8_cast(const at::Tensor&, const at::Tensor&, at::ScalarType, bool) { not_built("fused float8 cast"); }
+at::Tensor moe_combine_forward(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t) {
+  not_built("fused MoE combine");
+}
+std::pair<at::Tensor, at::Tensor> moe_combine_backward(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                       const at::Tensor&, int64_t) {
+  not_built("fused MoE combine backward");
+}
 std::pair<at::Tensor, at::Tensor> cross_entropy_forward(const at::Tensor&, const at::Tensor&, int64_t) {
   not_built("fused cross-entropy");
 }

@@ -46,6 +46,17 @@ at::Tensor cross_entropy_backward(const at::Tensor& logits, const at::Tensor& la
 bool float8_cast_accepts(const at::Tensor& t, const at::Tensor& scale);
 at::Tensor float8_cast(const at::Tensor& t, const at::Tensor& scale, at::ScalarType fp8, bool column_major);
 
+// The MoE layer's combine (moe.cpp): out (rows, D) on CUDA (float32, bfloat16 or float16), row
+// (T * K) int64 and w (T * K) fp32 on its device, or w undefined for weights of 1. Forward: y (T, D),
+// y[t] = sum over k of round(out[row[t * K + k]] * w[t * K + k]) (fp32 products rounded to out's
+// dtype, summed in fp32 in the order of k, rounded once), no atomics. Backward (w defined): the
+// gradient of out (row[j] gets round(gy[t] * w[j]); rows row does not name are zero) and of w (fp32,
+// the dot product of gy[t] and out[row[j]]).
+bool moe_combine_accepts(const at::Tensor& out, const at::Tensor& row, const at::Tensor& w);
+at::Tensor moe_combine_forward(const at::Tensor& out, const at::Tensor& row, const at::Tensor& w, int64_t K);
+std::pair<at::Tensor, at::Tensor> moe_combine_backward(const at::Tensor& gy, const at::Tensor& out,
+                                                       const at::Tensor& row, const at::Tensor& w, int64_t K);
+
 // Parameter initialization on the GPU (init.cpp): `flat`, a contiguous CUDA tensor of float32,
 // bfloat16 or float16, gets elements [first, first + flat.numel()) of the normal (or, when
 // `truncated`, normal redrawn until inside [a_in, b_in]) that init.cpp's CPU generator draws with

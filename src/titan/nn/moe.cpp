@@ -2,8 +2,9 @@
 
 #include "titan/common/error.h"
 #include "titan/common/tensor_storage.h"
-#include "titan/nn/float8.h"
 #include "titan/nn/activation_checkpoint.h"
+#include "titan/nn/float8.h"
+#include "titan/nn/fused_kernels.h"
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
@@ -83,7 +84,79 @@ struct AddAuxLossGradient : public torch::autograd::Function<AddAuxLossGradient>
   }
 };
 
+// y[t] = sum over k of round(out[row[t * K + k]] * w[t * K + k]) (w undefined: weights of 1).
+at::Tensor sum_rows(const at::Tensor& out_ND, const at::Tensor& row_N, const at::Tensor& w_N, int64_t K) {
+  const int64_t T = row_N.numel() / K, D = out_ND.size(1);
+  if (fused::moe_combine_accepts(out_ND, row_N, w_N)) return fused::moe_combine_forward(out_ND, row_N, w_N, K);
+  if (out_ND.is_meta()) return at::empty({T, D}, out_ND.options());  // what the kernel allocates
+  const at::ScalarType acc = at::promote_types(out_ND.scalar_type(), at::kFloat);  // fp32, or fp64 for fp64
+  at::Tensor rows = out_ND.index_select(0, row_N).view({T, K, D});
+  if (w_N.defined()) rows = (rows.to(acc) * w_N.view({T, K, 1})).to(out_ND.scalar_type());
+  return rows.sum(1, /*keepdim=*/false, acc).to(out_ND.scalar_type());
+}
+
+// The inverse of a permutation (argsort: deterministic on every device).
+at::Tensor inverse_permutation(const at::Tensor& perm_N) { return std::get<1>(perm_N.sort(/*stable=*/true, 0, false)); }
+
+// Forward: the copies' rows gathered from their tokens; backward: each token's K row gradients summed.
+struct DispatchRows : public torch::autograd::Function<DispatchRows> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x_TD, const at::Tensor& perm_N,
+                            int64_t K) {
+    ctx->save_for_backward({inverse_permutation(perm_N)});
+    ctx->saved_data["K"] = K;
+    return x_TD.index_select(0, perm_N.div(K, "floor"));  // (div has a meta kernel, floor_divide none)
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const at::Tensor inv_N = ctx->get_saved_variables()[0];
+    return {sum_rows(grads[0], inv_N, at::Tensor(), ctx->saved_data["K"].toInt()), at::Tensor(), at::Tensor()};
+  }
+};
+
+struct CombineRows : public torch::autograd::Function<CombineRows> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& out_ND, const at::Tensor& w_N,
+                            const at::Tensor& perm_N, int64_t K) {
+    const at::Tensor inv_N = inverse_permutation(perm_N);
+    ctx->save_for_backward({out_ND, w_N, perm_N, inv_N});
+    ctx->saved_data["K"] = K;
+    return sum_rows(out_ND, inv_N, w_N, K);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &out_ND = saved[0], &w_N = saved[1], &perm_N = saved[2], &inv_N = saved[3];
+    const int64_t K = ctx->saved_data["K"].toInt(), N = inv_N.numel(), T = N / K, D = out_ND.size(1);
+    const at::Tensor gy_TD = grads[0].to(out_ND.scalar_type());
+    at::Tensor grad_out, grad_w;
+    if (fused::moe_combine_accepts(out_ND, inv_N, w_N)) {
+      std::tie(grad_out, grad_w) = fused::moe_combine_backward(gy_TD, out_ND, inv_N, w_N, K);
+    } else if (out_ND.is_meta()) {
+      grad_out = at::empty_like(out_ND);
+      grad_w = at::empty({N}, w_N.options());
+    } else {
+      const at::Tensor g = gy_TD.to(w_N.scalar_type()).unsqueeze(1);  // (T, 1, D)
+      grad_w = (g * out_ND.index_select(0, inv_N).view({T, K, D}).to(w_N.scalar_type())).sum(-1).reshape({N});
+      grad_out = (g * w_N.view({T, K, 1})).to(out_ND.scalar_type()).view({N, D}).index_select(0, perm_N);
+    }
+    return {grad_out, grad_w, at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
+
+at::Tensor dispatch_rows(const at::Tensor& x_TD, const at::Tensor& perm_N, int64_t K) {
+  return DispatchRows::apply(x_TD, perm_N, K);
+}
+
+at::Tensor combine_rows(const at::Tensor& out_ND, const at::Tensor& weights_TK, const at::Tensor& perm_N) {
+  TITAN_ASSERT(weights_TK.dim() == 2 && weights_TK.numel() == perm_N.numel() && out_ND.dim() == 2 &&
+                  out_ND.size(0) == perm_N.numel(),
+              "MoE combine: weights (T, K), out (T * K, D) and perm (T * K), got weights ", weights_TK.sizes(),
+              ", out ", out_ND.sizes(), ", perm ", perm_N.sizes());
+  // The products in fp32 (fp64 for fp64 rows), as the kernel computes them.
+  const at::ScalarType acc = at::promote_types(out_ND.scalar_type(), at::kFloat);
+  return CombineRows::apply(out_ND, weights_TK.to(acc).reshape({-1}), perm_N, weights_TK.size(1));
+}
 
 at::Tensor grouped_linear(const at::Tensor& x_NI, const at::Tensor& w_EOI, const at::Tensor& counts_E, bool grouped) {
   const int64_t E = w_EOI.size(0);
@@ -170,8 +243,7 @@ at::Tensor MoEImpl::forward(const at::Tensor& x_BSD) {
     }
     // The routed copies sorted by expert (stable: a token's copies keep the order of its choices).
     const at::Tensor perm_N = std::get<1>(r.ids_TK.reshape({-1}).sort(/*stable=*/true, 0, /*descending=*/false));
-    const at::Tensor token_N = perm_N.div(K, "floor");  // (div has a meta kernel, floor_divide none)
-    const at::Tensor routed_ND = x_TD.index_select(0, token_N);
+    const at::Tensor routed_ND = dispatch_rows(x_TD, perm_N, K);
     at::Tensor out_ND;
     if (exchange) {
       const ExpertExchange ex = exchange(routed_ND, r.counts_E);
@@ -179,10 +251,7 @@ at::Tensor MoEImpl::forward(const at::Tensor& x_BSD) {
     } else {
       out_ND = experts(routed_ND, r.counts_E);
     }
-    const at::Tensor weights_N = r.weights_TK.reshape({-1}).index_select(0, perm_N);
-    const at::Tensor weighted_ND = (out_ND.to(at::kFloat) * weights_N.unsqueeze(1)).to(out_ND.scalar_type());
-    at::Tensor y_TD = at::zeros({x_TD.size(0), D}, weighted_ND.options())
-                          .scatter_add(0, token_N.unsqueeze(1).expand({-1, D}), weighted_ND);
+    at::Tensor y_TD = combine_rows(out_ND, r.weights_TK, perm_N);
     if (shared_experts) y_TD = y_TD + shared_experts(x_TD).to(y_TD.scalar_type());
     if (aux_loss_weight > 0 && count_tokens) {
       at::Tensor counts;

@@ -173,6 +173,128 @@ TEST(CudaMoE, GroupedMatmulsOnTheGpuEqualFloat64PerExpert) {
   EXPECT_TRUE(at::equal(w.grad()[1].cpu(), at::zeros({48, 32}, at::kBFloat16))) << "an expert without tokens";
 }
 
+// The copies' dispatch and combine (nn::dispatch_rows, nn::combine_rows) against the scatter
+// formulation torchtitan writes (routed = x[token], y = zeros.scatter_add(token, out * w), both through
+// autograd): in float64 on the CPU within 1e-12 of each tensor's largest entry, every gradient too;
+// in bf16 each product is rounded as torchtitan's is, the K of a token summed in fp32: within two bf16
+// roundings (the product's and the sum's, 2^-8 each at most) of the float64 result. (The meta
+// device's path, what the kernels allocate, runs in titan estimate's MoE tests.)
+struct RowsCase {
+  at::Tensor x, out, w, perm, gy;  // x (T, D), out (N, D), w (T, K), perm (N), gy (T, D)
+};
+RowsCase rows_case(int64_t T, int64_t K, int64_t D, at::ScalarType dtype, uint64_t seed) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  const int64_t N = T * K;
+  const at::ScalarType wtype = dtype == at::kDouble ? at::kDouble : at::kFloat;  // the router's fp32 (fp64 rows: fp64)
+  return {at::randn({T, D}, gen).to(dtype), at::randn({N, D}, gen).to(dtype), at::rand({T, K}, gen).to(wtype),
+          at::randperm(N, gen, at::kLong), at::randn({T, D}, gen).to(dtype)};
+}
+
+// (y, grad x, grad out, grad w) of dispatch-then-combine by the scatter formulation, in float64.
+std::vector<at::Tensor> scatter_reference(const RowsCase& c) {
+  const int64_t K = c.w.size(1);
+  const auto leaf = [](const at::Tensor& t) { return t.detach().to(at::kDouble).clone().requires_grad_(true); };
+  const at::Tensor x = leaf(c.x), out = leaf(c.out), w = leaf(c.w);
+  const at::Tensor token = c.perm.div(K, "floor");
+  const at::Tensor routed = x.index_select(0, token);
+  const at::Tensor weighted = out * w.reshape({-1}).index_select(0, c.perm).unsqueeze(1);
+  const at::Tensor y = at::zeros_like(x).scatter_add(0, token.unsqueeze(1).expand({-1, x.size(1)}), weighted);
+  ((y * c.gy.to(at::kDouble)).sum() + (routed * out).sum()).backward();
+  return {y.detach(), x.grad(), out.grad(), w.grad()};
+}
+
+// The same through nn::dispatch_rows and nn::combine_rows on `device`, results on the CPU.
+std::vector<at::Tensor> titan_rows(const RowsCase& c, const at::Device& device) {
+  // Fresh leaves (on the CPU, .to would return the case's own tensors).
+  const auto leaf = [&](const at::Tensor& t) { return t.detach().to(device).clone().requires_grad_(true); };
+  const at::Tensor x = leaf(c.x), out = leaf(c.out), w = leaf(c.w), perm = c.perm.to(device);
+  const at::Tensor routed = nn::dispatch_rows(x, perm, c.w.size(1));
+  const at::Tensor y = nn::combine_rows(out, w, perm);
+  ((y.to(at::kFloat) * c.gy.to(device).to(at::kFloat)).sum() + (routed.to(at::kFloat) * out.to(at::kFloat)).sum())
+      .backward();
+  return {y.detach().cpu(), x.grad().cpu(), out.grad().cpu(), w.grad().cpu()};
+}
+
+TEST(MoELayer, DispatchAndCombineEqualTheScatterFormulation) {
+  const char* names[] = {"y", "grad x", "grad out", "grad w"};
+  for (const int64_t K : {1, 3, 8}) {
+    SCOPED_TRACE("K " + std::to_string(K));
+    const RowsCase c = rows_case(11, K, 24, at::kDouble, 7 + K);
+    const auto ref = scatter_reference(c);
+    const auto mine = titan_rows(c, at::kCPU);
+    for (int i = 0; i < 4; ++i) EXPECT_LT(test::relative_error(mine[i], ref[i]), 1e-12) << names[i];
+    const RowsCase b = rows_case(11, K, 24, at::kBFloat16, 7 + K);
+    const auto ref_b = scatter_reference(b);
+    const auto mine_b = titan_rows(b, at::kCPU);
+    EXPECT_EQ(mine_b[0].scalar_type(), at::kBFloat16);
+    EXPECT_EQ(mine_b[3].scalar_type(), at::kFloat);
+    for (int i = 0; i < 4; ++i) EXPECT_LT(test::relative_error(mine_b[i], ref_b[i]), 2.0 / 256) << names[i];
+  }
+}
+
+// On a GPU: the fused combine kernels (forward, backward, and the dispatch's backward through the
+// forward kernel) against the CPU's ATen formulation of the same arithmetic, fp32, bf16 and fp16, rows
+// of 16-byte packs and not (D 13), K 1, 3 and 8, more tokens than blocks loop over: within 2^-20 of
+// each tensor's largest entry for fp32 and one rounding of the dtype otherwise (the products are
+// rounded alike; the fp32 sums may differ in order), the rows' gradients bit for bit, and two runs
+// bit for bit (no atomics). Then a whole MoE layer in bf16 on the GPU against fp32 on the CPU.
+TEST(CudaMoE, CombineKernelsEqualTheCpu) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible: this check runs only on a GPU machine";
+  const char* names[] = {"y", "grad x", "grad out", "grad w"};
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    for (const int64_t D : {2048, 24, 13}) {
+      for (const int64_t K : {1, 3, 8}) {
+        SCOPED_TRACE(std::string(c10::toString(dtype)) + " D " + std::to_string(D) + " K " + std::to_string(K));
+        const RowsCase c = rows_case(D == 2048 ? 70 : 70000 / K, K, D, dtype, 100 + D + K);
+        const auto cpu = titan_rows(c, at::kCPU);
+        const auto gpu = titan_rows(c, at::kCUDA);
+        const auto again = titan_rows(c, at::kCUDA);
+        const double tol = dtype == at::kFloat ? 1.0 / (1 << 20) : dtype == at::kHalf ? 1.0 / 1024 : 1.0 / 256;
+        for (int i = 0; i < 4; ++i) {
+          EXPECT_EQ(gpu[i].scalar_type(), cpu[i].scalar_type()) << names[i];
+          EXPECT_LT(test::relative_error(gpu[i], cpu[i]), i == 3 ? 1e-5 : tol) << names[i];
+          EXPECT_TRUE(at::equal(gpu[i], again[i])) << names[i] << ": two runs differ";
+        }
+        EXPECT_TRUE(at::equal(gpu[2], cpu[2])) << "the rows' gradients round(gy * w)";
+      }
+    }
+  }
+  nn::MoEOptions o = cases()[0].options;
+  o.dim = 64;
+  o.hidden_dim = 32;
+  nn::MoE cpu_layer(o, at::TensorOptions().dtype(at::kFloat));
+  nn::MoE gpu_layer(o, at::TensorOptions().dtype(at::kBFloat16).device(at::kCUDA));
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(21);
+  {
+    at::NoGradGuard no_grad;
+    auto cp = cpu_layer->named_parameters(), gp = gpu_layer->named_parameters();
+    for (auto& p : cp) p.value().copy_((at::randn(p.value().sizes(), gen) * 0.3).to(at::kBFloat16).to(at::kFloat));
+    // A gate that chooses clearly (logits of the chosen two ~4 and ~2.4 apart from the rest's ~0), so
+    // bf16 and fp32 route every token alike.
+    cpu_layer->router->gate->weight.copy_(at::eye(o.num_experts, o.dim) * 4);
+    for (auto& p : cp) gp[p.key()].copy_(p.value());
+  }
+  at::Tensor x0 = at::randn({1, 300, o.dim}, gen) * 0.1;
+  for (int64_t t = 0; t < 300; ++t) {
+    const int64_t a = t % o.num_experts, b = (a + 1 + t / o.num_experts % (o.num_experts - 1)) % o.num_experts;
+    x0[0][t][a] += 1.0;
+    x0[0][t][b] += 0.6;
+  }
+  x0 = x0.to(at::kBFloat16);
+  const at::Tensor g0 = at::randn({1, 300, o.dim}, gen);
+  const at::Tensor xc = x0.to(at::kFloat).requires_grad_(true), xg = x0.cuda().requires_grad_(true);
+  const at::Tensor yc = cpu_layer->forward(xc), yg = gpu_layer->forward(xg);
+  (yc * g0).sum().backward();
+  (yg.to(at::kFloat) * g0.cuda()).sum().backward();
+  // bf16 through the grouped matmuls and SwiGLU: a few roundings of 2^-9 each, against fp32.
+  EXPECT_LT(test::relative_error(yg.cpu().to(at::kFloat), yc.detach()), 2e-2);
+  EXPECT_LT(test::relative_error(xg.grad().cpu().to(at::kFloat), xc.grad()), 2e-2);
+  EXPECT_LT(test::relative_error(gpu_layer->experts->w2.grad().cpu().to(at::kFloat), cpu_layer->experts->w2.grad()), 2e-2);
+  EXPECT_LT(test::relative_error(gpu_layer->router->gate->weight.grad().cpu().to(at::kFloat),
+                                 cpu_layer->router->gate->weight.grad()),
+            5e-2);
+}
+
 TEST(MoELayer, ExpertBiasUpdateFollowsTheRule) {
   // counts 5, 1, 3, 3: mean 3; under-loaded experts rise by the rate, over-loaded ones fall, then the
   // moves are centred (here already zero-mean).

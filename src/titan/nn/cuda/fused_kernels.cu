@@ -1,5 +1,5 @@
-// titan's fused CUDA kernels: SwiGLU, RoPE and the cross-entropy rows (launch.h says what each
-// computes). The arithmetic is fused_math.h's, shared with the CPU tests; these kernels only load,
+// titan's fused CUDA kernels: SwiGLU, RoPE, the cross-entropy rows and the MoE layer's combine of
+// routed rows (launch.h says what each computes). The arithmetic is fused_math.h's, shared with the CPU tests; these kernels only load,
 // convert to fp32, apply it and store, each in one pass over its tensors.
 #include "titan/nn/cuda/convert.cuh"
 #include "titan/nn/cuda/launch.h"
@@ -269,6 +269,124 @@ struct CrossEntropyBackward {
   }
 };
 
+// MoE combine, forward: one block per token (blocks loop over tokens), each thread a 16-byte pack
+// (or one element) of the row at a time; the K rows of a token read in the order of k and summed
+// in fp32. w == nullptr: every weight 1 (the products are the rows themselves).
+template <typename T, bool kVec>
+__global__ void moe_combine_forward_kernel(const T* out, const int64_t* row, const float* w, T* y, int64_t T_,
+                                           int64_t K, int64_t D) {
+  constexpr int N = kVec ? Pack<T>::kN : 1;
+  const int64_t units = D / N;
+  for (int64_t t = blockIdx.x; t < T_; t += gridDim.x) {
+    for (int64_t u = threadIdx.x; u < units; u += blockDim.x) {
+      float acc[N];
+#pragma unroll
+      for (int i = 0; i < N; ++i) acc[i] = 0.0f;
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t j = t * K + k;
+        const T* src = out + row[j] * D;
+        const float wj = w != nullptr ? w[j] : 1.0f;
+        if constexpr (kVec) {
+          const Pack<T> p = load_pack(src, u);
+#pragma unroll
+          for (int i = 0; i < N; ++i) acc[i] += to_float(from_float<T>(p.get(i) * wj));
+        } else {
+          acc[0] += to_float(from_float<T>(to_float(src[u]) * wj));
+        }
+      }
+      if constexpr (kVec) {
+        Pack<T> p;
+#pragma unroll
+        for (int i = 0; i < N; ++i) p.set(i, acc[i]);
+        store_pack(y + t * D, u, p);
+      } else {
+        y[t * D + u] = from_float<T>(acc[0]);
+      }
+    }
+  }
+}
+
+// MoE combine, backward: one block per token; for each of its K rows, the row's gradient
+// (gy[t] * w[j], rounded to T) written to the row, and the weight's gradient (the fp32 dot product
+// of gy[t] and the row) reduced over the block: each warp's sum to shared memory, then in order.
+template <typename T, bool kVec>
+__global__ void moe_combine_backward_kernel(const T* gy, const T* out, const int64_t* row, const float* w,
+                                            T* grad_out, float* grad_w, int64_t T_, int64_t K, int64_t D) {
+  constexpr int N = kVec ? Pack<T>::kN : 1;
+  extern __shared__ float warp_sums[];  // K x warps
+  const int warps = (blockDim.x + 31) / 32;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t units = D / N;
+  for (int64_t t = blockIdx.x; t < T_; t += gridDim.x) {
+    const T* g = gy + t * D;
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t j = t * K + k;
+      const int64_t r = row[j];
+      const float wj = w[j];
+      float dot = 0.0f;
+      for (int64_t u = threadIdx.x; u < units; u += blockDim.x) {
+        if constexpr (kVec) {
+          const Pack<T> pg = load_pack(g, u), po = load_pack(out + r * D, u);
+          Pack<T> pd;
+#pragma unroll
+          for (int i = 0; i < N; ++i) {
+            pd.set(i, pg.get(i) * wj);
+            dot += pg.get(i) * po.get(i);
+          }
+          store_pack(grad_out + r * D, u, pd);
+        } else {
+          const float gv = to_float(g[u]);
+          grad_out[r * D + u] = from_float<T>(gv * wj);
+          dot += gv * to_float(out[r * D + u]);
+        }
+      }
+#pragma unroll
+      for (int off = 16; off > 0; off /= 2) dot += __shfl_down_sync(0xffffffffu, dot, off);
+      if (lane == 0) warp_sums[k * warps + warp] = dot;
+    }
+    __syncthreads();
+    for (int64_t k = threadIdx.x; k < K; k += blockDim.x) {
+      float sum = 0.0f;
+      for (int i = 0; i < warps; ++i) sum += warp_sums[k * warps + i];
+      grad_w[t * K + k] = sum;
+    }
+    __syncthreads();
+  }
+}
+
+int combine_threads(int64_t units) {
+  return static_cast<int>(std::min<int64_t>(kThreads, std::max<int64_t>(32, (units + 31) / 32 * 32)));
+}
+int combine_blocks(int64_t tokens) { return static_cast<int>(std::min<int64_t>(tokens, 1 << 16)); }
+
+template <typename T>
+struct MoeCombineForward {
+  static void run(const void* out, const int64_t* row, const float* w, void* y, int64_t T_, int64_t K, int64_t D,
+                  bool vec, cudaStream_t stream) {
+    const int threads = combine_threads(vec ? D / Pack<T>::kN : D);
+    auto* O = static_cast<const T*>(out);
+    auto* Y = static_cast<T*>(y);
+    if (vec) moe_combine_forward_kernel<T, true><<<combine_blocks(T_), threads, 0, stream>>>(O, row, w, Y, T_, K, D);
+    else moe_combine_forward_kernel<T, false><<<combine_blocks(T_), threads, 0, stream>>>(O, row, w, Y, T_, K, D);
+  }
+};
+
+template <typename T>
+struct MoeCombineBackward {
+  static void run(const void* gy, const void* out, const int64_t* row, const float* w, void* grad_out, float* grad_w,
+                  int64_t T_, int64_t K, int64_t D, bool vec, cudaStream_t stream) {
+    const int threads = combine_threads(vec ? D / Pack<T>::kN : D);
+    const size_t smem = sizeof(float) * static_cast<size_t>(K) * ((threads + 31) / 32);
+    auto* G = static_cast<const T*>(gy);
+    auto* O = static_cast<const T*>(out);
+    auto* GO = static_cast<T*>(grad_out);
+    if (vec)
+      moe_combine_backward_kernel<T, true><<<combine_blocks(T_), threads, smem, stream>>>(G, O, row, w, GO, grad_w, T_, K, D);
+    else
+      moe_combine_backward_kernel<T, false><<<combine_blocks(T_), threads, smem, stream>>>(G, O, row, w, GO, grad_w, T_, K, D);
+  }
+};
+
 }  // namespace
 
 cudaError_t swiglu_forward(Dtype dtype, const void* a, const void* b, void* out, int64_t n, bool vec,
@@ -301,6 +419,19 @@ cudaError_t cross_entropy_backward(Dtype dtype, const void* x, int64_t N, int64_
                                    void* grad, bool vec, cudaStream_t stream) {
   if (N == 0) return cudaSuccess;
   return dispatch<CrossEntropyBackward>(dtype, x, N, V, row_stride, labels, ignore_index, lse, g, grad, vec, stream);
+}
+
+cudaError_t moe_combine_forward(Dtype dtype, const void* out, const int64_t* row, const float* w, void* y, int64_t T,
+                                int64_t K, int64_t D, bool vec, cudaStream_t stream) {
+  if (T == 0 || D == 0) return cudaSuccess;
+  return dispatch<MoeCombineForward>(dtype, out, row, w, y, T, K, D, vec, stream);
+}
+
+cudaError_t moe_combine_backward(Dtype dtype, const void* gy, const void* out, const int64_t* row, const float* w,
+                                 void* grad_out, float* grad_w, int64_t T, int64_t K, int64_t D, bool vec,
+                                 cudaStream_t stream) {
+  if (T == 0 || K == 0) return cudaSuccess;
+  return dispatch<MoeCombineBackward>(dtype, gy, out, row, w, grad_out, grad_w, T, K, D, vec, stream);
 }
 
 }  // namespace titan::nn::cuda_launch

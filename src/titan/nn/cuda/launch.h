@@ -60,4 +60,17 @@ enum class Float8Scale : int { kOne, kPerRow, kPerColumn };
 cudaError_t float8_cast(Dtype dtype, const void* x, int64_t R, int64_t C, int64_t sr, int64_t sc, const float* scale,
                         Float8Scale mode, bool e4m3, void* out, bool out_column_major, cudaStream_t stream);
 
+// The MoE layer's combine of routed rows into tokens (moe.cpp). out: the routed rows (any count, D
+// contiguous values of `dtype` each); row (T * K int64): for token t's k-th copy j = t * K + k, the
+// row of out that holds it; w (T * K fp32) its weight, or nullptr for weights of 1.
+// Forward: y[t] = sum over k of round(out[row[j]] * w[j]), each product in fp32 rounded to `dtype`,
+// summed in fp32 in the order of k, rounded once; y (T, D) contiguous.
+// Backward (w given): grad_out[row[j]] = round(gy[t] * w[j]) and grad_w[j] = the fp32 dot product of
+// gy[t] and out[row[j]]; gy (T, D) contiguous. Rows of grad_out no j names are not written.
+cudaError_t moe_combine_forward(Dtype dtype, const void* out, const int64_t* row, const float* w, void* y, int64_t T,
+                                int64_t K, int64_t D, bool vec, cudaStream_t stream);
+cudaError_t moe_combine_backward(Dtype dtype, const void* gy, const void* out, const int64_t* row, const float* w,
+                                 void* grad_out, float* grad_w, int64_t T, int64_t K, int64_t D, bool vec,
+                                 cudaStream_t stream);
+
 }  // namespace titan::nn::cuda_launch
