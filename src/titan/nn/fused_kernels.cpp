@@ -190,9 +190,11 @@ at::Tensor float8_cast(const at::Tensor& t, const at::Tensor& scale_in, at::Scal
   return out;
 }
 
-bool moe_combine_accepts(const at::Tensor& out, const at::Tensor& row, const at::Tensor& w) {
-  return out.is_cuda() && out.dim() == 2 && kernel_dtype(out.scalar_type()) && row.device() == out.device() &&
-         row.scalar_type() == at::kLong && row.dim() == 1 &&
+bool moe_combine_accepts(const at::Tensor& out, const at::Tensor& row, const at::Tensor& w, int64_t K) {
+  // K <= 1024: the backward's K per-warp sums fit the default 48 KiB of shared memory (8 warps).
+  return K > 0 && K <= 1024 && row.numel() % K == 0 && out.is_cuda() && out.dim() == 2 &&
+         kernel_dtype(out.scalar_type()) && row.device() == out.device() && row.scalar_type() == at::kLong &&
+         row.dim() == 1 &&
          (!w.defined() || (w.device() == out.device() && w.scalar_type() == at::kFloat && w.numel() == row.numel()));
 }
 
@@ -203,8 +205,7 @@ bool rows_of_16_bytes(const at::Tensor& t) {
 }  // namespace
 
 at::Tensor moe_combine_forward(const at::Tensor& out_in, const at::Tensor& row_in, const at::Tensor& w_in, int64_t K) {
-  TORCH_CHECK(moe_combine_accepts(out_in, row_in, w_in) && K > 0 && row_in.numel() % K == 0,
-              "fused MoE combine: unsupported inputs");
+  TORCH_CHECK(moe_combine_accepts(out_in, row_in, w_in, K), "fused MoE combine: unsupported inputs");
   const c10::cuda::CUDAGuard guard(out_in.device());
   const at::Tensor out = out_in.contiguous(), row = row_in.contiguous();
   const at::Tensor w = w_in.defined() ? w_in.contiguous() : w_in;
@@ -219,9 +220,8 @@ at::Tensor moe_combine_forward(const at::Tensor& out_in, const at::Tensor& row_i
 
 std::pair<at::Tensor, at::Tensor> moe_combine_backward(const at::Tensor& gy_in, const at::Tensor& out_in,
                                                        const at::Tensor& row_in, const at::Tensor& w_in, int64_t K) {
-  TORCH_CHECK(moe_combine_accepts(out_in, row_in, w_in) && w_in.defined() && K > 0 && row_in.numel() % K == 0 &&
-                  gy_in.device() == out_in.device() && gy_in.scalar_type() == out_in.scalar_type() &&
-                  gy_in.dim() == 2 && gy_in.size(0) * K == row_in.numel() && gy_in.size(1) == out_in.size(1),
+  TORCH_CHECK(moe_combine_accepts(out_in, row_in, w_in, K) && w_in.defined() && gy_in.device() == out_in.device() &&
+                  gy_in.scalar_type() == out_in.scalar_type() && gy_in.dim() == 2 && gy_in.size(0) * K == row_in.numel() && gy_in.size(1) == out_in.size(1),
               "fused MoE combine backward: unsupported inputs");
   const c10::cuda::CUDAGuard guard(out_in.device());
   const at::Tensor gy = gy_in.contiguous(), out = out_in.contiguous(), row = row_in.contiguous(), w = w_in.contiguous();
@@ -252,7 +252,7 @@ bool swiglu_accepts(const at::Tensor&, const at::Tensor&) { return false; }
 bool rope_accepts(const at::Tensor&, const at::Tensor&) { return false; }
 bool cross_entropy_accepts(const at::Tensor&, const at::Tensor&) { return false; }
 bool float8_cast_accepts(const at::Tensor&, const at::Tensor&) { return false; }
-bool moe_combine_accepts(const at::Tensor&, const at::Tensor&, const at::Tensor&) { return false; }
+bool moe_combine_accepts(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t) { return false; }
 bool init_normal(at::Tensor&, int64_t, uint32_t, uint32_t, float, float, bool, float, float) { return false; }
 
 namespace {

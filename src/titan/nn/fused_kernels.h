@@ -47,12 +47,13 @@ bool float8_cast_accepts(const at::Tensor& t, const at::Tensor& scale);
 at::Tensor float8_cast(const at::Tensor& t, const at::Tensor& scale, at::ScalarType fp8, bool column_major);
 
 // The MoE layer's combine (moe.cpp): out (rows, D) on CUDA (float32, bfloat16 or float16), row
-// (T * K) int64 and w (T * K) fp32 on its device, or w undefined for weights of 1. Forward: y (T, D),
-// y[t] = sum over k of round(out[row[t * K + k]] * w[t * K + k]) (fp32 products rounded to out's
-// dtype, summed in fp32 in the order of k, rounded once), no atomics. Backward (w defined): the
-// gradient of out (row[j] gets round(gy[t] * w[j]); rows row does not name are zero) and of w (fp32,
-// the dot product of gy[t] and out[row[j]]).
-bool moe_combine_accepts(const at::Tensor& out, const at::Tensor& row, const at::Tensor& w);
+// (T * K, K at most 1024) int64 and w (T * K) fp32 on its device, or w undefined for weights of 1.
+// Forward: y (T, D), y[t] = sum over k of round(out[row[t * K + k]] * w[t * K + k]) (fp32 products
+// rounded to out's dtype, summed in fp32 in the order of k, rounded once), no atomics. Backward (w
+// defined; row names each row of out at most once, as the layer's permutation does): the gradient of
+// out (row[j] gets round(gy[t] * w[j]); rows row does not name are zero) and of w (fp32, the dot
+// product of gy[t] and out[row[j]]).
+bool moe_combine_accepts(const at::Tensor& out, const at::Tensor& row, const at::Tensor& w, int64_t K);
 at::Tensor moe_combine_forward(const at::Tensor& out, const at::Tensor& row, const at::Tensor& w, int64_t K);
 std::pair<at::Tensor, at::Tensor> moe_combine_backward(const at::Tensor& gy, const at::Tensor& out,
                                                        const at::Tensor& row, const at::Tensor& w, int64_t K);

@@ -87,7 +87,7 @@ struct AddAuxLossGradient : public torch::autograd::Function<AddAuxLossGradient>
 // y[t] = sum over k of round(out[row[t * K + k]] * w[t * K + k]) (w undefined: weights of 1).
 at::Tensor sum_rows(const at::Tensor& out_ND, const at::Tensor& row_N, const at::Tensor& w_N, int64_t K) {
   const int64_t T = row_N.numel() / K, D = out_ND.size(1);
-  if (fused::moe_combine_accepts(out_ND, row_N, w_N)) return fused::moe_combine_forward(out_ND, row_N, w_N, K);
+  if (fused::moe_combine_accepts(out_ND, row_N, w_N, K)) return fused::moe_combine_forward(out_ND, row_N, w_N, K);
   if (out_ND.is_meta()) return at::empty({T, D}, out_ND.options());  // what the kernel allocates
   const at::ScalarType acc = at::promote_types(out_ND.scalar_type(), at::kFloat);  // fp32, or fp64 for fp64
   at::Tensor rows = out_ND.index_select(0, row_N).view({T, K, D});
@@ -128,7 +128,7 @@ struct CombineRows : public torch::autograd::Function<CombineRows> {
     const int64_t K = ctx->saved_data["K"].toInt(), N = inv_N.numel(), T = N / K, D = out_ND.size(1);
     const at::Tensor gy_TD = grads[0].to(out_ND.scalar_type());
     at::Tensor grad_out, grad_w;
-    if (fused::moe_combine_accepts(out_ND, inv_N, w_N)) {
+    if (fused::moe_combine_accepts(out_ND, inv_N, w_N, K)) {
       std::tie(grad_out, grad_w) = fused::moe_combine_backward(gy_TD, out_ND, inv_N, w_N, K);
     } else if (out_ND.is_meta()) {
       grad_out = at::empty_like(out_ND);
@@ -145,6 +145,8 @@ struct CombineRows : public torch::autograd::Function<CombineRows> {
 }  // namespace
 
 at::Tensor dispatch_rows(const at::Tensor& x_TD, const at::Tensor& perm_N, int64_t K) {
+  TITAN_ASSERT(x_TD.dim() == 2 && K > 0 && perm_N.dim() == 1 && perm_N.numel() == x_TD.size(0) * K,
+               "MoE dispatch: x (T, D) and perm (T * K), got x ", x_TD.sizes(), ", perm ", perm_N.sizes(), ", K ", K);
   return DispatchRows::apply(x_TD, perm_N, K);
 }
 

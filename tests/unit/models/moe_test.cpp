@@ -203,11 +203,19 @@ std::vector<at::Tensor> scatter_reference(const RowsCase& c) {
   return {y.detach(), x.grad(), out.grad(), w.grad()};
 }
 
-// The same through nn::dispatch_rows and nn::combine_rows on `device`, results on the CPU.
-std::vector<at::Tensor> titan_rows(const RowsCase& c, const at::Device& device) {
+// The same through nn::dispatch_rows and nn::combine_rows on `device`, results on the CPU. With
+// `misaligned`, out's data starts one element past an allocation (16-byte rows, unaligned pointer).
+std::vector<at::Tensor> titan_rows(const RowsCase& c, const at::Device& device, bool misaligned = false) {
   // Fresh leaves (on the CPU, .to would return the case's own tensors).
   const auto leaf = [&](const at::Tensor& t) { return t.detach().to(device).clone().requires_grad_(true); };
-  const at::Tensor x = leaf(c.x), out = leaf(c.out), w = leaf(c.w), perm = c.perm.to(device);
+  const at::Tensor x = leaf(c.x), w = leaf(c.w), perm = c.perm.to(device);
+  at::Tensor out = leaf(c.out);
+  if (misaligned) {
+    const at::Tensor buffer = at::empty({c.out.numel() + 1}, c.out.options().device(device));
+    out = buffer.narrow(0, 1, c.out.numel()).view(c.out.sizes());
+    out.copy_(c.out);
+    out.requires_grad_(true);
+  }
   const at::Tensor routed = nn::dispatch_rows(x, perm, c.w.size(1));
   const at::Tensor y = nn::combine_rows(out, w, perm);
   ((y.to(at::kFloat) * c.gy.to(device).to(at::kFloat)).sum() + (routed.to(at::kFloat) * out.to(at::kFloat)).sum())
@@ -219,6 +227,9 @@ TEST(MoELayer, DispatchAndCombineEqualTheScatterFormulation) {
   const char* names[] = {"y", "grad x", "grad out", "grad w"};
   for (const int64_t K : {1, 3, 8}) {
     SCOPED_TRACE("K " + std::to_string(K));
+    const auto empty = titan_rows(rows_case(0, K, 24, at::kFloat, 1), at::kCPU);  // no tokens
+    EXPECT_EQ(empty[0].sizes(), (std::vector<int64_t>{0, 24}));
+    EXPECT_EQ(empty[2].sizes(), (std::vector<int64_t>{0, 24}));
     const RowsCase c = rows_case(11, K, 24, at::kDouble, 7 + K);
     const auto ref = scatter_reference(c);
     const auto mine = titan_rows(c, at::kCPU);
@@ -237,7 +248,8 @@ TEST(MoELayer, DispatchAndCombineEqualTheScatterFormulation) {
 // of 16-byte packs and not (D 13), K 1, 3 and 8, more tokens than blocks loop over: within 2^-20 of
 // each tensor's largest entry for fp32 and one rounding of the dtype otherwise (the products are
 // rounded alike; the fp32 sums may differ in order), the rows' gradients bit for bit, and two runs
-// bit for bit (no atomics). Then a whole MoE layer in bf16 on the GPU against fp32 on the CPU.
+// bit for bit (no atomics); an unaligned out (the kernels' element path even for 16-byte rows), and
+// no tokens. Then a whole MoE layer in bf16 on the GPU against fp32 on the CPU.
 TEST(CudaMoE, CombineKernelsEqualTheCpu) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device visible: this check runs only on a GPU machine";
   const char* names[] = {"y", "grad x", "grad out", "grad w"};
@@ -245,17 +257,22 @@ TEST(CudaMoE, CombineKernelsEqualTheCpu) {
     for (const int64_t D : {2048, 24, 13}) {
       for (const int64_t K : {1, 3, 8}) {
         SCOPED_TRACE(std::string(c10::toString(dtype)) + " D " + std::to_string(D) + " K " + std::to_string(K));
-        const RowsCase c = rows_case(D == 2048 ? 70 : 70000 / K, K, D, dtype, 100 + D + K);
+        // 70000 tokens: more than the 65536 blocks of a launch, so blocks loop over tokens.
+        const RowsCase c = rows_case(D == 2048 ? 70 : 70000, K, D, dtype, 100 + D + K);
         const auto cpu = titan_rows(c, at::kCPU);
         const auto gpu = titan_rows(c, at::kCUDA);
         const auto again = titan_rows(c, at::kCUDA);
+        const auto unaligned = titan_rows(c, at::kCUDA, /*misaligned=*/true);
         const double tol = dtype == at::kFloat ? 1.0 / (1 << 20) : dtype == at::kHalf ? 1.0 / 1024 : 1.0 / 256;
         for (int i = 0; i < 4; ++i) {
           EXPECT_EQ(gpu[i].scalar_type(), cpu[i].scalar_type()) << names[i];
           EXPECT_LT(test::relative_error(gpu[i], cpu[i]), i == 3 ? 1e-5 : tol) << names[i];
           EXPECT_TRUE(at::equal(gpu[i], again[i])) << names[i] << ": two runs differ";
+          EXPECT_LT(test::relative_error(unaligned[i], cpu[i]), i == 3 ? 1e-5 : tol) << names[i] << ", unaligned";
         }
         EXPECT_TRUE(at::equal(gpu[2], cpu[2])) << "the rows' gradients round(gy * w)";
+        const auto empty = titan_rows(rows_case(0, K, D, dtype, 1), at::kCUDA);
+        EXPECT_EQ(empty[0].sizes(), (std::vector<int64_t>{0, D}));
       }
     }
   }

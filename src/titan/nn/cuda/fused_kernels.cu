@@ -271,7 +271,8 @@ struct CrossEntropyBackward {
 
 // MoE combine, forward: one block per token (blocks loop over tokens), each thread a 16-byte pack
 // (or one element) of the row at a time; the K rows of a token read in the order of k and summed
-// in fp32. w == nullptr: every weight 1 (the products are the rows themselves).
+// in fp32. w == nullptr: every weight 1 (the products are the rows themselves). The product is
+// rounded on its own (__fmul_rn: never contracted into the sum's fused multiply-add), as on the CPU.
 template <typename T, bool kVec>
 __global__ void moe_combine_forward_kernel(const T* out, const int64_t* row, const float* w, T* y, int64_t T_,
                                            int64_t K, int64_t D) {
@@ -289,9 +290,9 @@ __global__ void moe_combine_forward_kernel(const T* out, const int64_t* row, con
         if constexpr (kVec) {
           const Pack<T> p = load_pack(src, u);
 #pragma unroll
-          for (int i = 0; i < N; ++i) acc[i] += to_float(from_float<T>(p.get(i) * wj));
+          for (int i = 0; i < N; ++i) acc[i] += to_float(from_float<T>(__fmul_rn(p.get(i), wj)));
         } else {
-          acc[0] += to_float(from_float<T>(to_float(src[u]) * wj));
+          acc[0] += to_float(from_float<T>(__fmul_rn(to_float(src[u]), wj)));
         }
       }
       if constexpr (kVec) {
