@@ -221,7 +221,8 @@ at::Tensor moe_combine_forward(const at::Tensor& out_in, const at::Tensor& row_i
 std::pair<at::Tensor, at::Tensor> moe_combine_backward(const at::Tensor& gy_in, const at::Tensor& out_in,
                                                        const at::Tensor& row_in, const at::Tensor& w_in, int64_t K) {
   TORCH_CHECK(moe_combine_accepts(out_in, row_in, w_in, K) && w_in.defined() && gy_in.device() == out_in.device() &&
-                  gy_in.scalar_type() == out_in.scalar_type() && gy_in.dim() == 2 && gy_in.size(0) * K == row_in.numel() && gy_in.size(1) == out_in.size(1),
+                  gy_in.scalar_type() == out_in.scalar_type() && gy_in.dim() == 2 &&
+                  gy_in.size(0) * K == row_in.numel() && gy_in.size(1) == out_in.size(1),
               "fused MoE combine backward: unsupported inputs");
   const c10::cuda::CUDAGuard guard(out_in.device());
   const at::Tensor gy = gy_in.contiguous(), out = out_in.contiguous(), row = row_in.contiguous(), w = w_in.contiguous();

@@ -95,28 +95,25 @@ at::Tensor sum_rows(const at::Tensor& out_ND, const at::Tensor& row_N, const at:
   return rows.sum(1, /*keepdim=*/false, acc).to(out_ND.scalar_type());
 }
 
-// The inverse of a permutation (argsort: deterministic on every device).
-at::Tensor inverse_permutation(const at::Tensor& perm_N) { return std::get<1>(perm_N.sort(/*stable=*/true, 0, false)); }
-
 // Forward: the copies' rows gathered from their tokens; backward: each token's K row gradients summed.
 struct DispatchRows : public torch::autograd::Function<DispatchRows> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x_TD, const at::Tensor& perm_N,
-                            int64_t K) {
-    ctx->save_for_backward({inverse_permutation(perm_N)});
+                            const at::Tensor& inv_N, int64_t K) {
+    ctx->save_for_backward({inv_N});
     ctx->saved_data["K"] = K;
     return x_TD.index_select(0, perm_N.div(K, "floor"));  // (div has a meta kernel, floor_divide none)
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     const at::Tensor inv_N = ctx->get_saved_variables()[0];
-    return {sum_rows(grads[0], inv_N, at::Tensor(), ctx->saved_data["K"].toInt()), at::Tensor(), at::Tensor()};
+    return {sum_rows(grads[0], inv_N, at::Tensor(), ctx->saved_data["K"].toInt()), at::Tensor(), at::Tensor(),
+            at::Tensor()};
   }
 };
 
 struct CombineRows : public torch::autograd::Function<CombineRows> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& out_ND, const at::Tensor& w_N,
-                            const at::Tensor& perm_N, int64_t K) {
-    const at::Tensor inv_N = inverse_permutation(perm_N);
+                            const at::Tensor& perm_N, const at::Tensor& inv_N, int64_t K) {
     ctx->save_for_backward({out_ND, w_N, perm_N, inv_N});
     ctx->saved_data["K"] = K;
     return sum_rows(out_ND, inv_N, w_N, K);
@@ -138,26 +135,32 @@ struct CombineRows : public torch::autograd::Function<CombineRows> {
       grad_w = (g * out_ND.index_select(0, inv_N).view({T, K, D}).to(w_N.scalar_type())).sum(-1).reshape({N});
       grad_out = (g * w_N.view({T, K, 1})).to(out_ND.scalar_type()).view({N, D}).index_select(0, perm_N);
     }
-    return {grad_out, grad_w, at::Tensor(), at::Tensor()};
+    return {grad_out, grad_w, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
-at::Tensor dispatch_rows(const at::Tensor& x_TD, const at::Tensor& perm_N, int64_t K) {
-  TITAN_ASSERT(x_TD.dim() == 2 && K > 0 && perm_N.dim() == 1 && perm_N.numel() == x_TD.size(0) * K,
-               "MoE dispatch: x (T, D) and perm (T * K), got x ", x_TD.sizes(), ", perm ", perm_N.sizes(), ", K ", K);
-  return DispatchRows::apply(x_TD, perm_N, K);
+CopyOrder copy_order(const at::Tensor& perm_N) {
+  return {perm_N, std::get<1>(perm_N.sort(/*stable=*/true, 0, /*descending=*/false))};
 }
 
-at::Tensor combine_rows(const at::Tensor& out_ND, const at::Tensor& weights_TK, const at::Tensor& perm_N) {
+at::Tensor dispatch_rows(const at::Tensor& x_TD, const CopyOrder& order, int64_t K) {
+  const at::Tensor& perm_N = order.perm_N;
+  TITAN_ASSERT(x_TD.dim() == 2 && K > 0 && perm_N.dim() == 1 && perm_N.numel() == x_TD.size(0) * K,
+               "MoE dispatch: x (T, D) and perm (T * K), got x ", x_TD.sizes(), ", perm ", perm_N.sizes(), ", K ", K);
+  return DispatchRows::apply(x_TD, perm_N, order.inv_N, K);
+}
+
+at::Tensor combine_rows(const at::Tensor& out_ND, const at::Tensor& weights_TK, const CopyOrder& order) {
+  const at::Tensor& perm_N = order.perm_N;
   TITAN_ASSERT(weights_TK.dim() == 2 && weights_TK.numel() == perm_N.numel() && out_ND.dim() == 2 &&
-                  out_ND.size(0) == perm_N.numel(),
-              "MoE combine: weights (T, K), out (T * K, D) and perm (T * K), got weights ", weights_TK.sizes(),
-              ", out ", out_ND.sizes(), ", perm ", perm_N.sizes());
+                   out_ND.size(0) == perm_N.numel(),
+               "MoE combine: weights (T, K), out (T * K, D) and perm (T * K), got weights ", weights_TK.sizes(),
+               ", out ", out_ND.sizes(), ", perm ", perm_N.sizes());
   // The products in fp32 (fp64 for fp64 rows), as the kernel computes them.
   const at::ScalarType acc = at::promote_types(out_ND.scalar_type(), at::kFloat);
-  return CombineRows::apply(out_ND, weights_TK.to(acc).reshape({-1}), perm_N, weights_TK.size(1));
+  return CombineRows::apply(out_ND, weights_TK.to(acc).reshape({-1}), perm_N, order.inv_N, weights_TK.size(1));
 }
 
 at::Tensor grouped_linear(const at::Tensor& x_NI, const at::Tensor& w_EOI, const at::Tensor& counts_E, bool grouped) {
@@ -244,8 +247,8 @@ at::Tensor MoEImpl::forward(const at::Tensor& x_BSD) {
       tokens_per_expert.add_(r.counts_E.to(tokens_per_expert.device(), at::kFloat));
     }
     // The routed copies sorted by expert (stable: a token's copies keep the order of its choices).
-    const at::Tensor perm_N = std::get<1>(r.ids_TK.reshape({-1}).sort(/*stable=*/true, 0, /*descending=*/false));
-    const at::Tensor routed_ND = dispatch_rows(x_TD, perm_N, K);
+    const CopyOrder order = copy_order(std::get<1>(r.ids_TK.reshape({-1}).sort(/*stable=*/true, 0, false)));
+    const at::Tensor routed_ND = dispatch_rows(x_TD, order, K);
     at::Tensor out_ND;
     if (exchange) {
       const ExpertExchange ex = exchange(routed_ND, r.counts_E);
@@ -253,7 +256,7 @@ at::Tensor MoEImpl::forward(const at::Tensor& x_BSD) {
     } else {
       out_ND = experts(routed_ND, r.counts_E);
     }
-    at::Tensor y_TD = combine_rows(out_ND, r.weights_TK, perm_N);
+    at::Tensor y_TD = combine_rows(out_ND, r.weights_TK, order);
     if (shared_experts) y_TD = y_TD + shared_experts(x_TD).to(y_TD.scalar_type());
     if (aux_loss_weight > 0 && count_tokens) {
       at::Tensor counts;

@@ -60,15 +60,21 @@ struct Routing {
 // tensor. Differentiable in the logits through the weights.
 Routing route(const at::Tensor& logits_TE, const at::Tensor& expert_bias_E, const MoEOptions& options);
 
-// The routed copies' rows and back. perm_N (N = T * K, int64): row n of the sorted copies is copy
-// perm[n] = t * K + k (token t's k-th choice), each copy once. dispatch_rows: row n = x_TD[perm[n] / K].
+// The order of the routed copies: row n of the sorted copies is copy perm[n] = t * K + k (token t's
+// k-th choice), each copy once (N = T * K, int64); inv_N is its inverse (copy j sits in row inv[j]).
+struct CopyOrder {
+  at::Tensor perm_N, inv_N;
+};
+CopyOrder copy_order(const at::Tensor& perm_N);  // inv_N by a (deterministic) sort
+
+// The routed copies' rows and back. dispatch_rows: row n = x_TD[perm[n] / K].
 // combine_rows: y[t] = sum over k of round(weights_TK[t, k] * out_ND[the row of copy t * K + k]), each
 // product in fp32 rounded to out's dtype (torchtitan's combine), the K summed in fp32 and rounded
 // once. Both without atomics: a token's gradient (dispatch) and output (combine) sum its K rows in
 // the order of k, so they are deterministic; CUDA runs the combine as one fused kernel each way
 // (fused_kernels.h), the CPU as ATen operations, the meta device allocates what the kernel does.
-at::Tensor dispatch_rows(const at::Tensor& x_TD, const at::Tensor& perm_N, int64_t K);
-at::Tensor combine_rows(const at::Tensor& out_ND, const at::Tensor& weights_TK, const at::Tensor& perm_N);
+at::Tensor dispatch_rows(const at::Tensor& x_TD, const CopyOrder& order, int64_t K);
+at::Tensor combine_rows(const at::Tensor& out_ND, const at::Tensor& weights_TK, const CopyOrder& order);
 
 // (N, D) rows sorted by expert, `counts` (E) rows each, through per-expert weights w (E, out, in):
 // row block e times w[e]^T. at::_grouped_mm where its layout rules allow (16-byte aligned rows) and

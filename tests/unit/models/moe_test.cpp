@@ -208,7 +208,8 @@ std::vector<at::Tensor> scatter_reference(const RowsCase& c) {
 std::vector<at::Tensor> titan_rows(const RowsCase& c, const at::Device& device, bool misaligned = false) {
   // Fresh leaves (on the CPU, .to would return the case's own tensors).
   const auto leaf = [&](const at::Tensor& t) { return t.detach().to(device).clone().requires_grad_(true); };
-  const at::Tensor x = leaf(c.x), w = leaf(c.w), perm = c.perm.to(device);
+  const at::Tensor x = leaf(c.x), w = leaf(c.w);
+  const nn::CopyOrder order = nn::copy_order(c.perm.to(device));
   at::Tensor out = leaf(c.out);
   if (misaligned) {
     const at::Tensor buffer = at::empty({c.out.numel() + 1}, c.out.options().device(device));
@@ -216,8 +217,8 @@ std::vector<at::Tensor> titan_rows(const RowsCase& c, const at::Device& device, 
     out.copy_(c.out);
     out.requires_grad_(true);
   }
-  const at::Tensor routed = nn::dispatch_rows(x, perm, c.w.size(1));
-  const at::Tensor y = nn::combine_rows(out, w, perm);
+  const at::Tensor routed = nn::dispatch_rows(x, order, c.w.size(1));
+  const at::Tensor y = nn::combine_rows(out, w, order);
   ((y.to(at::kFloat) * c.gy.to(device).to(at::kFloat)).sum() + (routed.to(at::kFloat) * out.to(at::kFloat)).sum())
       .backward();
   return {y.detach().cpu(), x.grad().cpu(), out.grad().cpu(), w.grad().cpu()};

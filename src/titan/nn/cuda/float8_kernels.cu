@@ -118,11 +118,11 @@ template <typename T, bool kE4M3>
 __global__ void __launch_bounds__(kWideThreads)
     float8_cast_transpose_kernel(const T* x, int64_t U, int64_t W, int64_t w_stride, const float* scale,
                                  Float8Scale mode_u_w /*kPerRow: per u, kPerColumn: per w*/, __nv_fp8_storage_t* out,
-                                 int64_t tiles_w, int64_t tiles) {
+                                 int64_t tiles_u, int64_t tiles) {
   __shared__ __align__(16) __nv_fp8_storage_t tile[kWideTile][kWidePitch];
   constexpr int kVectors = kWideTile * kWideTile / 8;  // 512 vectors of 8 per tile
   for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-    const int64_t u0 = t % ((U + kWideTile - 1) / kWideTile) * kWideTile, w0 = t / ((U + kWideTile - 1) / kWideTile) * kWideTile;
+    const int64_t u0 = t % tiles_u * kWideTile, w0 = t / tiles_u * kWideTile;
 #pragma unroll
     for (int k = 0; k < kVectors / kWideThreads; ++k) {
       const int vid = threadIdx.x + k * kWideThreads;
@@ -148,7 +148,6 @@ __global__ void __launch_bounds__(kWideThreads)
     }
     __syncthreads();
   }
-  (void)tiles_w;
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -185,9 +184,9 @@ void cast(const void* x, int64_t R, int64_t C, int64_t sr, int64_t sc, const flo
     const int64_t tiles = tiles_u * tiles_w;
     const int blocks = static_cast<int>(std::min<int64_t>(tiles, kMaxBlocks));
     if (e4m3)
-      float8_cast_transpose_kernel<T, true><<<blocks, kWideThreads, 0, stream>>>(X, U, W, w_stride, scale, m, O, tiles_w, tiles);
+      float8_cast_transpose_kernel<T, true><<<blocks, kWideThreads, 0, stream>>>(X, U, W, w_stride, scale, m, O, tiles_u, tiles);
     else
-      float8_cast_transpose_kernel<T, false><<<blocks, kWideThreads, 0, stream>>>(X, U, W, w_stride, scale, m, O, tiles_w, tiles);
+      float8_cast_transpose_kernel<T, false><<<blocks, kWideThreads, 0, stream>>>(X, U, W, w_stride, scale, m, O, tiles_u, tiles);
     return;
   }
   // Any other strides or sizes: 32 x 32 tiles, one element per thread.
