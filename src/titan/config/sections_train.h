@@ -107,7 +107,7 @@ struct Training {
     v(dataset_mix, "dataset_mix",
       "a weighted mixture of datasets instead of dataset/dataset_path: entries \"WEIGHT PATH\" or \"WEIGHT "
       "NAME=PATH\" (PATH: any dataset path, or c4_test / titan_corpus), a text source's own field or column "
-      "after the path as \"text_field=FIELD\"; sample k comes from the source furthest behind its share, so the "
+      "after the path as \"text_field=FIELD\" (text_field=\"FIELD\" when it holds blanks); sample k comes from the source furthest behind its share, so the "
       "shares hold at every step");
     v(dataset_text_field, "dataset_text_field",
       "the field (JSON Lines) or column (Parquet, Arrow) holding each document's text");

@@ -177,6 +177,28 @@ TEST(DataMixture, EachTextSourceReadsItsOwnField) {
             std::string::npos) << e;
   e = error([&] { data::parse_dataset_mix({"1 text_field=content"}, "training.dataset_mix"); });
   EXPECT_NE(e.find("names a text field but no dataset"), std::string::npos) << e;
+  // A field whose name holds a blank, in double quotes; its source reads as alone with that field.
+  std::string spaced;
+  for (size_t i = 0; i < sources.size(); ++i)
+    spaced += nlohmann::json{{"text", "not this"}, {"body text", sources[i]}}.dump() + "\n";
+  test::write_file(f.dir / "spaced.jsonl", spaced);
+  const auto quoted = data::parse_dataset_mix({"1 " + (f.dir / "spaced.jsonl") + "\ttext_field=\"body text\""}, "m");
+  ASSERT_EQ(quoted.size(), 1u);
+  EXPECT_EQ(quoted[0].location, f.dir / "spaced.jsonl");
+  EXPECT_EQ(quoted[0].text_field, "body text");
+  auto spaced_mix = data::make_dataloader(config({"1 " + (f.dir / "spaced.jsonl") + " text_field=\"body text\""}, 1, S), f.tok);
+  auto stack_again = data::make_dataloader(code_alone, f.tok);
+  for (int k = 0; k < 6; ++k) ASSERT_TRUE(at::equal(spaced_mix->next().inputs, stack_again->next().inputs)) << k;
+  e = error([&] { data::parse_dataset_mix({"1 " + (f.dir / "spaced.jsonl") + " text_field=\"body text"}, "m"); });
+  EXPECT_NE(e.find("text_field=\" needs its closing quote, ending the entry"), std::string::npos) << e;
+  e = error([&] { data::parse_dataset_mix({"1 " + (f.dir / "spaced.jsonl") + " text_field=\"body\"text\""}, "m"); });
+  EXPECT_NE(e.find("a quoted text_field=\"FIELD\" holds no double quote"), std::string::npos) << e;
+  // A quoted field inside a path is not the entry's: its last word is.
+  const auto inner = data::parse_dataset_mix({"1 /d/a text_field=\"x\"/c.jsonl text_field=body"}, "m");
+  EXPECT_EQ(inner[0].location, "/d/a text_field=\"x\"/c.jsonl");
+  EXPECT_EQ(inner[0].text_field, "body");
+  e = error([&] { data::parse_dataset_mix({"1 " + (f.dir / "spaced.jsonl") + " text_field=\"\""}, "m"); });
+  EXPECT_NE(e.find("text_field= names no field"), std::string::npos) << e;
   // A field the source lacks names the way to set it.
   e = error([&] { data::make_dataloader(config({"1 " + (f.dir / "web.jsonl") + " text_field=body"}, 1, S), f.tok)->next(); });
   EXPECT_NE(e.find("in a dataset_mix entry, text_field=FIELD after the path"), std::string::npos) << e;

@@ -33,14 +33,33 @@ std::vector<MixtureEntry> parse_dataset_mix(const std::vector<std::string>& entr
     auto exists = [&ec](const std::string& path) {
       return std::filesystem::exists(path, ec) || std::filesystem::exists(path + ".bin", ec);
     };
-    // A last word "text_field=FIELD", unless the whole text is a path that exists.
+    // A last word "text_field=FIELD", or text_field="FIELD" (in double quotes, which may hold blanks)
+    // ending the entry, unless the whole text is a path that exists.
     static const std::string kField = "text_field=";
-    if (const size_t word = location.find_last_of(" \t");
-        word != std::string::npos && location.compare(word + 1, kField.size(), kField) == 0 && !exists(location)) {
-      e.text_field = location.substr(word + 1 + kField.size());
-      TITAN_USER_CHECK(!e.text_field.empty(), key, " entry '", text,
-                       "': text_field= names no field (give the JSON field or column of this source's text)");
-      location.erase(location.find_last_not_of(" \t", word) + 1);
+    auto blank = [](char c) { return c == ' ' || c == '\t'; };
+    if (!exists(location)) {
+      size_t begin = std::string::npos;  // where "text_field=" starts
+      const size_t q = location.rfind(kField + '"');
+      const bool quoted = q != std::string::npos && q > 0 && blank(location[q - 1]);
+      const size_t open = quoted ? q + kField.size() : 0, close = quoted ? location.find('"', open + 1) : 0;
+      if (quoted && location.back() == '"') {
+        TITAN_USER_CHECK(close == location.size() - 1, key, " entry '", text,
+                         "': a quoted text_field=\"FIELD\" holds no double quote");
+        begin = q;
+        e.text_field = location.substr(open + 1, close - open - 1);
+      } else if (const size_t word = location.find_last_of(" \t");
+                 word != std::string::npos && location.compare(word + 1, kField.size(), kField) == 0) {
+        begin = word + 1;
+        e.text_field = location.substr(begin + kField.size());
+      } else {
+        TITAN_USER_CHECK(!quoted || close != std::string::npos, key, " entry '", text,
+                         "': text_field=\" needs its closing quote, ending the entry: text_field=\"FIELD\"");
+      }
+      if (begin != std::string::npos) {
+        TITAN_USER_CHECK(!e.text_field.empty(), key, " entry '", text,
+                         "': text_field= names no field (give the JSON field or column of this source's text)");
+        location.erase(location.find_last_not_of(" \t", begin - 1) + 1);
+      }
     }
     TITAN_USER_CHECK(location.compare(0, kField.size(), kField) != 0 || exists(location), key, " entry '", text,
                      "' names a text field but no dataset: \"WEIGHT [NAME=]PATH text_field=FIELD\"");

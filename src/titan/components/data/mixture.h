@@ -19,8 +19,9 @@ namespace titan::data {
 // One entry of training.dataset_mix: "WEIGHT LOCATION" or "WEIGHT NAME=LOCATION", where LOCATION is a
 // dataset path (any kind the data loader reads) or a dataset name with a default location (c4_test,
 // titan_corpus); NAME (default: the location's last path component) names the source in metrics. A
-// last word "text_field=FIELD" names the JSON field or table column of this source's text (text
-// sources only; default: the section's dataset_text_field).
+// last word "text_field=FIELD" (or text_field="FIELD", quoted when the name holds blanks, ending the
+// entry) names the JSON field or table column of this source's text (text sources only; default: the
+// section's dataset_text_field).
 struct MixtureEntry {
   std::string name;
   double weight = 0;      // as given; the mixture normalizes the weights
