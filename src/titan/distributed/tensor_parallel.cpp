@@ -367,18 +367,19 @@ Placement TensorParallel::shard(at::Tensor& param, int64_t dim) const {
   return shard_in_place(param, dim, group_.name(), group_.rank(), group_.size());
 }
 
-namespace {
-
-// A float8 layer split along logical dim `dim` over `g` (nn/float8.h): its amaxes completed by an
-// all-reduce (MAX) over the group, so that every rank casts as one device would.
-std::shared_ptr<const nn::Float8Sharding> float8_split(Group& g, char dim) {
-  auto s = std::make_shared<nn::Float8Sharding>();
-  s->dim = dim;
-  s->max_over_ranks = [&g](at::Tensor& amax) { g.all_reduce(amax, c10d::ReduceOp::MAX).wait(); };
-  return s;
+// A float8 layer split along logical dim `dim` over the group (nn/float8.h): its amaxes completed by
+// an all-reduce (MAX) over the group, so that every rank casts as one device would.
+std::shared_ptr<const nn::Float8Sharding> TensorParallel::float8_split(char dim) {
+  std::shared_ptr<const nn::Float8Sharding>& split = float8_splits_[dim];
+  if (!split) {
+    auto s = std::make_shared<nn::Float8Sharding>();
+    s->dim = dim;
+    Group* g = &group_;
+    s->max_over_ranks = [g](at::Tensor& amax) { g->all_reduce(amax, c10d::ReduceOp::MAX).wait(); };
+    split = std::move(s);
+  }
+  return split;
 }
-
-}  // namespace
 
 // A float8 layer's local weight must keep float8 matmuls' multiples of 16 (CUDA's kernels).
 void check_float8_shard(const nn::LinearImpl& linear, int tp) {
@@ -391,7 +392,7 @@ void check_float8_shard(const nn::LinearImpl& linear, int tp) {
 }
 
 std::vector<std::pair<std::string, Placement>> TensorParallel::column_wise(nn::LinearImpl& linear) {
-  if (linear.float8) linear.float8_sharding = float8_split(group_, 'N');
+  if (linear.float8) linear.float8_sharding = float8_split('N');
   std::vector<std::pair<std::string, Placement>> out = {{"weight", shard(linear.weight, 0)}};
   // The bias of the rows this rank computes.
   if (linear.bias.defined()) out.push_back({"bias", shard(linear.bias, 0)});
@@ -400,7 +401,7 @@ std::vector<std::pair<std::string, Placement>> TensorParallel::column_wise(nn::L
 }
 
 std::vector<std::pair<std::string, Placement>> TensorParallel::row_wise(nn::LinearImpl& linear) {
-  if (linear.float8) linear.float8_sharding = float8_split(group_, 'K');
+  if (linear.float8) linear.float8_sharding = float8_split('K');
   std::vector<std::pair<std::string, Placement>> out = {{"weight", shard(linear.weight, 1)}};
   // The whole bias on every rank, added once after the reduction of the partial outputs (region()):
   // its gradient is partial over tp under sequence parallelism (each rank's tokens), like a norm's.
@@ -427,7 +428,7 @@ std::vector<std::pair<std::string, Placement>> TensorParallel::replicated(torch:
   if (options_.sequence_parallel)
     for (const auto& m : module.modules(/*include_self=*/true))
       if (auto* linear = dynamic_cast<nn::LinearImpl*>(m.get()); linear && linear->float8)
-        linear->float8_sharding = float8_split(group_, 'M');
+        linear->float8_sharding = float8_split('M');
   std::vector<std::pair<std::string, Placement>> out;
   for (const auto& p : module.named_parameters())
     out.push_back({p.key(), whole(p.value(), {group_.name()}, group_.rank() == 0)});

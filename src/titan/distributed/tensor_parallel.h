@@ -46,6 +46,8 @@
 #include <ATen/core/Tensor.h>
 
 #include <functional>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -124,8 +126,13 @@ class TensorParallel {
 
  private:
   Placement shard(at::Tensor& param, int64_t dim) const;
+  // The split of float8 layers along logical dim `dim` ('N', 'K' or 'M', nn/float8.h): one object per
+  // dim, shared by the layers split alike (their amax reductions are then one, which lets layers on
+  // one input share its cast: nn::Float8SharedInputs).
+  std::shared_ptr<const nn::Float8Sharding> float8_split(char dim);
   Group& group_;
   TensorParallelOptions options_;
+  std::map<char, std::shared_ptr<const nn::Float8Sharding>> float8_splits_;
 };
 
 }  // namespace titan::dist

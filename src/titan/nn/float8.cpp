@@ -1,5 +1,6 @@
 #include "titan/nn/float8.h"
 
+#include "titan/common/autocast.h"
 #include "titan/common/error.h"
 #include "titan/nn/fused_kernels.h"
 
@@ -8,6 +9,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/autograd.h>
 
+#include <algorithm>
 #include <limits>
 #include <numeric>
 #include <optional>
@@ -165,11 +167,61 @@ Float8Operand transposed(const Float8Weight* w) {
   return {c.data.t(), c.scale};
 }
 
-// Whether grad_input casts the weight exactly as the output's product does (tensorwise scaling and
-// one float8 type for both, as the tensorwise recipe has it): then the forward's scale serves both.
-bool reuses_weight_scale(const Float8Recipe& r) {
-  return r.weight.type != Float8Type::HighPrecision && r.weight.scaling == Float8Scaling::Tensorwise &&
-         r.weight_for_grad_input.type == r.weight.type && r.weight_for_grad_input.scaling == Float8Scaling::Tensorwise;
+// Whether `b` casts an operand exactly as `a` does with one scale over the whole tensor (tensorwise
+// scaling and one float8 type for both, as the tensorwise recipe has it): then a's scale serves b.
+bool same_tensorwise_cast(const Float8Cast& a, const Float8Cast& b) {
+  return a.type != Float8Type::HighPrecision && a.scaling == Float8Scaling::Tensorwise && b.type == a.type &&
+         b.scaling == Float8Scaling::Tensorwise;
+}
+// grad_input casts the weight as the output's product does / grad_weight casts the input so.
+bool reuses_weight_scale(const Float8Recipe& r) { return same_tensorwise_cast(r.weight, r.weight_for_grad_input); }
+bool reuses_input_scale(const Float8Recipe& r) { return same_tensorwise_cast(r.input, r.input_for_grad_weight); }
+
+}  // namespace
+
+// The casts of the inputs shared within a Float8SharedInputs scope: each input tensor (its identity
+// and version) with how it was cast and the cast.
+struct Float8SharedInputs::State {
+  struct Entry {
+    at::Tensor key;  // held: its address cannot be another tensor's while the scope lasts
+    int64_t version;
+    Float8Cast cast;
+    bool round_scales_to_power_of_2;
+    const MaxFn* max_over_ranks;
+    Float8Operand operand;
+  };
+  std::vector<Entry> entries;
+  State* outer = nullptr;
+};
+
+namespace {
+
+thread_local Float8SharedInputs::State* shared_inputs = nullptr;
+
+// The forward's cast of the input x (its 2-D view x2): the one made for the same tensor alike in
+// the enclosing Float8SharedInputs scope, or a new one (recorded there).
+Float8Operand input_cast(const at::Tensor& x, const at::Tensor& x2, const Float8Cast& cast, bool round,
+                         const MaxFn* max_over_ranks) {
+  Float8SharedInputs::State* scope = shared_inputs;
+  if (scope) {
+    for (const auto& e : scope->entries)
+      if (e.key.unsafeGetTensorImpl() == x.unsafeGetTensorImpl() && e.version == x._version() &&
+          e.cast.type == cast.type && e.cast.scaling == cast.scaling && e.round_scales_to_power_of_2 == round &&
+          e.max_over_ranks == max_over_ranks)
+        return e.operand;
+  }
+  Float8Operand op = float8_cast(x2, cast, 1, round, max_over_ranks, false);
+  if (scope) {
+    // Casts of this tensor before it changed in place are never used again: not kept.
+    auto& v = scope->entries;
+    v.erase(std::remove_if(v.begin(), v.end(),
+                           [&](const auto& e) {
+                             return e.key.unsafeGetTensorImpl() == x.unsafeGetTensorImpl() && e.version != x._version();
+                           }),
+            v.end());
+    v.push_back({x, x._version(), cast, round, max_over_ranks, op});
+  }
+  return op;
 }
 
 struct Float8LinearFn : public torch::autograd::Function<Float8LinearFn> {
@@ -185,18 +237,27 @@ struct Float8LinearFn : public torch::autograd::Function<Float8LinearFn> {
     const auto* s = reinterpret_cast<const Float8Sharding*>(sharding);
     Float8Operand w_t = transposed(reinterpret_cast<const Float8Weight*>(cast_weight));
     const int64_t K = x.size(-1);
+    const at::Tensor x2 = x.reshape({-1, K});
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);  // as float8_mm casts
+    // The input cast here (or shared with the scope's other layers that take it); the tensorwise
+    // recipe keeps its scale for grad_weight's cast of the same input (no second amax over x, nor its
+    // all-reduce under tensor parallelism).
+    std::optional<Float8Operand> x_cast;
+    if (r.input.type != Float8Type::HighPrecision) {
+      x_cast = input_cast(x, x2, r.input, r.round_scales_to_power_of_2, max_for(s, "MK", 'K', r.input));
+      if (reuses_input_scale(r)) ctx->saved_data["input_scale"] = x_cast->scale;
+    }
     if (!w_t.data.defined() && reuses_weight_scale(r)) {
       // The weight cast here (cuBLAS's layout on CUDA), its scale kept for grad_input's cast. (Under
       // per-operator checkpointing the kept output returns above: the backward casts afresh.)
-      c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);  // as float8_mm casts
       w_t = float8_cast(w.t(), r.weight, 0, r.round_scales_to_power_of_2, max_for(s, "NK", 'K', r.weight),
                         cublas_layouts(x));
       ctx->saved_data["weight_scale"] = w_t.scale;
     }
     // (A weight cast beforehand may have no memory of its own: not even a view of it is taken.)
-    const at::Tensor y = float8_mm(x.reshape({-1, K}), w_t.data.defined() ? at::Tensor() : w.t(), r.input, r.weight, x.scalar_type(), r,
+    const at::Tensor y = float8_mm(x2, w_t.data.defined() ? at::Tensor() : w.t(), r.input, r.weight, x.scalar_type(), r,
                                    max_for(s, "MK", 'K', r.input), max_for(s, "NK", 'K', r.weight), /*fast_accum=*/true,
-                                   w_t.data.defined() ? &w_t : nullptr);
+                                   w_t.data.defined() ? &w_t : nullptr, x_cast ? &*x_cast : nullptr);
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = w.size(0);
     return y.view(shape);
@@ -239,10 +300,21 @@ struct Float8LinearFn : public torch::autograd::Function<Float8LinearFn> {
                      cast.data.defined() ? &cast : nullptr, g_cast ? &*g_cast : nullptr)
                .view(x.sizes());
     }
-    if (want_w)
-      gw = float8_mm(g.t(), x.reshape({-1, K}), r.grad_output_for_grad_weight, r.input_for_grad_weight, w.scalar_type(),
-                     r, max_for(s, "MN", 'M', r.grad_output_for_grad_weight), max_for(s, "MK", 'M', r.input_for_grad_weight),
-                     false, nullptr, g_t_cast ? &*g_t_cast : nullptr);
+    if (want_w) {
+      // The tensorwise recipe's input cast again under the forward's scale, in the layout cuBLAS
+      // takes for B (where the forward cast it; under per-operator checkpointing it did not).
+      const at::Tensor x2 = x.reshape({-1, K});
+      std::optional<Float8Operand> x_cast;
+      if (ctx->saved_data.count("input_scale")) {
+        const at::Tensor scale = ctx->saved_data["input_scale"].toTensor();
+        c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+        at::NoGradGuard no_grad;
+        x_cast = Float8Operand{float8_data(x2, scale, r.input_for_grad_weight.type, cublas_layouts(g)), scale};
+      }
+      gw = float8_mm(g.t(), x2, r.grad_output_for_grad_weight, r.input_for_grad_weight, w.scalar_type(), r,
+                     max_for(s, "MN", 'M', r.grad_output_for_grad_weight), max_for(s, "MK", 'M', r.input_for_grad_weight),
+                     false, x_cast ? &*x_cast : nullptr, g_t_cast ? &*g_t_cast : nullptr);
+    }
     return {gx, gw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
@@ -255,12 +327,17 @@ at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, const Fl
   // Under autocast the layer computes in the autocast dtype, as a Linear would (torchao's order:
   // the input is cast first, the weight is cast to float8 from its own dtype).
   // (A meta tensor stands for a CUDA one: titan estimate's dry run emulates CUDA's autocast.)
-  const at::DeviceType dev = x.is_meta() ? at::kCUDA : x.device().type();
-  const bool autocast = at::autocast::is_autocast_available(dev) && at::autocast::is_autocast_enabled(dev);
-  const at::Tensor in = autocast ? x.to(at::autocast::get_autocast_dtype(dev)) : x;
+  const at::Tensor in = x.to(compute_dtype(x));
   return Float8LinearFn::apply(in, weight, reinterpret_cast<int64_t>(&recipe), std::optional<at::Tensor>(kept),
                                reinterpret_cast<int64_t>(sharding), reinterpret_cast<int64_t>(cast_weight));
 }
+
+Float8SharedInputs::Float8SharedInputs() : state_(std::make_unique<State>()) {
+  state_->outer = shared_inputs;
+  shared_inputs = state_.get();
+}
+
+Float8SharedInputs::~Float8SharedInputs() { shared_inputs = state_->outer; }
 
 namespace {
 

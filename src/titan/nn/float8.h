@@ -103,6 +103,8 @@ at::Tensor float8_mm(const at::Tensor& a, const at::Tensor& b, const Float8Cast&
                      const Float8Operand* b_cast = nullptr, const Float8Operand* a_cast = nullptr);
 
 // x (..., K) Wᵀ for W (N, K) under `recipe`, differentiable in x and W (gradients in their dtypes).
+// Where the recipe casts the input alike for the output and for grad_weight (tensorwise), the
+// backward casts x under the forward's scale (no second amax, nor its all-reduce).
 // Under autocast, x is first cast to the autocast dtype (the output's). With `kept` defined (an
 // output kept by per-operator activation checkpointing) the forward returns it instead of
 // multiplying again; the backward is the same. `sharding`: the layer's split under tensor
@@ -111,6 +113,24 @@ at::Tensor float8_mm(const at::Tensor& a, const at::Tensor& b, const Float8Cast&
 at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, const Float8Recipe& recipe,
                          const at::Tensor& kept = at::Tensor(), const Float8Sharding* sharding = nullptr,
                          const Float8Weight* cast_weight = nullptr);
+
+// Within its scope (one thread's; scopes nest, the innermost serves), float8 layers given the same
+// input tensor cast it once for their forward products: the first layer's cast (amax, its reduction
+// over the ranks, scale, float8 data) serves each later one that casts its input alike (the same
+// float8 type, scaling, scale rounding and amax reduction) while the tensor is unchanged (its
+// version). Attention's wq, wk and wv take one input, as do a feed-forward's w1 and w3. The casts are
+// freed with the scope. (The values are those of casting again: a cast depends on the tensor alone.)
+class Float8SharedInputs {
+ public:
+  Float8SharedInputs();
+  ~Float8SharedInputs();
+  Float8SharedInputs(const Float8SharedInputs&) = delete;
+  Float8SharedInputs& operator=(const Float8SharedInputs&) = delete;
+  struct State;
+
+ private:
+  std::unique_ptr<State> state_;
+};
 
 // Grouped float8 matmuls of MoE experts (torchao's float8 grouped GEMM for
 // "quantize.grouped_mm.float8"): x (T, K) holds the routed tokens sorted by expert, counts_E[e] rows

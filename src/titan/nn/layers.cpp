@@ -1,7 +1,9 @@
 #include "titan/nn/layers.h"
 
+#include "titan/common/autocast.h"
 #include "titan/common/tensor_storage.h"
 #include "titan/nn/activation_checkpoint.h"
+#include "titan/nn/float8.h"
 #include "titan/nn/fused_kernels.h"
 
 #include <ATen/ATen.h>
@@ -160,9 +162,7 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps_, const at::TensorOptions& opts
 }
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  const at::DeviceType dev = x.device().type();
-  const bool autocast = at::autocast::is_autocast_available(dev) && at::autocast::is_autocast_enabled(dev);
-  return RmsNormFunction::apply(x, weight, eps, autocast ? at::autocast::get_autocast_dtype(dev) : x.scalar_type());
+  return RmsNormFunction::apply(x, weight, eps, compute_dtype(x));
 }
 
 at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
@@ -297,6 +297,9 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x_BSD, const at::Tensor& cis
 
 at::Tensor AttentionImpl::body(const at::Tensor& x_BSD, const at::Tensor& cis_SE2) {
   const auto B = x_BSD.size(0), S = x_BSD.size(1);
+  // wq, wk and wv in float8 cast their common input once (nn::Float8SharedInputs).
+  std::optional<Float8SharedInputs> shared_casts;
+  if (wq->float8) shared_casts.emplace();
   // Heads are inferred (-1) so that a tensor-parallel shard of the projections works unchanged.
   at::Tensor q_BSHE = wq(x_BSD).view({B, S, -1, head_dim});
   at::Tensor k_BSKE = wk(x_BSD).view({B, S, -1, head_dim});
@@ -307,6 +310,7 @@ at::Tensor AttentionImpl::body(const at::Tensor& x_BSD, const at::Tensor& cis_SE
   q_BSHE = apply_rope(q_BSHE, cis_SE2);
   k_BSKE = apply_rope(k_BSKE, cis_SE2);
   at::Tensor v_BSKE = wv(x_BSD).view({B, S, -1, head_dim});
+  shared_casts.reset();
   // Kept with its log-sum-exp under per-operator activation checkpointing (activation_checkpoint.h).
   at::Tensor out_BHSE = saveable_attention(
       q_BSHE.transpose(1, 2), k_BSKE.transpose(1, 2), v_BSKE.transpose(1, 2),
@@ -326,7 +330,17 @@ FeedForwardImpl::FeedForwardImpl(int64_t dim, int64_t hidden_dim, const at::Tens
 at::Tensor swiglu(const at::Tensor& h1, const at::Tensor& h3) { return SwiGluFunction::apply(h1, h3); }
 
 at::Tensor FeedForwardImpl::forward(const at::Tensor& x_BSD) {
-  return with_hooks({x_BSD}, [this](const std::vector<at::Tensor>& in) { return w2(swiglu(w1(in[0]), w3(in[0]))); });
+  return with_hooks({x_BSD}, [this](const std::vector<at::Tensor>& in) {
+    at::Tensor h1, h3;
+    {
+      // w1 and w3 in float8 cast their common input once (nn::Float8SharedInputs).
+      std::optional<Float8SharedInputs> shared_casts;
+      if (w1->float8) shared_casts.emplace();
+      h1 = w1(in[0]);
+      h3 = w3(in[0]);
+    }
+    return w2(swiglu(h1, h3));
+  });
 }
 
 }  // namespace titan::nn

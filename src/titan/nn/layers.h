@@ -58,7 +58,8 @@ TORCH_MODULE(Embedding);
 
 // RMSNorm over the last dim: x / sqrt(mean(x^2) + eps) * weight, computed in fp32 whatever x's dtype.
 // Saves x (its own dtype), the weight and the fp32 reciprocal RMS per row. The result has x's dtype,
-// or the autocast dtype when autocast is on for x's device: the layers after a norm are matmuls that
+// or the autocast dtype when autocast is on for x's device (for a meta tensor: CUDA's, as titan
+// estimate's dry run emulates it): the layers after a norm are matmuls that
 // would each cast it to that dtype and save their own copy; casting once lets them share one.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 

@@ -1,5 +1,6 @@
 #include "titan/nn/moe.h"
 
+#include "titan/common/autocast.h"
 #include "titan/common/error.h"
 #include "titan/common/tensor_storage.h"
 #include "titan/nn/activation_checkpoint.h"
@@ -196,9 +197,7 @@ GroupedExpertsImpl::GroupedExpertsImpl(int64_t num_experts, int64_t dim, int64_t
 at::Tensor GroupedExpertsImpl::forward(const at::Tensor& x_ND, const at::Tensor& counts_E) {
   return with_hooks([&] {
     // Under autocast the grouped matmuls run in the autocast dtype, as Linear layers would.
-    const at::DeviceType dev = x_ND.device().type();
-    const bool autocast = at::autocast::is_autocast_available(dev) && at::autocast::is_autocast_enabled(dev);
-    const at::ScalarType dtype = autocast ? at::autocast::get_autocast_dtype(dev) : x_ND.scalar_type();
+    const at::ScalarType dtype = compute_dtype(x_ND);
     const at::Tensor x = x_ND.to(dtype);
     // Float8: the counts read on the host once for the three products and their backward. (A meta
     // tensor holds no counts: titan estimate's dry run takes the shapes of the plain path.)

@@ -181,8 +181,9 @@ at::Tensor sdpa_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 // does: fp32 inputs and weights to the autocast dtype, the matmul in it. Autocast caches the cast of
 // a weight for the rest of the forward pass; where no graph saves it (checkpointed forward passes)
 // the cache is what keeps it alive, so those casts are held until the forward ends
-// (clear_autocast_casts). An fp32 activation read by several layers (the norm's output, which real
-// autocast casts once inside the norm) is cast once while it is alive.
+// (clear_autocast_casts). An fp32 activation read by several layers is cast once while it is alive.
+// (Norms, float8 layers and MoE experts take the autocast dtype themselves: compute_dtype in
+// common/autocast.h treats a meta tensor as a CUDA one.)
 using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
 struct AutocastCasts {
   std::vector<at::Tensor> weights_held;

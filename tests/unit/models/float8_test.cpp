@@ -13,12 +13,14 @@
 #include "titan/distributed/process_group.h"
 #include "titan/nn/float8.h"
 #include "titan/nn/fused_kernels.h"
+#include "titan/nn/layers.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/cuda.h>
 
+#include <optional>
 #include <thread>
 
 namespace titan {
@@ -137,10 +139,11 @@ TEST(Float8Linear, SplitLayersCastAsOneDevice) {
   }
 }
 
-// The tensorwise recipe casts the weight alike for the output and for grad_input: the backward takes
-// the forward's scale (no second amax, and under tensor parallelism no second all-reduce), with the
-// same results as casting again. Counted through the sharding's all-reduce (one rank: the identity).
-TEST(Float8Linear, TensorwiseBackwardTakesTheForwardsWeightScale) {
+// The tensorwise recipe casts the weight alike for the output and for grad_input, and the input alike
+// for the output and for grad_weight: the backward takes the forward's scales (no second amax, and
+// under tensor parallelism no second all-reduce), with the same results as casting again. Counted
+// through the sharding's all-reduce (one rank: the identity).
+TEST(Float8Linear, TensorwiseBackwardTakesTheForwardsScales) {
   const LayerData d = spread_layer(5, 32, 64, 48);
   for (const std::string recipe_name : {"tensorwise", "rowwise"}) {
     const nn::Float8Recipe recipe = nn::Float8Recipe::named(recipe_name);
@@ -156,12 +159,12 @@ TEST(Float8Linear, TensorwiseBackwardTakesTheForwardsWeightScale) {
       y.backward(d.gy);
       const int backward_calls = calls - forward_calls;
       // Forward: the weight (split either way), and x when split along K. Backward, tensorwise: the
-      // output gradient when split along N (its cast shared by both products), x when split along K;
-      // not the weight again. Rowwise: only the scales along a split K (the weight's for grad_input:
-      // K of gy @ W is N).
+      // output gradient when split along N (its cast shared by both products); neither the weight
+      // nor x again. Rowwise: only the scales along a split K (the weight's for grad_input: K of
+      // gy @ W is N).
       if (recipe_name == "tensorwise") {
         EXPECT_EQ(forward_calls, dim == 'K' ? 2 : 1);
-        EXPECT_EQ(backward_calls, 1);
+        EXPECT_EQ(backward_calls, dim == 'N' ? 1 : 0);
       } else {
         EXPECT_EQ(forward_calls, dim == 'K' ? 2 : 0);
         EXPECT_EQ(backward_calls, dim == 'N' ? 2 : 0);
@@ -173,9 +176,12 @@ TEST(Float8Linear, TensorwiseBackwardTakesTheForwardsWeightScale) {
       EXPECT_TRUE(at::equal(y, y1));
       EXPECT_TRUE(at::equal(x.grad(), x1.grad()));
       EXPECT_TRUE(at::equal(w.grad(), w1.grad()));
-      // grad_input equals the product with the weight cast afresh (amax and scale recomputed).
+      // grad_input and grad_weight equal the products with the weight and x cast afresh (amaxes and
+      // scales recomputed).
       EXPECT_TRUE(at::equal(x.grad(), nn::float8_mm(d.gy, d.w, recipe.grad_output, recipe.weight_for_grad_input,
                                                     at::kFloat, recipe)));
+      EXPECT_TRUE(at::equal(w.grad(), nn::float8_mm(d.gy.t(), d.x, recipe.grad_output_for_grad_weight,
+                                                    recipe.input_for_grad_weight, at::kFloat, recipe)));
       // Under per-operator checkpointing the forward returns the kept output without casting: the
       // backward casts the weight itself (and all-reduces its amax), with the same gradients.
       calls = 0;
@@ -183,13 +189,132 @@ TEST(Float8Linear, TensorwiseBackwardTakesTheForwardsWeightScale) {
       const at::Tensor y2 = nn::float8_linear(x2, w2, recipe, y1.detach(), &s);
       EXPECT_EQ(calls, 0);
       y2.backward(d.gy);
-      if (recipe_name == "tensorwise") {
+      if (recipe_name == "tensorwise") {  // the output gradient's (N) or x's (K), and the weight's
         EXPECT_EQ(calls, 2);
       }
       EXPECT_TRUE(at::equal(x2.grad(), x1.grad()));
       EXPECT_TRUE(at::equal(w2.grad(), w1.grad()));
     }
   }
+}
+
+// Within a Float8SharedInputs scope, layers on the same input (attention's wq, wk, wv) cast it once:
+// counted through the input's amax all-reduce (a row-wise split: x holds the split K), three layers
+// take one input cast and three weight casts, with outputs and gradients bit for bit those of the
+// layers without the scope. An input changed in place (its version) or cast otherwise (another
+// recipe, another amax reduction) is cast again; a scope's casts end with it; scopes nest.
+TEST(Float8Linear, LayersOnOneInputShareItsCastWithinAScope) {
+  const LayerData d = spread_layer(7, 32, 64, 48);
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(8);
+  const std::vector<at::Tensor> ws = {d.w, at::randn({16, 64}, gen) * 0.3, at::randn({16, 64}, gen) * 3};
+  for (const std::string recipe_name : {"tensorwise", "rowwise"}) {
+    SCOPED_TRACE(recipe_name);
+    const nn::Float8Recipe recipe = nn::Float8Recipe::named(recipe_name);
+    int calls = 0;
+    nn::Float8Sharding s;
+    s.dim = 'K';
+    s.max_over_ranks = [&](at::Tensor&) { ++calls; };
+    // The three layers with the scope, then without it.
+    auto run = [&](bool shared, std::vector<at::Tensor>& w_grads, at::Tensor& x_grad) {
+      const at::Tensor x = d.x.clone().requires_grad_(true);
+      std::vector<at::Tensor> w, y;
+      calls = 0;
+      {
+        std::optional<nn::Float8SharedInputs> scope;
+        if (shared) scope.emplace();
+        for (const at::Tensor& wi : ws) {
+          w.push_back(wi.clone().requires_grad_(true));
+          y.push_back(nn::float8_linear(x, w.back(), recipe, {}, &s));
+        }
+      }
+      const int forward_calls = calls;
+      at::Tensor loss = at::zeros({}, at::kFloat);
+      for (size_t i = 0; i < y.size(); ++i)
+        loss = loss + (y[i] * at::linspace(-1, 1, y[i].numel()).view(y[i].sizes())).sum();
+      loss.backward();
+      for (const at::Tensor& wi : w) w_grads.push_back(wi.grad());
+      x_grad = x.grad();
+      return std::make_pair(forward_calls, y);
+    };
+    std::vector<at::Tensor> gw_shared, gw_alone;
+    at::Tensor gx_shared, gx_alone;
+    const auto [calls_shared, y_shared] = run(true, gw_shared, gx_shared);
+    const auto [calls_alone, y_alone] = run(false, gw_alone, gx_alone);
+    // Without the scope each layer all-reduces x's amax and its weight's; with it x's once.
+    // (Rowwise: x's scales are along K, the split dim; the weight's too.)
+    EXPECT_EQ(calls_alone, 6);
+    EXPECT_EQ(calls_shared, 4);
+    for (size_t i = 0; i < ws.size(); ++i) {
+      EXPECT_TRUE(at::equal(y_shared[i], y_alone[i])) << i;
+      EXPECT_TRUE(at::equal(gw_shared[i], gw_alone[i])) << i;
+    }
+    EXPECT_TRUE(at::equal(gx_shared, gx_alone));
+  }
+  // What a scope does not share.
+  const nn::Float8Recipe tensorwise = nn::Float8Recipe::named("tensorwise"), rowwise = nn::Float8Recipe::named("rowwise");
+  int calls = 0;
+  nn::Float8Sharding s, other;
+  s.dim = other.dim = 'K';
+  s.max_over_ranks = other.max_over_ranks = [&](at::Tensor&) { ++calls; };
+  at::NoGradGuard no_grad;
+  nn::Float8SharedInputs scope;
+  at::Tensor x = d.x.clone();
+  const at::Tensor first = nn::float8_linear(x, d.w, tensorwise, {}, &s);
+  EXPECT_EQ(calls, 2);
+  x.mul_(4);  // changed in place: cast again (the result is not the first one's)
+  const at::Tensor changed = nn::float8_linear(x, d.w, tensorwise, {}, &s);
+  EXPECT_EQ(calls, 4);
+  EXPECT_FALSE(at::equal(changed, first));
+  {
+    nn::Float8SharedInputs inner;  // a nested scope casts on its own, then shares within itself
+    nn::float8_linear(x, d.w, tensorwise, {}, &s);
+    EXPECT_EQ(calls, 6);
+    nn::float8_linear(x, d.w, tensorwise, {}, &s);
+    EXPECT_EQ(calls, 7);
+  }
+  nn::float8_linear(x, d.w, tensorwise, {}, &s);  // the outer scope's cast of the changed x
+  EXPECT_EQ(calls, 8);
+  nn::float8_linear(x, d.w, tensorwise, {}, &other);  // another amax reduction
+  EXPECT_EQ(calls, 10);
+  const at::Tensor by_rows = nn::float8_linear(x, d.w, rowwise, {}, &s);  // another cast of x
+  EXPECT_EQ(calls, 12);
+  EXPECT_TRUE(at::equal(by_rows, nn::float8_linear(x, d.w, rowwise)));
+}
+
+// Attention's wq, wk and wv, and a feed-forward's w1 and w3, cast their common input once: counted
+// through the input's amax all-reduce (every layer given one row-wise sharding, so that x's amax is
+// reduced: its calls are the input casts plus one per weight). Attention: x once for its three
+// projections, wo's input once, four weights (8 without the sharing). Feed-forward: x once for w1
+// and w3, w2's input, three weights (6 without); its output bit for bit the layers applied alone.
+TEST(Float8Linear, AttentionAndFeedForwardCastTheirCommonInputOnce) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(21);
+  const int64_t B = 2, S = 16, D = 64, E = 16, F = 96;
+  const auto recipe = std::make_shared<const nn::Float8Recipe>(nn::Float8Recipe::named("tensorwise"));
+  int calls = 0;
+  auto sharding = std::make_shared<nn::Float8Sharding>();
+  sharding->dim = 'K';
+  sharding->max_over_ranks = [&](at::Tensor&) { ++calls; };
+  auto convert = [&](nn::Linear& l) {
+    at::NoGradGuard no_grad;
+    l->weight.copy_(at::randn(l->weight.sizes(), gen) * 0.1);
+    l->float8 = recipe;
+    l->float8_sharding = sharding;
+  };
+  nn::Attention attention(D, 4, 2, E, std::nullopt, at::TensorOptions().dtype(at::kFloat));
+  for (nn::Linear* l : {&attention->wq, &attention->wk, &attention->wv, &attention->wo}) convert(*l);
+  nn::FeedForward ffn(D, F, at::TensorOptions().dtype(at::kFloat));
+  for (nn::Linear* l : {&ffn->w1, &ffn->w2, &ffn->w3}) convert(*l);
+  const at::Tensor x = at::randn({B, S, D}, gen);
+  const at::Tensor angles = at::outer(at::arange(S, at::kFloat), nn::rope_frequencies(E, 500000.0, std::nullopt));
+  attention(x, at::polar(at::ones_like(angles), angles));
+  EXPECT_EQ(calls, 6);
+  calls = 0;
+  const at::Tensor y = ffn(x);
+  EXPECT_EQ(calls, 5);
+  const at::Tensor alone = nn::float8_linear(
+      nn::swiglu(nn::float8_linear(x, ffn->w1->weight, *recipe), nn::float8_linear(x, ffn->w3->weight, *recipe)),
+      ffn->w2->weight, *recipe);
+  EXPECT_TRUE(at::equal(y, alone));
 }
 
 TEST(Float8Linear, UnderAutocastTheInputIsCastAndTheProductsKeepTheirDtypes) {

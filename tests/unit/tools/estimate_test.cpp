@@ -612,6 +612,32 @@ TEST(Estimate, CheckpointingLessSavesMore) {
   EXPECT_LT(e.peak_device, none);
 }
 
+// One process in bf16 autocast (no FSDP): the dry run's layers take the dtypes a CUDA run's do. A
+// float8 layer saves its input (as a bf16 linear layer does) and its fp32 weight, which is a
+// parameter, where the bf16 layer saves autocast's bf16 copy of its weight: the float8 model's
+// activations are the bf16 model's less those copies (2 bytes per converted weight element; the
+// scales, a few bytes per layer, aside). The layers after a norm share its bf16 output: when the norm
+// returned fp32 on the meta device, each float8 layer saved its own bf16 copy of it (here 3 x 8 x
+// 2048 x 256 x 2 bytes per block more).
+TEST(Estimate, Float8LayersSaveTheirInputsAsBf16LayersDo) {
+  const std::vector<std::string> common = {"--model.flavor", "debugmodel", "--activation_checkpoint.mode", "none"};
+  std::vector<std::string> f8 = common;
+  for (const std::string a : {"--model.converters", "quantize.linear.float8", "--quantize.linear.float8.filter_fqns",
+                              "output"})
+    f8.push_back(a);
+  const Estimate bf16 = estimate_of(common, 1), float8 = estimate_of(f8, 1);
+  ASSERT_EQ(bf16.compute_dtype, "bfloat16");
+  ASSERT_EQ(bf16.param_dtype, "float32");
+  LanguageModel m = model_spec("llama3").build("debugmodel", at::TensorOptions().device(at::kMeta), 64);
+  int64_t converted = 0;
+  for (const auto& p : m->named_parameters())
+    if (p.value().dim() == 2 && p.key().find("layers.") == 0) converted += p.value().numel();
+  ASSERT_GT(converted, 0);
+  const int64_t difference = bf16.activations - float8.activations;
+  EXPECT_NEAR(static_cast<double>(difference), 2.0 * converted, 64 * 1024)
+      << "bf16 " << bf16.activations << ", float8 " << float8.activations << ", weights " << converted;
+}
+
 // CPU offload to a GPU's host: the shards, gradient shards and optimizer state move to host memory.
 TEST(Estimate, CpuOffloadMovesTheShardsToTheHost) {
   const std::vector<std::string> args = {"--model.flavor", "debugmodel", "--training.seq_len", "1024"};
