@@ -3,15 +3,17 @@
 // CUDA is the training case; CPU autocast stands in for it in memory tests and benchmarks.
 #pragma once
 
+#include "titan/common/meta_device.h"
+
 #include <ATen/autocast_mode.h>
 
 namespace titan {
 
 // The dtype a layer computing on `t` runs in: the autocast dtype where autocast is on for t's device,
 // else t's own. A meta tensor stands for a CUDA one (titan estimate's dry run emulates CUDA's
-// autocast), so the dry run's layers take the dtypes a CUDA run's do.
+// autocast) or the CPU (common/meta_device.h), so the dry run's layers take the dtypes that run's do.
 inline at::ScalarType compute_dtype(const at::Tensor& t) {
-  const at::DeviceType dev = t.is_meta() ? at::kCUDA : t.device().type();
+  const at::DeviceType dev = t.is_meta() ? (meta_is_cuda() ? at::kCUDA : at::kCPU) : t.device().type();
   const bool on = at::autocast::is_autocast_available(dev) && at::autocast::is_autocast_enabled(dev);
   return on ? at::autocast::get_autocast_dtype(dev) : t.scalar_type();
 }

@@ -2,6 +2,7 @@
 
 #include "titan/common/autocast.h"
 #include "titan/common/error.h"
+#include "titan/common/meta_device.h"
 #include "titan/nn/fused_kernels.h"
 
 #include <ATen/ATen.h>
@@ -51,7 +52,7 @@ double max_of(Float8Type t) { return t == Float8Type::E4M3 ? 448.0 : 57344.0; }
 
 // Whether products with `t` go to cuBLAS (CUDA, or the meta device standing for it in titan
 // estimate's dry run), whose float8 kernels take A row-major and B column-major.
-bool cublas_layouts(const at::Tensor& t) { return t.is_cuda() || t.is_meta(); }
+bool cublas_layouts(const at::Tensor& t) { return cuda_or_standing_for_it(t); }
 
 }  // namespace
 
@@ -64,8 +65,8 @@ at::Tensor float8_scale(const at::Tensor& amax, Float8Type type, bool round_scal
 at::Tensor float8_data(const at::Tensor& t, const at::Tensor& scale, Float8Type type, bool column_major) {
   // On CUDA titan's kernel: one pass, the layout written directly (no fp32 temporaries, no transposing copy).
   if (fused::float8_cast_accepts(t, scale)) return fused::float8_cast(t, scale, scalar_type(type), column_major);
-  // The meta device stands for CUDA (titan estimate's dry run): the kernel's one allocation.
-  if (t.is_meta()) {
+  // The meta device standing for CUDA (titan estimate's dry run): the kernel's one allocation.
+  if (t.is_meta() && meta_is_cuda()) {
     const at::TensorOptions fp8 = t.options().dtype(scalar_type(type));
     return column_major && t.dim() == 2 ? at::empty({t.size(1), t.size(0)}, fp8).t() : at::empty(t.sizes(), fp8);
   }
@@ -326,7 +327,7 @@ at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, const Fl
   TITAN_ASSERT(!cast_weight || recipe.name == "tensorwise", "a float8 weight cast beforehand needs the tensorwise recipe");
   // Under autocast the layer computes in the autocast dtype, as a Linear would (torchao's order:
   // the input is cast first, the weight is cast to float8 from its own dtype).
-  // (A meta tensor stands for a CUDA one: titan estimate's dry run emulates CUDA's autocast.)
+  // (A meta tensor takes the dtype of the device it stands for: compute_dtype.)
   const at::Tensor in = x.to(compute_dtype(x));
   return Float8LinearFn::apply(in, weight, reinterpret_cast<int64_t>(&recipe), std::optional<at::Tensor>(kept),
                                reinterpret_cast<int64_t>(sharding), reinterpret_cast<int64_t>(cast_weight));

@@ -15,6 +15,14 @@
 
 namespace titan::nn::fused {
 
+bool cross_entropy_shapes(const at::Tensor& logits, const at::Tensor& labels) {
+  const at::ScalarType t = logits.scalar_type();
+  return logits.dim() == 2 && (t == at::kFloat || t == at::kBFloat16 || t == at::kHalf) &&
+         (logits.size(1) <= 1 || logits.stride(1) == 1) && logits.size(0) < std::numeric_limits<int32_t>::max() &&
+         labels.device() == logits.device() && labels.scalar_type() == at::kLong && labels.dim() == 1 &&
+         labels.size(0) == logits.size(0);
+}
+
 #if TITAN_CUDA_KERNELS
 
 namespace {
@@ -88,10 +96,7 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& cis_in, bool inverse) {
 }
 
 bool cross_entropy_accepts(const at::Tensor& logits, const at::Tensor& labels) {
-  return logits.is_cuda() && logits.dim() == 2 && kernel_dtype(logits.scalar_type()) &&
-         (logits.size(1) <= 1 || logits.stride(1) == 1) && logits.size(0) < std::numeric_limits<int32_t>::max() &&
-         labels.device() == logits.device() && labels.scalar_type() == at::kLong && labels.dim() == 1 &&
-         labels.size(0) == logits.size(0);
+  return logits.is_cuda() && cross_entropy_shapes(logits, labels);
 }
 
 namespace {

@@ -33,6 +33,9 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& cis, bool inverse);
 // row a NaN loss and NaN gradients, caught by the NaN policy (ATen's gather would stop the process
 // with a device-side assertion instead).
 bool cross_entropy_accepts(const at::Tensor& logits, const at::Tensor& labels);
+// The same conditions but the device (labels on the logits' device): what a meta tensor standing for
+// a CUDA one must meet to count as the kernels allocate (titan estimate's dry run).
+bool cross_entropy_shapes(const at::Tensor& logits, const at::Tensor& labels);
 std::pair<at::Tensor, at::Tensor> cross_entropy_forward(const at::Tensor& logits, const at::Tensor& labels,
                                                         int64_t ignore_index);
 at::Tensor cross_entropy_backward(const at::Tensor& logits, const at::Tensor& labels, const at::Tensor& lse,

@@ -1,5 +1,6 @@
 #include "titan/nn/loss.h"
 
+#include "titan/common/meta_device.h"
 #include "titan/nn/fused_kernels.h"
 
 #include <ATen/ATen.h>
@@ -76,9 +77,13 @@ struct SoftmaxCrossEntropySumFunction : public torch::autograd::Function<Softmax
 
 // The kFused formulation: titan's CUDA kernels, one read of the logits forward (a running
 // log-sum-exp per row) and one read and one write backward; no fp32 temporaries, so no chunks.
+// (On a meta tensor standing for CUDA, titan estimate's dry run, what the kernels allocate.)
 struct FusedCrossEntropySumFunction : public torch::autograd::Function<FusedCrossEntropySumFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits_NV, const at::Tensor& labels_N) {
-    auto [lse_N, loss_N] = fused::cross_entropy_forward(logits_NV, labels_N, kIgnoreIndex);
+    const auto f32 = logits_NV.options().dtype(at::kFloat);
+    auto [lse_N, loss_N] = logits_NV.is_meta()
+                               ? std::make_pair(at::empty({logits_NV.size(0)}, f32), at::empty({logits_NV.size(0)}, f32))
+                               : fused::cross_entropy_forward(logits_NV, labels_N, kIgnoreIndex);
     ctx->save_for_backward({logits_NV});
     ctx->saved_data["labels"] = labels_N;
     ctx->saved_data["lse"] = lse_N;
@@ -86,6 +91,7 @@ struct FusedCrossEntropySumFunction : public torch::autograd::Function<FusedCros
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const at::Tensor logits_NV = ctx->get_saved_variables()[0];
+    if (logits_NV.is_meta()) return {at::empty(logits_NV.sizes(), logits_NV.options()), at::Tensor()};
     return {fused::cross_entropy_backward(logits_NV, ctx->saved_data["labels"].toTensor(),
                                           ctx->saved_data["lse"].toTensor(), grads[0], kIgnoreIndex),
             at::Tensor()};
@@ -149,13 +155,19 @@ at::Tensor cross_entropy_sum(const at::Tensor& logits_NV, const at::Tensor& labe
               "cross_entropy_sum takes logits (N, V) and labels (N,), got ", logits_NV.sizes(), " and ",
               labels_N.sizes());
   TORCH_CHECK(chunk_tokens > 0, "cross_entropy_sum: chunk_tokens must be positive, got ", chunk_tokens);
+  // A meta tensor takes the path of the device it stands for (titan estimate's dry run).
+  // (A CUDA build of titan always has its kernels: a meta tensor standing for CUDA takes them.)
+  const bool meta_cuda = logits_NV.is_meta() && meta_is_cuda();
+  const bool fused_take = fused::cross_entropy_accepts(logits_NV, labels_N) ||
+                          (meta_cuda && fused::cross_entropy_shapes(logits_NV, labels_N));
   if (kernels == LossKernels::kAuto) {
-    kernels = fused::cross_entropy_accepts(logits_NV, labels_N) ? LossKernels::kFused
-              : logits_NV.is_cuda()                              ? LossKernels::kSoftmax
-                                                                 : LossKernels::kComposite;
+    kernels = fused_take                         ? LossKernels::kFused
+              : logits_NV.is_cuda() || meta_cuda ? LossKernels::kSoftmax
+                                                 : LossKernels::kComposite;
   }
   if (kernels == LossKernels::kFused) {
-    TORCH_CHECK(fused::cross_entropy_accepts(logits_NV, labels_N), "cross_entropy_sum: the fused kernels take CUDA "
+    TORCH_CHECK(fused_take,
+                "cross_entropy_sum: the fused kernels take CUDA "
                 "logits (N, V) of float32, bfloat16 or float16 with contiguous rows and int64 labels on their device");
     return FusedCrossEntropySumFunction::apply(logits_NV, labels_N);
   }

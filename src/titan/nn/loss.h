@@ -33,6 +33,8 @@ constexpr int64_t kLossChunkTokens = 1024;
 // over the logits forward and one backward with no fp32 temporaries (chunk_tokens unused). kAuto:
 // kFused for the CUDA tensors those kernels take, else kSoftmax on CUDA, where the composite's
 // broadcast passes cost twice ATen's fused kernels' time (bench/gpu), kComposite elsewhere.
+// (A meta tensor, in titan estimate's dry run, takes the path of the device it stands for:
+// common/meta_device.h.)
 enum class LossKernels { kAuto, kComposite, kSoftmax, kFused };
 at::Tensor cross_entropy_sum(const at::Tensor& logits_NV, const at::Tensor& labels_N,
                              int64_t chunk_tokens = kLossChunkTokens, LossKernels kernels = LossKernels::kAuto);

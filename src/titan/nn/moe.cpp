@@ -2,6 +2,7 @@
 
 #include "titan/common/autocast.h"
 #include "titan/common/error.h"
+#include "titan/common/meta_device.h"
 #include "titan/common/tensor_storage.h"
 #include "titan/nn/activation_checkpoint.h"
 #include "titan/nn/float8.h"
@@ -89,7 +90,7 @@ struct AddAuxLossGradient : public torch::autograd::Function<AddAuxLossGradient>
 at::Tensor sum_rows(const at::Tensor& out_ND, const at::Tensor& row_N, const at::Tensor& w_N, int64_t K) {
   const int64_t T = row_N.numel() / K, D = out_ND.size(1);
   if (fused::moe_combine_accepts(out_ND, row_N, w_N, K)) return fused::moe_combine_forward(out_ND, row_N, w_N, K);
-  if (out_ND.is_meta()) return at::empty({T, D}, out_ND.options());  // what the kernel allocates
+  if (out_ND.is_meta() && meta_is_cuda()) return at::empty({T, D}, out_ND.options());  // what the kernel allocates
   const at::ScalarType acc = at::promote_types(out_ND.scalar_type(), at::kFloat);  // fp32, or fp64 for fp64
   at::Tensor rows = out_ND.index_select(0, row_N).view({T, K, D});
   if (w_N.defined()) rows = (rows.to(acc) * w_N.view({T, K, 1})).to(out_ND.scalar_type());
@@ -128,7 +129,7 @@ struct CombineRows : public torch::autograd::Function<CombineRows> {
     at::Tensor grad_out, grad_w;
     if (fused::moe_combine_accepts(out_ND, inv_N, w_N, K)) {
       std::tie(grad_out, grad_w) = fused::moe_combine_backward(gy_TD, out_ND, inv_N, w_N, K);
-    } else if (out_ND.is_meta()) {
+    } else if (out_ND.is_meta() && meta_is_cuda()) {  // what the kernel allocates
       grad_out = at::empty_like(out_ND);
       grad_w = at::empty({N}, w_N.options());
     } else {

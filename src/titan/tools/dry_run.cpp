@@ -1,6 +1,7 @@
 #include "titan/tools/dry_run.h"
 
 #include "titan/common/autocast.h"
+#include "titan/common/meta_device.h"
 #include "titan/common/error.h"
 #include "titan/common/grad_norm.h"
 #include "titan/components/optimizer/optimizer.h"
@@ -69,25 +70,25 @@ class CountingMetaAllocator final : public c10::Allocator {
   void copy_data(void*, const void*, std::size_t) const override {}  // meta tensors hold no data
 };
 
-// Counts meta allocations for its lifetime (one at a time).
-class MetaCounting {
- public:
-  MetaCounting() {
-    static std::once_flag once;
-    std::call_once(once, [] {
-      static CountingMetaAllocator allocator;
-      c10::SetAllocator(c10::kMeta, &allocator, /*priority=*/200);
-    });
-    TITAN_ASSERT(!g_counting.exchange(true), "one dry run at a time");
-    g_current = 0;
-    g_peak = 0;
-    g_next_address = kFirstAddress;
-  }
-  ~MetaCounting() { g_counting = false; }
-  int64_t current() const { return g_current.load(); }
-  int64_t peak() const { return g_peak.load(); }
-  void reset_peak() { g_peak = g_current.load(); }
-};
+}  // namespace
+
+MetaCounting::MetaCounting() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    static CountingMetaAllocator allocator;
+    c10::SetAllocator(c10::kMeta, &allocator, /*priority=*/200);
+  });
+  TITAN_ASSERT(!g_counting.exchange(true), "one dry run at a time");
+  g_current = 0;
+  g_peak = 0;
+  g_next_address = kFirstAddress;
+}
+MetaCounting::~MetaCounting() { g_counting = false; }
+int64_t MetaCounting::current() const { return g_current.load(); }
+int64_t MetaCounting::peak() const { return g_peak.load(); }
+void MetaCounting::reset_peak() { g_peak = g_current.load(); }
+
+namespace {
 
 // ---------------------------------------------------------------------------------------------
 // Meta kernels libtorch (2.11, C++) lacks for operators the models and the loss use; PyTorch has
@@ -183,7 +184,7 @@ at::Tensor sdpa_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 // the cache is what keeps it alive, so those casts are held until the forward ends
 // (clear_autocast_casts). An fp32 activation read by several layers is cast once while it is alive.
 // (Norms, float8 layers and MoE experts take the autocast dtype themselves: compute_dtype in
-// common/autocast.h treats a meta tensor as a CUDA one.)
+// common/autocast.h gives a meta tensor standing for CUDA CUDA's autocast dtype.)
 using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
 struct AutocastCasts {
   std::vector<at::Tensor> weights_held;
@@ -250,6 +251,13 @@ class MetaKernels {
  private:
   torch::Library meta_, autograd_;
 };
+
+}  // namespace
+
+DryRunDevice::DryRunDevice() : kernels_(std::make_shared<MetaKernels>(false)) {}
+DryRunDevice::~DryRunDevice() = default;
+
+namespace {
 
 // ---------------------------------------------------------------------------------------------
 // A collective backend whose operations complete at once and move nothing (meta tensors hold no
@@ -353,6 +361,7 @@ DryRunResult run(const DryRunPlan& plan) {
   const bool autocast = !plan.fsdp && plan.param_dtype == at::kFloat && plan.mixed_dtype != at::kFloat;
   const bool pipelined = plan.pp > 1;
   MetaCounting memory;
+  MetaStandsForCpu standing(!plan.cuda);
   MetaKernels kernels(autocast);
   DryMesh mesh(plan);
   const auto meta = at::TensorOptions().device(at::kMeta);

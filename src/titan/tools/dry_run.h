@@ -19,7 +19,11 @@
 // dry_run.cpp: meta kernels for the few operators libtorch has none for (the CPU flash attention,
 // index_select, ...), scaled_dot_product_attention routed to the fused kernel the CPU and CUDA choose
 // (the meta device would run the math fallback, which materializes S x S scores), and CUDA's bf16
-// autocast emulated for models trained without FSDP in mixed precision.
+// autocast emulated for models trained without FSDP in mixed precision. The meta tensors stand for
+// the rank's device (common/meta_device.h): the loss, the MoE combine, float8 casts and the layers'
+// compute dtype take the path of the device estimated. (RMSNorm, RoPE, SwiGLU and the attention
+// blocks of context parallelism take their CPU formulation on the meta device: the same saved
+// tensors, a few transient fp32 copies more than their CUDA kernels.)
 #pragma once
 
 #include "titan/components/quantization/float8_converter.h"
@@ -32,6 +36,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -47,6 +52,8 @@ struct DryRunPlan {
   // The compute dtype under mixed precision: FSDP gathers parameters in it; without FSDP the forward
   // runs under bf16 autocast when it is bf16 and the parameters are fp32 (CUDA training).
   at::ScalarType mixed_dtype = at::kFloat;
+  // What the meta tensors stand for (common/meta_device.h): a CUDA device, or the CPU (false).
+  bool cuda = true;
   // Resolved degrees. This rank is member 0 of each group but cp's, where it is the last member
   // (the one whose queries attend to every rank's keys under either split).
   int64_t dp_replicate = 1, dp_shard = 1, cp = 1;
@@ -91,6 +98,30 @@ struct DryRunResult {
   std::vector<int64_t> unit_shard_numel;  // FSDP: elements of each unit's flat shard (forward order, root last)
   dist::CommBytes bytes, calls;  // of the last step, per mesh dimension and operation (mesh.h)
   std::vector<int> stages;       // pipeline stages this rank holds (empty without pipeline parallelism)
+};
+
+// Counts the bytes of meta tensors allocated during its lifetime, alive and their peak, as a dry run
+// does (one at a time; outside one, meta tensors take no count).
+class MetaCounting {
+ public:
+  MetaCounting();
+  ~MetaCounting();
+  MetaCounting(const MetaCounting&) = delete;
+  MetaCounting& operator=(const MetaCounting&) = delete;
+  int64_t current() const;
+  int64_t peak() const;
+  void reset_peak();
+};
+
+// The dry run's meta device for its lifetime, for tests of what a layer allocates there: meta
+// allocations counted (MetaCounting) and the meta kernels the dry run adds, without autocast.
+class DryRunDevice : public MetaCounting {
+ public:
+  DryRunDevice();
+  ~DryRunDevice();
+
+ private:
+  std::shared_ptr<void> kernels_;
 };
 
 // Runs three training steps of one rank on the meta device and measures the later two (the first

@@ -164,6 +164,7 @@ Estimate estimate(const JobConfig& cfg, const EstimateOptions& options) {
   plan.grad_accum_steps = global_batch / (tr.local_batch_size * dp);
   plan.param_dtype = param_dtype;
   plan.mixed_dtype = bf16_compute ? at::kBFloat16 : at::kFloat;
+  plan.cuda = cuda;
   plan.dp_replicate = dims.dp_replicate();
   plan.dp_shard = dims.dp_shard();
   plan.cp = dims.cp();

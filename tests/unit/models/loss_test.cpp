@@ -9,7 +9,9 @@
 #include "models/graph_memory.h"
 #include "test_util.h"
 
+#include "titan/common/meta_device.h"
 #include "titan/nn/loss.h"
+#include "titan/tools/dry_run.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -102,6 +104,41 @@ TEST(ChunkedCrossEntropy, RejectsMisshapenInputs) {
   EXPECT_THROW(nn::cross_entropy_sum(logits, at::zeros({3}, at::kLong)), c10::Error);
   EXPECT_THROW(nn::cross_entropy_sum(logits.unsqueeze(0), at::zeros({4}, at::kLong)), c10::Error);
   EXPECT_THROW(nn::cross_entropy_sum(logits, at::zeros({4}, at::kLong), 0), c10::Error);
+}
+
+// In titan estimate's dry run the loss allocates what it allocates on the device estimated. Standing
+// for CUDA: titan's fused kernels, whose forward writes two fp32 values per token (keeping one) and
+// whose backward writes the logits' gradient, with no fp32 (chunk, V) temporary. Standing for the CPU:
+// the chunked formulation's fp32 chunks (at least one chunk forward, and one beside the gradient in
+// backward).
+TEST(LossMemory, DryRunAllocatesAsTheDeviceItStandsFor) {
+  const int64_t N = 256, V = 4096, chunk = 64;
+  for (const bool cuda : {true, false}) {
+    SCOPED_TRACE(cuda ? "standing for CUDA" : "standing for the CPU");
+    MetaStandsForCpu standing(!cuda);
+    DryRunDevice counting;
+    const auto meta = at::TensorOptions().device(at::kMeta);
+    const at::Tensor logits = at::empty({N, V}, meta.dtype(at::kBFloat16)).requires_grad_(true);
+    const at::Tensor labels = at::empty({N}, meta.dtype(at::kLong));
+    const int64_t start = counting.current();
+    counting.reset_peak();
+    at::Tensor loss = nn::cross_entropy_sum(logits, labels, chunk);
+    const int64_t forward = counting.peak() - start, kept = counting.current() - start;
+    const int64_t before_backward = counting.current();
+    counting.reset_peak();
+    loss.backward();
+    const int64_t backward = counting.peak() - before_backward;
+    const int64_t grad = N * V * 2, fp32_chunk = chunk * V * 4;
+    EXPECT_GE(backward, grad) << backward;
+    if (cuda) {
+      EXPECT_EQ(kept, N * 4 + 4);  // the log-sum-exp per token, and the loss
+      EXPECT_LE(forward, 2 * N * 4 + 64) << forward;
+      EXPECT_LE(backward, grad + 64) << backward;
+    } else {
+      EXPECT_GE(forward, fp32_chunk) << forward;
+      EXPECT_GE(backward, grad + fp32_chunk) << backward;
+    }
+  }
 }
 
 // bf16 logits of 512 tokens over 4096 words, chunks of 64 tokens. Plain: saves the fp32 log-softmax

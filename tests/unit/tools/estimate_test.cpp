@@ -636,6 +636,11 @@ TEST(Estimate, Float8LayersSaveTheirInputsAsBf16LayersDo) {
   const int64_t difference = bf16.activations - float8.activations;
   EXPECT_NEAR(static_cast<double>(difference), 2.0 * converted, 64 * 1024)
       << "bf16 " << bf16.activations << ", float8 " << float8.activations << ", weights " << converted;
+  // The dry run of a CPU run takes the layers' CPU formulations on the meta device (fp32 throughout):
+  // the float8 casts' fp32 temporaries, products of the float8 values in fp32.
+  const Estimate cpu = estimate_of(f8, 1, "cpu");
+  EXPECT_EQ(cpu.compute_dtype, "float32, float8 linear layers (recipe tensorwise)");
+  EXPECT_GT(cpu.peak_device, 0);
 }
 
 // CPU offload to a GPU's host: the shards, gradient shards and optimizer state move to host memory.
