@@ -192,20 +192,19 @@ struct Float8SharedInputs::State {
     Float8Operand operand;
   };
   std::vector<Entry> entries;
-  State* outer = nullptr;
 };
 
 namespace {
 
-thread_local Float8SharedInputs::State* shared_inputs = nullptr;
+thread_local Float8SharedInputs* shared_inputs = nullptr;
 
 // The forward's cast of the input x (its 2-D view x2): the one made for the same tensor alike in
 // the enclosing Float8SharedInputs scope, or a new one (recorded there).
 Float8Operand input_cast(const at::Tensor& x, const at::Tensor& x2, const Float8Cast& cast, bool round,
                          const MaxFn* max_over_ranks) {
-  Float8SharedInputs::State* scope = shared_inputs;
-  if (scope) {
-    for (const auto& e : scope->entries)
+  Float8SharedInputs* scope = shared_inputs;
+  if (const Float8SharedInputs::State* state = scope ? scope->existing() : nullptr) {
+    for (const auto& e : state->entries)
       if (e.key.unsafeGetTensorImpl() == x.unsafeGetTensorImpl() && e.version == x._version() &&
           e.cast.type == cast.type && e.cast.scaling == cast.scaling && e.round_scales_to_power_of_2 == round &&
           e.max_over_ranks == max_over_ranks)
@@ -214,7 +213,7 @@ Float8Operand input_cast(const at::Tensor& x, const at::Tensor& x2, const Float8
   Float8Operand op = float8_cast(x2, cast, 1, round, max_over_ranks, false);
   if (scope) {
     // Casts of this tensor before it changed in place are never used again: not kept.
-    auto& v = scope->entries;
+    auto& v = scope->state().entries;
     v.erase(std::remove_if(v.begin(), v.end(),
                            [&](const auto& e) {
                              return e.key.unsafeGetTensorImpl() == x.unsafeGetTensorImpl() && e.version != x._version();
@@ -333,12 +332,14 @@ at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, const Fl
                                reinterpret_cast<int64_t>(sharding), reinterpret_cast<int64_t>(cast_weight));
 }
 
-Float8SharedInputs::Float8SharedInputs() : state_(std::make_unique<State>()) {
-  state_->outer = shared_inputs;
-  shared_inputs = state_.get();
-}
+Float8SharedInputs::Float8SharedInputs() : outer_(shared_inputs) { shared_inputs = this; }
 
-Float8SharedInputs::~Float8SharedInputs() { shared_inputs = state_->outer; }
+Float8SharedInputs::~Float8SharedInputs() { shared_inputs = outer_; }
+
+Float8SharedInputs::State& Float8SharedInputs::state() {
+  if (!state_) state_ = std::make_unique<State>();
+  return *state_;
+}
 
 namespace {
 

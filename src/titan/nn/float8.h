@@ -120,6 +120,7 @@ at::Tensor float8_linear(const at::Tensor& x, const at::Tensor& weight, const Fl
 // float8 type, scaling, scale rounding and amax reduction) while the tensor is unchanged (its
 // version). Attention's wq, wk and wv take one input, as do a feed-forward's w1 and w3. The casts are
 // freed with the scope. (The values are those of casting again: a cast depends on the tensor alone.)
+// A scope no float8 layer uses costs nothing but its opening (no allocation).
 class Float8SharedInputs {
  public:
   Float8SharedInputs();
@@ -127,9 +128,12 @@ class Float8SharedInputs {
   Float8SharedInputs(const Float8SharedInputs&) = delete;
   Float8SharedInputs& operator=(const Float8SharedInputs&) = delete;
   struct State;
+  State* existing() const { return state_.get(); }  // null until a cast is recorded
+  State& state();                                      // made on the first use
 
  private:
   std::unique_ptr<State> state_;
+  Float8SharedInputs* outer_;
 };
 
 // Grouped float8 matmuls of MoE experts (torchao's float8 grouped GEMM for

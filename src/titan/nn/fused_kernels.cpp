@@ -15,9 +15,12 @@
 
 namespace titan::nn::fused {
 
+namespace {
+bool kernel_dtype(at::ScalarType t) { return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf; }
+}  // namespace
+
 bool cross_entropy_shapes(const at::Tensor& logits, const at::Tensor& labels) {
-  const at::ScalarType t = logits.scalar_type();
-  return logits.dim() == 2 && (t == at::kFloat || t == at::kBFloat16 || t == at::kHalf) &&
+  return logits.dim() == 2 && kernel_dtype(logits.scalar_type()) &&
          (logits.size(1) <= 1 || logits.stride(1) == 1) && logits.size(0) < std::numeric_limits<int32_t>::max() &&
          labels.device() == logits.device() && labels.scalar_type() == at::kLong && labels.dim() == 1 &&
          labels.size(0) == logits.size(0);
@@ -28,8 +31,6 @@ bool cross_entropy_shapes(const at::Tensor& logits, const at::Tensor& labels) {
 namespace {
 
 namespace launch = cuda_launch;
-
-bool kernel_dtype(at::ScalarType t) { return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf; }
 
 launch::Dtype dtype_of(const at::Tensor& t) {
   switch (t.scalar_type()) {

@@ -297,20 +297,20 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x_BSD, const at::Tensor& cis
 
 at::Tensor AttentionImpl::body(const at::Tensor& x_BSD, const at::Tensor& cis_SE2) {
   const auto B = x_BSD.size(0), S = x_BSD.size(1);
-  // wq, wk and wv in float8 cast their common input once (nn::Float8SharedInputs).
-  std::optional<Float8SharedInputs> shared_casts;
-  if (wq->float8) shared_casts.emplace();
-  // Heads are inferred (-1) so that a tensor-parallel shard of the projections works unchanged.
-  at::Tensor q_BSHE = wq(x_BSD).view({B, S, -1, head_dim});
-  at::Tensor k_BSKE = wk(x_BSD).view({B, S, -1, head_dim});
-  if (q_norm) {  // QK-norm: per head, before the rotation
-    q_BSHE = q_norm(q_BSHE);
-    k_BSKE = k_norm(k_BSKE);
+  at::Tensor q_BSHE, k_BSKE, v_BSKE;
+  {
+    Float8SharedInputs shared_casts;  // wq, wk and wv in float8 cast their common input once
+    // Heads are inferred (-1) so that a tensor-parallel shard of the projections works unchanged.
+    q_BSHE = wq(x_BSD).view({B, S, -1, head_dim});
+    k_BSKE = wk(x_BSD).view({B, S, -1, head_dim});
+    if (q_norm) {  // QK-norm: per head, before the rotation
+      q_BSHE = q_norm(q_BSHE);
+      k_BSKE = k_norm(k_BSKE);
+    }
+    q_BSHE = apply_rope(q_BSHE, cis_SE2);
+    k_BSKE = apply_rope(k_BSKE, cis_SE2);
+    v_BSKE = wv(x_BSD).view({B, S, -1, head_dim});
   }
-  q_BSHE = apply_rope(q_BSHE, cis_SE2);
-  k_BSKE = apply_rope(k_BSKE, cis_SE2);
-  at::Tensor v_BSKE = wv(x_BSD).view({B, S, -1, head_dim});
-  shared_casts.reset();
   // Kept with its log-sum-exp under per-operator activation checkpointing (activation_checkpoint.h).
   at::Tensor out_BHSE = saveable_attention(
       q_BSHE.transpose(1, 2), k_BSKE.transpose(1, 2), v_BSKE.transpose(1, 2),
@@ -333,9 +333,7 @@ at::Tensor FeedForwardImpl::forward(const at::Tensor& x_BSD) {
   return with_hooks({x_BSD}, [this](const std::vector<at::Tensor>& in) {
     at::Tensor h1, h3;
     {
-      // w1 and w3 in float8 cast their common input once (nn::Float8SharedInputs).
-      std::optional<Float8SharedInputs> shared_casts;
-      if (w1->float8) shared_casts.emplace();
+      Float8SharedInputs shared_casts;  // w1 and w3 in float8 cast their common input once
       h1 = w1(in[0]);
       h3 = w3(in[0]);
     }

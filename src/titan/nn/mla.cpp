@@ -62,15 +62,15 @@ at::Tensor MultiLatentAttentionImpl::body(const at::Tensor& x_BSD, const at::Ten
   const auto B = x_BSD.size(0), S = x_BSD.size(1);
   const int64_t Cn = options.qk_nope_head_dim, Cr = options.qk_rope_head_dim, Cv = options.v_head_dim;
   const int64_t qk = Cn + Cr;
-  // The layers that take x (wq or wq_a, and wkv_a) in float8 cast it once (nn::Float8SharedInputs).
-  std::optional<Float8SharedInputs> shared_casts;
-  if (wkv_a->float8) shared_casts.emplace();
-  const at::Tensor q_flat = wq ? wq(x_BSD) : wq_b(q_norm(wq_a(x_BSD)));
+  at::Tensor q_flat, kv;
+  {
+    Float8SharedInputs shared_casts;  // the layers on x (wq or wq_a, and wkv_a) in float8 cast it once
+    q_flat = wq ? wq(x_BSD) : wq_b(q_norm(wq_a(x_BSD)));
+    kv = wkv_a(x_BSD);
+  }
   const at::Tensor q_BSHC = q_flat.view({B, S, -1, qk});
   const int64_t H = q_BSHC.size(2);
   const at::Tensor q_pe = apply_rope(q_BSHC.narrow(-1, Cn, Cr), cis_SE2);
-  const at::Tensor kv = wkv_a(x_BSD);
-  shared_casts.reset();
   const at::Tensor k_pe = apply_rope(kv.narrow(-1, options.kv_lora_rank, Cr).unsqueeze(2), cis_SE2);  // (B, S, 1, Cr)
   const at::Tensor kv_BSHC = wkv_b(kv_norm(kv.narrow(-1, 0, options.kv_lora_rank))).view({B, S, H, Cn + Cv});
   at::Tensor q = at::cat({q_BSHC.narrow(-1, 0, Cn), q_pe}, -1);

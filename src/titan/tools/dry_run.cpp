@@ -1,9 +1,9 @@
 #include "titan/tools/dry_run.h"
 
 #include "titan/common/autocast.h"
-#include "titan/common/meta_device.h"
 #include "titan/common/error.h"
 #include "titan/common/grad_norm.h"
+#include "titan/common/meta_device.h"
 #include "titan/components/optimizer/optimizer.h"
 #include "titan/distributed/context_parallel.h"
 #include "titan/distributed/ddp.h"
@@ -183,8 +183,8 @@ at::Tensor sdpa_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 // a weight for the rest of the forward pass; where no graph saves it (checkpointed forward passes)
 // the cache is what keeps it alive, so those casts are held until the forward ends
 // (clear_autocast_casts). An fp32 activation read by several layers is cast once while it is alive.
-// (Norms, float8 layers and MoE experts take the autocast dtype themselves: compute_dtype in
-// common/autocast.h gives a meta tensor standing for CUDA CUDA's autocast dtype.)
+// (Norms, float8 layers and MoE experts take the autocast dtype themselves: compute_dtype,
+// common/autocast.h, looks up CUDA's autocast for a meta tensor standing for a CUDA one.)
 using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
 struct AutocastCasts {
   std::vector<at::Tensor> weights_held;
