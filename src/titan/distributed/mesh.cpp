@@ -337,8 +337,13 @@ void Mesh::set_timeout(std::chrono::milliseconds timeout, const std::string& lab
 
 Mesh::~Mesh() {
   if (std::uncaught_exceptions() == 0) return;
-  for (auto& [name, group] : groups_) (void)group.release();
-  for (auto& [name, group] : host_groups_) (void)group.release();
+  // Unwinding: a group whose peers may have failed can block in its destructor, so the groups are
+  // kept, never destroyed, in a list that stays reachable (not a leak) until the process ends.
+  static auto* abandoned = new std::vector<std::unique_ptr<Group>>();
+  static std::mutex abandoned_mutex;
+  std::lock_guard<std::mutex> lock(abandoned_mutex);
+  for (auto* groups : {&groups_, &host_groups_})
+    for (auto& [name, group] : *groups) abandoned->push_back(std::move(group));
 }
 
 Mesh::Mesh(const ParallelDims& dims, int rank, const c10::intrusive_ptr<c10d::Store>& store, BackendKind backend,

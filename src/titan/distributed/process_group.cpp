@@ -5,13 +5,34 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <ifaddrs.h>
+#include <netinet/in.h>
+
 #include <cstdlib>
+#include <cstring>
 #include <sstream>
 #ifdef USE_C10D_NCCL
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
 namespace titan::dist {
+
+namespace {
+
+// Whether the host has a network interface of this name with an IPv4 or IPv6 address, which Gloo
+// needs to bind it. Asked before Gloo is (Gloo's own lookup keeps the interface list when it fails).
+bool interface_has_address(const std::string& name) {
+  struct ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return true;  // cannot tell: Gloo's lookup decides
+  bool found = false;
+  for (struct ifaddrs* a = list; a != nullptr && !found; a = a->ifa_next)
+    found = a->ifa_addr != nullptr && (a->ifa_addr->sa_family == AF_INET || a->ifa_addr->sa_family == AF_INET6) &&
+            std::strcmp(a->ifa_name, name.c_str()) == 0;
+  freeifaddrs(list);
+  return found;
+}
+
+}  // namespace
 
 c10::intrusive_ptr<c10d::Store> make_tcp_store(const std::string& host, uint16_t port, bool is_server,
                                                std::chrono::milliseconds timeout) {
@@ -49,12 +70,15 @@ c10::intrusive_ptr<c10d::Backend> make_backend(BackendKind kind, const c10::intr
       std::stringstream names(ifname);
       for (std::string name; std::getline(names, name, ',');) {
         if (name.empty()) continue;
+        const std::string what = "GLOO_SOCKET_IFNAME names the network interface '" + name + "', which ";
+        const std::string todo =
+            "; list the interfaces with `ip -brief address` and name one that reaches the other nodes";
+        TITAN_USER_CHECK(interface_has_address(name), what, "this host has not (or it has no IPv4/IPv6 address)",
+                         todo);
         try {
           opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(name));
         } catch (const std::exception& e) {
-          throw UserError("GLOO_SOCKET_IFNAME names the network interface '" + name +
-                          "', which Gloo cannot use on this host (" + e.what() +
-                          "); list the interfaces with `ip -brief address` and name one that reaches the other nodes");
+          throw UserError(what + "Gloo cannot use on this host (" + e.what() + ")" + todo);
         }
       }
       TITAN_USER_CHECK(!opts->devices.empty(), "GLOO_SOCKET_IFNAME '", ifname, "' names no interface");
