@@ -6,6 +6,7 @@
 //   titan tokenize  --output DIR [...]                                pre-tokenize the dataset to shards
 //   titan convert   to-hf|from-hf|from-dcp SRC DST [...]              checkpoint <-> Hugging Face folder; torch.distributed.checkpoint in
 //   titan report    DUMP_FOLDER... [--output F] | --check RUN_A RUN_B  metrics page; compare loss curves
+//   titan config    [--world-size N] [...]                            the resolved config as TOML, checked
 #include "titan/common/error.h"
 #include "titan/components/data/dataloader.h"
 #include "titan/components/data/token_shards.h"
@@ -23,6 +24,7 @@
 #include <torch/cuda.h>
 #include <torch/version.h>
 
+#include <charconv>
 #include <cstdio>
 #include <cstring>
 #include <cstdlib>
@@ -71,6 +73,9 @@ const char* kUsage =
     "  convert    to-hf CHECKPOINT_STEP_DIR OUT_DIR | from-hf HF_DIR OUT_CHECKPOINT_DIR: a titan checkpoint\n"
     "             to a Hugging Face model folder (transformers) and back; from-dcp DCP_STEP_DIR\n"
     "             OUT_CHECKPOINT_DIR: a torch.distributed.checkpoint (torchtitan) in; see titan convert --help\n"
+    "  config     [--world-size N]: print the resolved config (defaults < file < command line, older keys\n"
+    "             mapped) as TOML, after the checks titan train makes of it (for N ranks, default 1), and its\n"
+    "             warnings; nothing is built or read\n"
     "  report     DUMP_FOLDER [DUMP_FOLDER ...]: one HTML page plotting the runs' metrics (loss, lr, MFU, ...)\n"
     "             and their config differences; --check RUN_A RUN_B compares two loss curves step by step;\n"
     "             see titan report --help\n"
@@ -173,6 +178,23 @@ int run_tokenize(std::vector<std::string> args) {
   return 0;
 }
 
+// `titan config`: what a run of these arguments would be configured with (torchtitan's
+// `python -m torchtitan.config.manager`), checked as titan train checks it.
+int run_config(std::vector<std::string> args) {
+  std::string world_text = "1";
+  take_option(args, "--world-size", world_text);
+  int64_t world = 0;
+  const char* end = world_text.data() + world_text.size();
+  const auto [at, ec] = std::from_chars(world_text.data(), end, world);
+  TITAN_USER_CHECK(ec == std::errc() && at == end && world >= 1, "--world-size takes a positive number of ranks, not '",
+                   world_text, "'");
+  const titan::JobConfig cfg = titan::parse_config(args);
+  titan::check_supported(cfg, world);
+  for (const auto& w : titan::config_warnings(cfg)) std::fprintf(stderr, "titan config: warning: %s\n", w.c_str());
+  std::cout << titan::to_toml(cfg);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -190,7 +212,7 @@ int main(int argc, char** argv) {
     if (command == "launch") return titan::dist::run_launcher(args);  // its own options, then a command
     if (command == "convert") return titan::run_convert(args);       // positional folders, then options
     if (command == "report") return titan::report::run_report(args);  // its own options; exit 2 on bad input
-    if (command != "train" && command != "estimate" && command != "tokenize") {
+    if (command != "train" && command != "estimate" && command != "tokenize" && command != "config") {
       std::fprintf(stderr, "titan: unknown command '%s'\n%s", command.c_str(), kUsage);
       return 2;
     }
@@ -202,6 +224,9 @@ int main(int argc, char** argv) {
       }
       if (command == "estimate")
         std::cout << kEstimateUsage;
+      else if (command == "config")
+        std::cout << "titan config [--world-size N] [options]: the resolved config as TOML (stdout), checked as "
+                     "titan train checks it for N ranks (default 1); its warnings on stderr\n\n";
       else
         std::cout << "titan " << command << (command == "tokenize" ? " --output DIR" : "") << " [options]\n\n";
       std::cout << titan::config_help();
@@ -209,6 +234,7 @@ int main(int argc, char** argv) {
     }
     if (command == "tokenize") return run_tokenize(args);
     if (command == "estimate") return run_estimate(args);
+    if (command == "config") return run_config(args);
     const titan::JobConfig cfg = titan::parse_config(args);
     return titan::run_training(cfg, [&cfg] { titan::check_memory_fits(cfg); });
   } catch (const titan::Preempted&) {  // rank 0 logged the stop step and its checkpoint

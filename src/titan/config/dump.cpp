@@ -37,8 +37,14 @@ std::string legacy_meaning(const config::LegacyKey& l) {
     case K::Rename: return std::string("same as ") + l.target;
     case K::Negate: return std::string("the opposite of ") + l.target;
     case K::Float8Switch: return std::string("true adds \"") + config::kFloat8Converter + "\" to model.converters";
-    case K::FixedValue: return std::string("only \"") + l.target + "\" (" + l.note + ")";
+    case K::FixedValue: {
+      std::string values = l.target;
+      for (size_t bar; (bar = values.find('|')) != std::string::npos;) values.replace(bar, 1, "\", \"");
+      return "only \"" + values + "\" (" + l.note + ")";
+    }
     case K::NoEffect: return std::string("accepted, no effect: ") + l.note;
+    case K::OffOnly: return std::string("only false: ") + l.note;
+    case K::EmptyOnly: return std::string("only empty: ") + l.note;
   }
   return "";
 }

@@ -253,6 +253,14 @@ void set_from_toml(const FieldRef& f, const toml::node& node, const std::string&
     return node.as_floating_point()->get();
   };
   auto as_list = [&]<class T>(std::vector<T>* out) {
+    if constexpr (std::is_same_v<T, std::string>) {
+      // A string where a list of strings goes holds its items separated by commas, as on the command
+      // line and as torchtitan reads such a string (e.g. converters = "float8", filter_fqns = "output").
+      if (node.is_string()) {
+        *out = split_list(node.as_string()->get());
+        return;
+      }
+    }
     if (!node.is_array()) wrong_type(f, where, describe(node));
     std::vector<T> items;
     for (const toml::node& item : *node.as_array()) {

@@ -41,7 +41,9 @@ bool Layer::takes_bool(const std::string& section, const std::string& key) const
     switch (l->kind) {
       case LegacyKind::Rename: return is_bool(field(l->target).value);
       case LegacyKind::Negate:
-      case LegacyKind::Float8Switch: return true;
+      case LegacyKind::Float8Switch:
+      case LegacyKind::OffOnly: return true;
+      case LegacyKind::EmptyOnly: return false;
       case LegacyKind::NoEffect: return std::string(l->target) == "bool";
       case LegacyKind::FixedValue: return false;
     }
@@ -111,11 +113,30 @@ void Layer::assign_legacy(const LegacyKey& legacy, const std::string& where, con
     }
     case LegacyKind::FixedValue: {
       std::string value;
+      std::vector<std::string> choices;
+      std::string_view rest = legacy.target;
+      for (size_t bar; (bar = rest.find('|')) != std::string_view::npos; rest.remove_prefix(bar + 1))
+        choices.emplace_back(rest.substr(0, bar));
+      choices.emplace_back(rest);
       try {
-        store(as_written(&value, {legacy.target}));
+        store(as_written(&value, std::move(choices)));
       } catch (const UserError& e) {
         throw UserError(detail::concat(e.what(), " (", legacy.note, ")"));
       }
+      return;
+    }
+    case LegacyKind::OffOnly: {
+      bool value = false;
+      store(as_written(&value));
+      TITAN_USER_CHECK(!value, spelling, " at ", where, ": true is not supported: ", legacy.note,
+                       "; remove it or set it to false");
+      return;
+    }
+    case LegacyKind::EmptyOnly: {
+      std::vector<std::string> value;
+      store(as_written(&value));
+      TITAN_USER_CHECK(value.empty(), spelling, " at ", where, ": ", format_value(&value), " is not supported: ",
+                       legacy.note, "; remove it or leave it empty");
       return;
     }
     case LegacyKind::NoEffect: {
@@ -156,7 +177,8 @@ std::string suggestion(const std::string& section, const std::string& key, const
   for (const auto& f : default_fields())
     if (f.key == key && f.section != section) return "did you mean " + show(f.path()) + "?";
   for (const auto& l : legacy_keys())
-    if (key == l.key && section != l.section && l.kind != LegacyKind::NoEffect && l.kind != LegacyKind::FixedValue)
+    if (key == l.key && section != l.section &&
+        (l.kind == LegacyKind::Rename || l.kind == LegacyKind::Negate || l.kind == LegacyKind::Float8Switch))
       return older(l);
   // 2. A typo of a key of this table, older spellings included.
   std::vector<std::string> local;

@@ -13,7 +13,9 @@ const std::vector<LegacyKey>& legacy_keys() {
       {"metrics", "rank_0_only", K::Negate, "metrics.save_for_all_ranks", ""},
       {"model", "tokenizer_path", K::Rename, "model.hf_assets_path",
        "a tokenizer file or a folder holding one"},
-      {"model", "norm_type", K::FixedValue, "rmsnorm", "Llama 3 uses RMSNorm; no other value is accepted"},
+      {"model", "norm_type", K::FixedValue, "rmsnorm|fused_rmsnorm|compiled_rmsnorm",
+       "Llama 3 uses RMSNorm; fused_rmsnorm and compiled_rmsnorm named torchtitan's kernels for it, and titan "
+       "picks its own"},
       {"lr_scheduler", "lr_min", K::Rename, "lr_scheduler.min_lr_factor", ""},
       {"training", "batch_size", K::Rename, "training.local_batch_size", ""},
       {"training", "warmup_steps", K::Rename, "lr_scheduler.warmup_steps", ""},
@@ -39,6 +41,19 @@ const std::vector<LegacyKey>& legacy_keys() {
       {"experimental", "enable_async_tensor_parallel", K::Rename, "parallelism.enable_async_tensor_parallel", ""},
       {"checkpoint", "enable_checkpoint", K::Rename, "checkpoint.enable", ""},
       {"checkpoint", "model_weights_only", K::Rename, "checkpoint.last_save_model_only", ""},
+      {"checkpoint", "last_save_model_weights_only", K::Rename, "checkpoint.last_save_model_only", ""},
+      {"checkpoint", "initial_load_model_weights_only", K::Rename, "checkpoint.initial_load_model_only", ""},
+      {"training", "data_parallel_degree", K::Rename, "parallelism.data_parallel_shard_degree", ""},
+      {"profiling", "profile_every_x_iter", K::Rename, "profiling.profile_freq", ""},
+      {"validation", "enabled", K::Rename, "validation.enable", ""},
+      {"parallelism", "enable_compiled_autograd", K::OffOnly, "",
+       "compiled autograd is part of torch.compile, which titan does not have (compile.enable is refused too)"},
+      {"training", "debug_moe_force_load_balance", K::OffOnly, "",
+       "routing every token round-robin to measure MoE speed is not implemented"},
+      {"debug", "moe_force_load_balance", K::OffOnly, "",
+       "routing every token round-robin to measure MoE speed is not implemented"},
+      {"activation_checkpoint", "preserve_rng_state", K::NoEffect, "bool",
+       "the recomputed blocks draw no random numbers (the models have no dropout)"},
       {"checkpoint", "interval_type", K::FixedValue, "steps", "checkpoint intervals are counted in steps"},
       {"float8", "enable_float8_linear", K::Float8Switch, "model.converters", ""},
       {"float8", "enable_fsdp_float8_all_gather", K::Rename, "quantize.linear.float8.enable_fsdp_float8_all_gather", ""},
@@ -47,6 +62,15 @@ const std::vector<LegacyKey>& legacy_keys() {
       {"float8", "recipe_name", K::Rename, "quantize.linear.float8.recipe_name", ""},
       {"float8", "filter_fqns", K::Rename, "quantize.linear.float8.filter_fqns", ""},
       {"float8", "emulate", K::Rename, "quantize.linear.float8.emulate", ""},
+      {"float8", "force_recompute_fp8_weight_in_bwd", K::NoEffect, "bool",
+       "titan's float8 layers always cast the weight again in backward (they save the weight, not its float8 "
+       "copy), which is what true asks for"},
+      {"float8", "moe_fqns", K::EmptyOnly, "",
+       "float8 MoE experts are converted by the \"quantize.grouped_mm.float8\" converter: add it to model.converters "
+       "and name the experts in quantize.grouped_mm.float8.fqns"},
+      {"float8", "moe_fqns_prototype", K::EmptyOnly, "",
+       "float8 MoE experts are converted by the \"quantize.grouped_mm.float8\" converter: add it to model.converters "
+       "and name the experts in quantize.grouped_mm.float8.fqns"},
   };
   return keys;
 }

@@ -1,4 +1,5 @@
-// Older torchtitan spellings, accepted unchanged and mapped onto the keys of job_config.h.
+// Older torchtitan spellings, accepted unchanged and mapped onto the keys of job_config.h, and a few
+// keys of torchtitan's that titan accepts only at the value that asks for nothing it lacks.
 //
 // torchtitan moved keys between tables over its releases: `[training] batch_size` became
 // `local_batch_size`, the parallelism degrees moved from [training]/[experimental] to
@@ -16,8 +17,10 @@ enum class LegacyKind {
   Rename,        // same value, stored at `target` ("section.key")
   Negate,        // boolean stored inverted at `target`
   Float8Switch,  // boolean: true puts the float8 converter into model.converters, false takes it out
-  FixedValue,    // string that must equal `target`: the only behavior titan has (no field stores it)
+  FixedValue,    // string that must be one of `target` ("a|b"): the only behavior titan has (no field stores it)
   NoEffect,      // accepted and type-checked; controls something titan does not have. `target`: "bool"/"int"
+  OffOnly,       // boolean accepted only false (torchtitan's default): true asks for what titan does not do
+  EmptyOnly,     // list of strings accepted only empty (torchtitan's default), for the same reason
 };
 
 struct LegacyKey {

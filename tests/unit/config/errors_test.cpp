@@ -82,8 +82,12 @@ TEST(ConfigErrors, TheMxFormatsAreRefusedWithTheReason) {
 TEST(ConfigErrors, WrongTypeNamesKeyFileLineAndTypes) {
   std::string e = error_of_file("[job]\ndescription = \"x\"\n[training]\nsteps = \"ten\"\n");
   EXPECT_NE(e.find("training.steps at bad.toml:4:1: expected an integer, got a string (\"ten\")"), std::string::npos) << e;
-  e = error_of_file("[compile]\ncomponents = \"model\"\n");
-  EXPECT_NE(e.find("compile.components at bad.toml:2:1: expected a list of strings"), std::string::npos) << e;
+  e = error_of_file("[compile]\ncomponents = 3\n");
+  EXPECT_NE(e.find("compile.components at bad.toml:2:1: expected a list of strings, got an integer"),
+            std::string::npos) << e;
+  e = error_of_file("[compile]\ncomponents = [\"model\", 3]\n");
+  EXPECT_NE(e.find("compile.components at bad.toml:2:1: expected a list of strings, got an array holding an integer"),
+            std::string::npos) << e;
   e = error_of_file("[compile]\nenable = 1\n");
   EXPECT_NE(e.find("expected a boolean, got an integer"), std::string::npos) << e;
   e = error_of_file("[training]\nsteps = 10.5\n");
@@ -92,7 +96,25 @@ TEST(ConfigErrors, WrongTypeNamesKeyFileLineAndTypes) {
   e = error_of_file("[training]\nbatch_size = \"8\"\n");
   EXPECT_NE(e.find("training.batch_size at bad.toml:2:1: expected an integer"), std::string::npos) << e;
   e = error_of_file("[model]\nnorm_type = \"layernorm\"\n");
-  EXPECT_NE(e.find("model.norm_type at bad.toml:2:1: \"layernorm\" is not one of \"rmsnorm\""), std::string::npos) << e;
+  EXPECT_NE(e.find("model.norm_type at bad.toml:2:1: \"layernorm\" is not one of \"rmsnorm\", \"fused_rmsnorm\", "
+                   "\"compiled_rmsnorm\" (Llama 3 uses RMSNorm"),
+            std::string::npos) << e;
+  // torchtitan's keys accepted only at their default: anything else is refused, saying why.
+  e = error_of_file("[parallelism]\nenable_compiled_autograd = true\n");
+  EXPECT_NE(e.find("parallelism.enable_compiled_autograd at bad.toml:2:1: true is not supported: compiled autograd "
+                   "is part of torch.compile"),
+            std::string::npos) << e;
+  e = error_of_file("[float8]\nmoe_fqns_prototype = [\"experts\"]\n");
+  EXPECT_NE(e.find("float8.moe_fqns_prototype at bad.toml:2:1: [\"experts\"] is not supported: float8 MoE experts "
+                   "are converted by the \"quantize.grouped_mm.float8\" converter"),
+            std::string::npos) << e;
+  e = error_of_file("[float8]\nmoe_fqns = \"experts\"\n");
+  EXPECT_NE(e.find("float8.moe_fqns at bad.toml:2:1: [\"experts\"] is not supported"), std::string::npos) << e;
+  e = user_error([] { parse({"--debug.moe_force_load_balance", "true"}); });
+  EXPECT_NE(e.find("debug.moe_force_load_balance at command-line argument '--debug.moe_force_load_balance true': "
+                   "true is not supported: routing every token round-robin"),
+            std::string::npos) << e;
+  EXPECT_NO_THROW(parse({"--training.debug_moe_force_load_balance", "false", "--model.norm_type", "compiled_rmsnorm"}));
   // A list of lists: the outer value, each part and each name are checked.
   e = error_of_file("[parallelism]\nmodule_fqns_per_model_part = \"layers.0\"\n");
   EXPECT_NE(e.find("parallelism.module_fqns_per_model_part at bad.toml:2:1: expected a list of lists of strings, "

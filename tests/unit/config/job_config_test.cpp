@@ -80,7 +80,7 @@ TEST(ConfigDefaults, MatchTorchtitan) {
 // Each older-generation file from the seeds equals its hand-written newer-generation translation.
 TEST(ConfigGenerations, OlderAndNewerSpellingsGiveTheSameConfig) {
   for (const char* name : {"seed003_old_debug", "seed000_old_8b", "seed000_old_8b_h100", "seed000_old_hsdp_tp",
-                           "seed000_old_4d"}) {
+                           "seed000_old_4d", "torchtitan_2024_2025_keys"}) {
     SCOPED_TRACE(name);
     const JobConfig older = parse({"--job.config_file", fixture(std::string(name) + ".toml")});
     const JobConfig newer = parse({"--job.config_file", fixture(std::string(name) + ".as_new.toml")});
@@ -108,6 +108,17 @@ TEST(ConfigGenerations, OlderKeysLandOnTheNewerOptions) {
   const JobConfig eight = parse({"--job.config_file", fixture("seed000_old_8b.toml")});
   EXPECT_TRUE(eight.parallelism.disable_loss_parallel);  // enable_loss_parallel = false
   EXPECT_TRUE(eight.checkpoint.enable);                  // enable_checkpoint = true
+
+  const JobConfig mid = parse({"--job.config_file", fixture("torchtitan_2024_2025_keys.toml")});
+  EXPECT_FALSE(mid.checkpoint.last_save_model_only);     // last_save_model_weights_only = false
+  EXPECT_FALSE(mid.checkpoint.initial_load_model_only);  // initial_load_model_weights_only = false
+  EXPECT_EQ(mid.profiling.profile_freq, 50);             // profile_every_x_iter = 50
+  EXPECT_EQ(mid.parallelism.data_parallel_shard_degree, 4);  // [training] data_parallel_degree = 4
+  EXPECT_TRUE(mid.validation.enable);                    // [validation] enabled = true
+  // Strings where lists go: split on commas.
+  EXPECT_EQ(mid.model.converters, std::vector<std::string>{config::kFloat8Converter});  // converters = "float8"
+  EXPECT_EQ(mid.float8.filter_fqns, (std::vector<std::string>{"output", "layers.0.attention.wk"}));
+  EXPECT_EQ(mid.parallelism.pipeline_parallel_split_points, std::vector<std::string>{"layers.1"});
 
   const JobConfig four_d = parse({"--job.config_file", fixture("seed000_old_4d.toml")});
   EXPECT_EQ(four_d.parallelism.pipeline_parallel_degree, 8);  // [experimental] pipeline_parallel_degree

@@ -496,5 +496,33 @@ TEST(TitanEstimate, ReadsTheSeeds8BFile) {
   EXPECT_NE(r.output.find("seq_len 8192"), std::string::npos) << r.output;
 }
 
+
+// `titan config`: the resolved config as TOML (older keys mapped, command line over the file), which
+// reads back to the same config; what titan train would refuse is refused with the same words.
+TEST(TitanCli, ConfigPrintsTheResolvedConfig) {
+  const std::string older = kSource + "/tests/unit/config/fixtures/torchtitan_2024_2025_keys.toml";
+  auto r = test::run_process({kTitan, "config", "--job.config_file", older, "--training.steps", "7"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const size_t start = r.output.find("# Resolved titan config");
+  ASSERT_NE(start, std::string::npos) << r.output;
+  JobConfig printed = parse_config_text(r.output.substr(start), "printed");
+  JobConfig expected = parse_config({"--job.config_file", older, "--training.steps", "7"});
+  EXPECT_EQ(printed.training.steps, 7);
+  EXPECT_EQ(printed.profiling.profile_freq, 50);  // [profiling] profile_every_x_iter
+  printed.job.config_file = expected.job.config_file = "";
+  EXPECT_TRUE(printed == expected) << r.output;
+  // Refused as titan train refuses it.
+  r = test::run_process({kTitan, "config", "--compile.enable"});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("titan config: error: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("compile.enable"), std::string::npos) << r.output;
+  r = test::run_process({kTitan, "config", "--world-size", "4x"});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("--world-size takes a positive number of ranks, not '4x'"), std::string::npos) << r.output;
+  r = test::run_process({kTitan, "config", "--help", "profiling"});
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("--profiling.profile_freq"), std::string::npos) << r.output;
+}
+
 }  // namespace
 }  // namespace titan
