@@ -7,6 +7,9 @@
 #
 # NGPU (default 1) is the number of training processes, as in torchtitan's run_train.sh (NGPU=4
 # starts 4 through `titan launch`; the config's parallelism degrees decide how they split the work).
+# COMM_MODE=fake_backend checks a run of NGPU ranks in one process without GPUs, as torchtitan's does:
+# here `titan estimate --world-size NGPU` (the config's checks, then a dry run of rank 0's step on the
+# meta device: its memory, FLOPs and communication).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 NGPU=${NGPU:-1}
@@ -16,6 +19,16 @@ CONFIG_FILE=${CONFIG_FILE:-"$ROOT/configs/llama3_debugmodel.toml"}
 "$ROOT/scripts/build.sh" titan
 
 cd "$ROOT"
+case "${COMM_MODE:-}" in
+  "") ;;
+  fake_backend)
+    echo "run_train.sh: COMM_MODE=fake_backend: titan estimate --world-size $NGPU (no training, no GPU)" >&2
+    exec "$ROOT/build/titan" estimate --world-size "$NGPU" --job.config_file "$CONFIG_FILE" "$@" ;;
+  *)
+    echo "run_train.sh: COMM_MODE='$COMM_MODE' is not supported: COMM_MODE=fake_backend checks a run of NGPU" \
+      "ranks in one process (titan estimate); unset COMM_MODE to train" >&2
+    exit 2 ;;
+esac
 if [[ "$NGPU" == 1 ]]; then
   exec "$ROOT/build/titan" train --job.config_file "$CONFIG_FILE" "$@"
 fi
