@@ -55,7 +55,16 @@ std::vector<int> parse_rank_list(const std::string& what, const std::string& v) 
 
 const char* kValueOptions[] = {"--nproc-per-node", "--nnodes",          "--node-rank",       "--master-addr",
                                "--master-port",    "--local-ranks-filter", "--timeout-seconds", "--grace-seconds",
-                               "--max-restarts", "--preemption-grace-seconds"};
+                               "--max-restarts", "--preemption-grace-seconds", "--log-dir", "--tee", "--redirects",
+                               "--role", "--rdzv-id", "--rdzv-backend", "--rdzv-endpoint"};
+
+// torchrun's --tee / --redirects: 0 none, 1 stdout, 2 stderr, 3 both (one value for every rank).
+int parse_streams(const std::string& opt, const std::string& v) {
+  TITAN_USER_CHECK(v == "0" || v == "1" || v == "2" || v == "3", opt, " takes 0 (none), 1 (stdout), 2 (stderr) or 3 "
+                   "(both), got '", v, "'", v.find(':') != std::string::npos ? " (a value per local rank is not "
+                   "supported: give one for every rank)" : "");
+  return v[0] - '0';
+}
 
 }  // namespace
 
@@ -80,6 +89,14 @@ std::string launch_help() {
          "                            after SIGTERM or SIGUSR1 to the launcher (forwarded to the workers,\n"
          "                            which save a checkpoint and exit 75) or the timeout, wait up to P seconds\n"
          "                            before SIGKILL (default 120); a second signal kills the workers at once\n"
+         "  --rdzv-endpoint HOST[:PORT]  torchrun's spelling of --master-addr/--master-port (port default 29400);\n"
+         "                            with --nnodes > 1 each node also needs --node-rank. --rdzv-backend c10d|static\n"
+         "                            and --rdzv-id ID (the workers' TORCHELASTIC_RUN_ID) are accepted\n"
+         "  --role NAME               the workers' ROLE_NAME (default \"default\")\n"
+         "  --log-dir DIR             also write each worker's stdout and stderr (every line, shown or not) to\n"
+         "                            DIR/attempt_<n>/<local rank>/stdout.log and stderr.log\n"
+         "  --tee S, --redirects S    with --log-dir: the streams written to the files (0 none, 1 stdout, 2 stderr,\n"
+         "                            3 both; default 3); --redirects S: those streams are not shown on the console\n"
          "  --max-restarts N          after a failure, restart all workers up to N times (default 0); a training\n"
          "                            job resumes from its latest complete checkpoint (checkpoint.enable = true).\n"
          "                            With several nodes, give every launcher the same N\n"
@@ -90,7 +107,9 @@ std::string launch_help() {
 
 LaunchOptions parse_launch_options(const std::vector<std::string>& args) {
   LaunchOptions o;
-  bool standalone = false, has_filter = false, has_addr = false, has_port = false;
+  bool standalone = false, has_filter = false, has_addr = false, has_port = false, has_node_rank = false;
+  bool has_tee = false, has_redirects = false;
+  std::string rdzv_endpoint;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--") {
@@ -112,8 +131,8 @@ LaunchOptions parse_launch_options(const std::vector<std::string>& args) {
     const bool known = std::find(std::begin(kValueOptions), std::end(kValueOptions), name) != std::end(kValueOptions);
     TITAN_USER_CHECK(known, "unknown option '", a, "'.",
                      name == "--no-python" ? " It is not needed: the workers always run titan itself."
-                     : name.rfind("--rdzv", 0) == 0 ? " Rendezvous backends are not supported; use --master-addr "
-                                                      "and --master-port."
+                     : name.rfind("--rdzv", 0) == 0 ? " Rendezvous: --rdzv-endpoint HOST:PORT, --rdzv-backend "
+                                                      "c10d|static and --rdzv-id are accepted."
                                                     : "",
                      " Options come before `--`, the titan command after it; see `titan launch --help`.");
     std::string value;
@@ -131,6 +150,27 @@ LaunchOptions parse_launch_options(const std::vector<std::string>& args) {
       o.nnodes = parse_count(name, value, 1);
     } else if (name == "--node-rank") {
       o.node_rank = parse_count(name, value, 0);
+      has_node_rank = true;
+    } else if (name == "--log-dir") {
+      TITAN_USER_CHECK(!value.empty(), "--log-dir is empty: give the folder of the workers' log files");
+      o.log_dir = value;
+    } else if (name == "--tee") {
+      o.log_streams = parse_streams(name, value);
+      has_tee = true;
+    } else if (name == "--redirects") {
+      o.redirect_streams = parse_streams(name, value);
+      has_redirects = true;
+    } else if (name == "--role") {
+      TITAN_USER_CHECK(!value.empty(), "--role is empty");
+      o.role = value;
+    } else if (name == "--rdzv-id") {
+      o.run_id = value;
+    } else if (name == "--rdzv-backend") {
+      TITAN_USER_CHECK(value == "c10d" || value == "static", "--rdzv-backend ", value, " is not supported: titan "
+                       "launch rendezvouses through a TCP store on node 0 (c10d or static); etcd is not supported");
+    } else if (name == "--rdzv-endpoint") {
+      TITAN_USER_CHECK(!value.empty(), "--rdzv-endpoint is empty: give HOST:PORT of node 0");
+      rdzv_endpoint = value;
     } else if (name == "--master-addr") {
       TITAN_USER_CHECK(!value.empty(), "--master-addr is empty: give the host of node 0");
       o.master_addr = value;
@@ -151,6 +191,36 @@ LaunchOptions parse_launch_options(const std::vector<std::string>& args) {
       o.max_restarts = parse_count(name, value, 0);
     }
   }
+  if (!rdzv_endpoint.empty()) {
+    // HOST[:PORT] (torchrun's c10d default port 29400), [IPv6]:PORT: node 0's store, where every node meets.
+    std::string host = rdzv_endpoint, port = "29400";
+    const size_t colon = rdzv_endpoint.rfind(':');
+    const size_t bracket = rdzv_endpoint.rfind(']');
+    if (colon != std::string::npos && (bracket == std::string::npos || colon > bracket)) {
+      host = rdzv_endpoint.substr(0, colon);
+      port = rdzv_endpoint.substr(colon + 1);
+    }
+    if (host.size() > 1 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+    TITAN_USER_CHECK(!host.empty(), "--rdzv-endpoint ", rdzv_endpoint, " names no host: give HOST:PORT of node 0");
+    const int rdzv_port = parse_count("--rdzv-endpoint's port", port, 0);
+    TITAN_USER_CHECK((!has_addr || o.master_addr == host) && (!has_port || o.master_port == rdzv_port),
+                     "--rdzv-endpoint ", rdzv_endpoint, " and --master-addr/--master-port name different places to "
+                     "meet: give one of them");
+    o.master_addr = host;
+    o.master_port = rdzv_port;
+    has_addr = has_port = true;
+    const bool localhost = host == "localhost" || host == "127.0.0.1" || host == "::1";
+    TITAN_USER_CHECK(rdzv_port != 0 || (o.nnodes == 1 && localhost), "--rdzv-endpoint ", rdzv_endpoint,
+                     ": port 0 (any free port) works for one node on localhost only");
+    TITAN_USER_CHECK(has_node_rank || o.nnodes == 1, "--rdzv-endpoint with --nnodes ", o.nnodes, " needs --node-rank "
+                     "K on each node: titan launch numbers the nodes as given (node 0 hosts the store at the "
+                     "endpoint's address); under SLURM, --node-rank $SLURM_NODEID");
+  }
+  TITAN_USER_CHECK(o.log_dir.empty() ? !has_tee && !has_redirects : true, has_tee ? "--tee" : "--redirects",
+                   " writes the workers' output to files: give --log-dir DIR as well");
+  if (has_redirects && !has_tee) o.log_streams = o.redirect_streams;
+  o.log_streams |= o.redirect_streams;  // a redirected stream goes to its file
+
   if (!has_filter)
     if (const char* log_rank = std::getenv("LOG_RANK"); log_rank && *log_rank)
       o.local_ranks_filter = parse_rank_list("LOG_RANK", log_rank);

@@ -25,6 +25,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <filesystem>
+#include <memory>
 #include <map>
 #include <thread>
 
@@ -94,6 +96,8 @@ struct Stream {
   int fd = -1;        // read end of the worker's pipe; -1 once at EOF
   int out_fd = 1;     // where its lines go: the launcher's stdout or stderr
   std::string partial;
+  std::shared_ptr<std::FILE> log;  // --log-dir: every line also goes here (null: no file)
+  bool console = true;             // false: --redirects keeps this stream off the console
 };
 
 struct Worker {
@@ -112,7 +116,13 @@ struct Worker {
   bool error_said = false;
   std::chrono::steady_clock::time_point error_since{};
 
-  void emit(const std::string& line, int out_fd) {
+  void emit(const std::string& line, const Stream& s) {
+    const int out_fd = s.out_fd;
+    if (line.rfind(kProgressReportPrefix, 0) != 0 && s.log) {
+      std::fwrite(line.data(), 1, line.size(), s.log.get());
+      std::fputc('\n', s.log.get());
+      std::fflush(s.log.get());  // a file others may follow (tail -f), and nothing lost if the launcher dies
+    }
     if (g_progress_enabled && line.rfind(kProgressReportPrefix, 0) == 0) {
       long long step = 0, total = 0;
       double eta = -1;
@@ -127,7 +137,7 @@ struct Worker {
     if (!error_said && (!error.empty() || is_error_line(line))) {
       if (error.empty()) error_since = std::chrono::steady_clock::now();
       error += line + "\n";
-    } else if (shown) {
+    } else if (shown && s.console) {
       write_line(out_fd, prefixed + "\n");
     }
     tail.push_back(prefixed);
@@ -149,12 +159,12 @@ struct Worker {
       s.partial.append(buf, static_cast<size_t>(n));
       size_t start = 0, nl;
       while ((nl = s.partial.find('\n', start)) != std::string::npos) {
-        emit(s.partial.substr(start, nl - start), s.out_fd);
+        emit(s.partial.substr(start, nl - start), s);
         start = nl + 1;
       }
       s.partial.erase(0, start);
       if (s.partial.size() > kMaxLineBytes) {
-        emit(s.partial, s.out_fd);
+        emit(s.partial, s);
         s.partial.clear();
       }
     }
@@ -165,7 +175,7 @@ struct Worker {
   }
   void flush_partial() {
     for (auto& s : streams) {
-      if (!s.partial.empty()) emit(s.partial, s.out_fd);
+      if (!s.partial.empty()) emit(s.partial, s);
       s.partial.clear();
     }
   }
@@ -234,8 +244,8 @@ void spawn(Worker& w, const std::string& exe, std::vector<std::string> argv, std
   close(out[1]);
   close(err[1]);
   w.pid = pid;
-  w.streams[0] = Stream{out[0], 1, {}};
-  w.streams[1] = Stream{err[0], 2, {}};
+  w.streams[0] = Stream{out[0], 1, {}, {}, true};
+  w.streams[1] = Stream{err[0], 2, {}, {}, true};
   for (int fd : {out[0], err[0]}) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
 }
 
@@ -393,7 +403,8 @@ int launch_workers(const LaunchOptions& o) {
       {"WORLD_SIZE", std::to_string(world_size)},      {"LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node)},
       {"GROUP_RANK", std::to_string(o.node_rank)},     {"NODE_RANK", std::to_string(o.node_rank)},
       {"MASTER_ADDR", o.master_addr},                  {"MASTER_PORT", std::to_string(port)},
-      {"TORCHELASTIC_USE_AGENT_STORE", "True"},        {"TORCHELASTIC_MAX_RESTARTS", std::to_string(o.max_restarts)}};
+      {"TORCHELASTIC_USE_AGENT_STORE", "True"},        {"TORCHELASTIC_MAX_RESTARTS", std::to_string(o.max_restarts)},
+      {"ROLE_NAME", o.role},                           {"TORCHELASTIC_RUN_ID", o.run_id}};
   // On a terminal, the metrics rank reports its progress to the launcher, which draws it.
   g_progress_enabled = isatty(2) == 1;
   common[kProgressReportVariable] = g_progress_enabled ? "1" : "0";  // never inherited from an outer launcher
@@ -420,7 +431,28 @@ int launch_workers(const LaunchOptions& o) {
       std::vector<std::string> argv{exe};
       if (o.command.front() == "debug-worker") argv.push_back("launch");  // the diagnostic lives under `launch`
       argv.insert(argv.end(), o.command.begin(), o.command.end());
+      // torchrun's layout: <log_dir>/attempt_<n>/<local_rank>/{stdout,stderr}.log, opened before the worker starts.
+      std::shared_ptr<std::FILE> logs[2];
+      if (!o.log_dir.empty()) {
+        const std::filesystem::path dir =
+            std::filesystem::path(o.log_dir) / ("attempt_" + std::to_string(attempt)) / std::to_string(lr);
+        std::error_code ec;
+        std::filesystem::create_directories(dir, ec);
+        TITAN_USER_CHECK(!ec, "cannot create the folder ", dir.string(), " for the workers' log files (--log-dir): ",
+                         ec.message());
+        for (int k = 0; k < 2; ++k) {
+          if (!(o.log_streams & (1 << k))) continue;
+          const std::string path = (dir / (k == 0 ? "stdout.log" : "stderr.log")).string();
+          logs[k].reset(std::fopen(path.c_str(), "w"), [](std::FILE* f) { if (f) std::fclose(f); });
+          TITAN_USER_CHECK(logs[k] != nullptr, "cannot write the worker's log file ", path, " (--log-dir): ",
+                           std::strerror(errno));
+        }
+      }
       spawn(w, exe, argv, worker_environment(vars));
+      for (int k = 0; k < 2; ++k) {
+        w.streams[k].log = logs[k];
+        w.streams[k].console = !(o.redirect_streams & (1 << k));
+      }
     }
 
     // The loop: relay output; on the first failure (here or, with several nodes, on another node),

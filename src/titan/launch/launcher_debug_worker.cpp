@@ -97,7 +97,8 @@ int run_debug_worker(const std::vector<std::string>& args) {
   if (print_env) {
     for (const char* name : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
                              "ROLE_RANK", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS",
-                             "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE"}) {
+                             "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE", "ROLE_NAME",
+                             "TORCHELASTIC_RUN_ID"}) {
       const char* v = std::getenv(name);
       std::printf("env %s=%s\n", name, v ? v : "<unset>");
     }

@@ -121,6 +121,51 @@ TEST(Launcher, SecondNodeOfTwoWithTorchrunSpellings) {
   EXPECT_EQ(r.output.find("[rank 0]"), std::string::npos);
 }
 
+// --log-dir: every line of every worker in torchrun's layout, shown on the console or not; --redirects
+// keeps a stream off the console; --role and --rdzv-id reach the workers.
+TEST(Launcher, LogDirHoldsEveryWorkersOutput) {
+  test::TempDir dir;
+  auto read = [](const std::string& path) {
+    std::ifstream in(path);
+    return std::string((std::istreambuf_iterator<char>(in)), {});
+  };
+  auto r = launch({"--nproc-per-node", "2", "--local-ranks-filter", "0", "--log-dir", dir.path(), "--role", "trainer",
+                   "--rdzv-id", "job7", "--", "debug-worker", "--lines", "3", "--print-env"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(values(r.output, "env ROLE_NAME").at(0), "trainer");
+  EXPECT_EQ(values(r.output, "env TORCHELASTIC_RUN_ID").at(0), "job7");
+  EXPECT_EQ(count_lines_with(r.output, "[rank 1]: "), 0) << r.output;
+  for (int lr = 0; lr < 2; ++lr) {
+    const std::string out = read(dir / ("attempt_0/" + std::to_string(lr) + "/stdout.log"));
+    const std::string err = read(dir / ("attempt_0/" + std::to_string(lr) + "/stderr.log"));
+    for (int i = 0; i < 3; ++i) {
+      const std::string suffix = " line " + std::to_string(i) + " of rank " + std::to_string(lr) + "\n";
+      EXPECT_NE(out.find("stdout" + suffix), std::string::npos) << out;
+      EXPECT_NE(err.find("stderr" + suffix), std::string::npos) << err;
+      EXPECT_EQ(out.find("stderr" + suffix), std::string::npos) << out;
+    }
+    EXPECT_NE(out.find("env RANK=" + std::to_string(lr) + "\n"), std::string::npos) << out;
+    EXPECT_EQ(out.find("[rank"), std::string::npos) << out;  // the worker's own lines, unprefixed
+  }
+  // --redirects 2: stderr only in the files; --tee 1 adds stdout's files.
+  test::TempDir quiet;
+  r = launch({"--nproc-per-node", "1", "--log-dir", quiet.path(), "--redirects", "2", "--tee", "1", "--",
+              "debug-worker", "--lines", "2"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(count_lines_with(r.output, "[rank 0]: stderr"), 0) << r.output;
+  EXPECT_EQ(count_lines_with(r.output, "[rank 0]: stdout"), 2) << r.output;
+  EXPECT_NE(read(quiet / "attempt_0/0/stderr.log").find("stderr line 1 of rank 0"), std::string::npos);
+  EXPECT_NE(read(quiet / "attempt_0/0/stdout.log").find("stdout line 1 of rank 0"), std::string::npos);
+  // A folder that cannot be made is named before any worker starts.
+  std::ofstream(dir / "a-file") << "x";
+  r = launch({"--nproc-per-node", "1", "--log-dir", dir / "a-file/logs", "--", "debug-worker", "--print-pid"});
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("cannot create the folder " + (dir / "a-file/logs/attempt_0/0") +
+                          " for the workers' log files (--log-dir)"),
+            std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("pid="), std::string::npos) << r.output;
+}
+
 TEST(Launcher, StandalonePicksAFreePort) {
   auto r = launch({"--standalone", "--nproc-per-node", "1", "--", "debug-worker", "--print-env"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -477,7 +522,20 @@ TEST(LaunchOptions, Errors) {
       {{"--nproc-per-node", "2"}, "nothing to launch"},
       {{"--nproc-per-node", "2", "--", "build/titan", "train"}, "not 'build/titan'"},
       {{"--nproc-per-node", "2", "--frobnicate", "--", "train"}, "unknown option '--frobnicate'"},
-      {{"--nproc-per-node", "2", "--rdzv-backend", "c10d", "--", "train"}, "Rendezvous backends are not supported"},
+      {{"--nproc-per-node", "2", "--rdzv-backend", "etcd", "--", "train"}, "--rdzv-backend etcd is not supported"},
+      {{"--nproc-per-node", "2", "--rdzv-conf", "x=1", "--", "train"}, "unknown option '--rdzv-conf'"},
+      {{"--nproc-per-node", "2", "--nnodes", "2", "--rdzv-endpoint", "h0:29400", "--", "train"},
+       "--rdzv-endpoint with --nnodes 2 needs --node-rank K on each node"},
+      {{"--nproc-per-node", "2", "--rdzv-endpoint", "h0:29400", "--master-addr", "h1", "--", "train"},
+       "name different places to meet"},
+      {{"--nproc-per-node", "2", "--rdzv-endpoint", "h0:0", "--", "train"}, "port 0 (any free port) works for one "
+                                                                              "node on localhost only"},
+      {{"--nproc-per-node", "2", "--rdzv-endpoint", ":29400", "--", "train"}, "names no host"},
+      {{"--nproc-per-node", "2", "--tee", "3", "--", "train"}, "--tee writes the workers' output to files: give "
+                                                                "--log-dir DIR as well"},
+      {{"--nproc-per-node", "2", "--log-dir", "d", "--redirects", "0:3,1:0", "--", "train"},
+       "a value per local rank is not supported"},
+      {{"--nproc-per-node", "2", "--log-dir", "d", "--tee", "4", "--", "train"}, "--tee takes 0 (none)"},
       {{"--nproc-per-node"}, "--nproc-per-node needs a value"},
       {{"--standalone", "--master-port", "1234", "--nproc-per-node", "2", "--", "train"}, "drop --standalone"},
       {{"--nproc-per-node", "2", "--timeout-seconds", "-1", "--", "train"}, "positive number of seconds"},
@@ -486,6 +544,39 @@ TEST(LaunchOptions, Errors) {
     const std::string msg = parse_error(args);
     EXPECT_NE(msg.find(expected), std::string::npos) << "args: " << ::testing::PrintToString(args) << "\nmessage: " << msg;
   }
+}
+
+// torchrun's rendezvous and logging options, as its multi-node commands spell them.
+TEST(LaunchOptions, TorchrunRendezvousAndLogOptions) {
+  auto o = parse_launch_options({"--nnodes=2", "--nproc_per_node=8", "--rdzv_id", "101", "--rdzv_backend", "c10d",
+                                 "--rdzv_endpoint=h0:29401", "--node_rank", "1", "--role", "trainer", "train"});
+  EXPECT_EQ(o.master_addr, "h0");
+  EXPECT_EQ(o.master_port, 29401);
+  EXPECT_EQ(o.node_rank, 1);
+  EXPECT_EQ(o.run_id, "101");
+  EXPECT_EQ(o.role, "trainer");
+  EXPECT_TRUE(o.log_dir.empty());
+  o = parse_launch_options({"--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "2", "--rdzv-endpoint", "h0",
+                            "--", "train"});
+  EXPECT_EQ(o.master_port, 29400);  // torchrun's c10d default
+  o = parse_launch_options({"--nproc-per-node", "2", "--rdzv-backend", "static", "--rdzv-endpoint", "[fe80::1]:1234",
+                            "--master-port", "1234", "--", "train"});
+  EXPECT_EQ(o.master_addr, "fe80::1");
+  EXPECT_EQ(o.master_port, 1234);
+  o = parse_launch_options({"--nproc-per-node", "2", "--rdzv-endpoint", "localhost:0", "--", "train"});
+  EXPECT_EQ(o.master_port, 0);
+  o = parse_launch_options({"--nproc-per-node", "2", "--log-dir", "logs", "--", "train"});
+  EXPECT_EQ(o.log_dir, "logs");
+  EXPECT_EQ(o.log_streams, 3);
+  EXPECT_EQ(o.redirect_streams, 0);
+  o = parse_launch_options({"--nproc-per-node", "2", "--log-dir", "logs", "--tee", "1", "--", "train"});
+  EXPECT_EQ(o.log_streams, 1);
+  o = parse_launch_options({"--nproc-per-node", "2", "--log-dir", "logs", "--redirects", "2", "--", "train"});
+  EXPECT_EQ(o.log_streams, 2);
+  EXPECT_EQ(o.redirect_streams, 2);
+  o = parse_launch_options({"--nproc-per-node", "2", "--log-dir", "logs", "--tee", "1", "--redirects", "2", "--",
+                            "train"});
+  EXPECT_EQ(o.log_streams, 3);
 }
 
 TEST(LaunchOptions, LogRankEnvironment) {
