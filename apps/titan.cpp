@@ -12,6 +12,7 @@
 #include "titan/components/data/token_shards.h"
 #include "titan/components/tokenizer/tokenizer.h"
 #include "titan/config/job_config.h"
+#include "titan/distributed/parallel_dims.h"
 #include "titan/launch/launcher.h"
 #include "titan/tools/convert.h"
 #include "titan/tools/estimate.h"
@@ -189,7 +190,17 @@ int run_config(std::vector<std::string> args) {
   TITAN_USER_CHECK(ec == std::errc() && at == end && world >= 1, "--world-size takes a positive number of ranks, not '",
                    world_text, "'");
   const titan::JobConfig cfg = titan::parse_config(args);
+  // The layout over N ranks and the batch it splits, as titan train checks them before building anything.
+  const auto& p = cfg.parallelism;
+  const titan::dist::ParallelDims dims(p.data_parallel_replicate_degree, p.data_parallel_shard_degree,
+                                       p.context_parallel_degree, p.tensor_parallel_degree,
+                                       p.pipeline_parallel_degree, world, p.expert_parallel_degree);
   titan::check_supported(cfg, world);
+  const auto& tr = cfg.training;
+  const int64_t dp = dims.dp_size();
+  const int64_t global_batch = tr.global_batch_size < 0 ? tr.local_batch_size * dp : tr.global_batch_size;
+  TITAN_USER_CHECK(global_batch % (tr.local_batch_size * dp) == 0, "training.global_batch_size ", global_batch,
+                   " is not a multiple of local_batch_size ", tr.local_batch_size, " x data-parallel degree ", dp);
   for (const auto& w : titan::config_warnings(cfg)) std::fprintf(stderr, "titan config: warning: %s\n", w.c_str());
   std::cout << titan::to_toml(cfg);
   return 0;

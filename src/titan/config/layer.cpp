@@ -177,9 +177,12 @@ std::string suggestion(const std::string& section, const std::string& key, const
   for (const auto& f : default_fields())
     if (f.key == key && f.section != section) return "did you mean " + show(f.path()) + "?";
   for (const auto& l : legacy_keys())
-    if (key == l.key && section != l.section &&
-        (l.kind == LegacyKind::Rename || l.kind == LegacyKind::Negate || l.kind == LegacyKind::Float8Switch))
-      return older(l);
+    if (key == l.key && section != l.section) {
+      if (l.kind == LegacyKind::Rename || l.kind == LegacyKind::Negate || l.kind == LegacyKind::Float8Switch)
+        return older(l);
+      if (l.kind == LegacyKind::OffOnly || l.kind == LegacyKind::EmptyOnly)
+        return "did you mean " + show(std::string(l.section) + "." + l.key) + "?";
+    }
   // 2. A typo of a key of this table, older spellings included.
   std::vector<std::string> local;
   for (const auto& f : default_fields())

@@ -94,9 +94,9 @@ std::string launch_help() {
          "                            and --rdzv-id ID (the workers' TORCHELASTIC_RUN_ID) are accepted\n"
          "  --role NAME               the workers' ROLE_NAME (default \"default\")\n"
          "  --log-dir DIR             also write each worker's stdout and stderr (every line, shown or not) to\n"
-         "                            DIR/attempt_<n>/<local rank>/stdout.log and stderr.log\n"
-         "  --tee S, --redirects S    with --log-dir: the streams written to the files (0 none, 1 stdout, 2 stderr,\n"
-         "                            3 both; default 3); --redirects S: those streams are not shown on the console\n"
+         "                            DIR/<rdzv id>_<unique>/attempt_<n>/<local rank>/stdout.log and stderr.log\n"
+         "  --tee S, --redirects S    the streams written to those files (0 none, 1 stdout, 2 stderr, 3 both; under\n"
+         "                            $TMPDIR without --log-dir); redirected streams are not shown on the console\n"
          "  --max-restarts N          after a failure, restart all workers up to N times (default 0); a training\n"
          "                            job resumes from its latest complete checkpoint (checkpoint.enable = true).\n"
          "                            With several nodes, give every launcher the same N\n"
@@ -155,7 +155,7 @@ LaunchOptions parse_launch_options(const std::vector<std::string>& args) {
       TITAN_USER_CHECK(!value.empty(), "--log-dir is empty: give the folder of the workers' log files");
       o.log_dir = value;
     } else if (name == "--tee") {
-      o.log_streams = parse_streams(name, value);
+      o.tee_streams = parse_streams(name, value);
       has_tee = true;
     } else if (name == "--redirects") {
       o.redirect_streams = parse_streams(name, value);
@@ -164,6 +164,8 @@ LaunchOptions parse_launch_options(const std::vector<std::string>& args) {
       TITAN_USER_CHECK(!value.empty(), "--role is empty");
       o.role = value;
     } else if (name == "--rdzv-id") {
+      TITAN_USER_CHECK(!value.empty() && value.find('/') == std::string::npos, "--rdzv-id '", value,
+                       "' must be a non-empty name without '/' (it names the workers' log folder)");
       o.run_id = value;
     } else if (name == "--rdzv-backend") {
       TITAN_USER_CHECK(value == "c10d" || value == "static", "--rdzv-backend ", value, " is not supported: titan "
@@ -200,7 +202,11 @@ LaunchOptions parse_launch_options(const std::vector<std::string>& args) {
       host = rdzv_endpoint.substr(0, colon);
       port = rdzv_endpoint.substr(colon + 1);
     }
-    if (host.size() > 1 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+    if (host.size() > 1 && host.front() == '[' && host.back() == ']')
+      host = host.substr(1, host.size() - 2);
+    else
+      TITAN_USER_CHECK(host.find(':') == std::string::npos, "--rdzv-endpoint ", rdzv_endpoint, ": write an IPv6 "
+                       "address in brackets, [ADDRESS]:PORT");
     TITAN_USER_CHECK(!host.empty(), "--rdzv-endpoint ", rdzv_endpoint, " names no host: give HOST:PORT of node 0");
     const int rdzv_port = parse_count("--rdzv-endpoint's port", port, 0);
     TITAN_USER_CHECK((!has_addr || o.master_addr == host) && (!has_port || o.master_port == rdzv_port),
@@ -216,10 +222,9 @@ LaunchOptions parse_launch_options(const std::vector<std::string>& args) {
                      "K on each node: titan launch numbers the nodes as given (node 0 hosts the store at the "
                      "endpoint's address); under SLURM, --node-rank $SLURM_NODEID");
   }
-  TITAN_USER_CHECK(o.log_dir.empty() ? !has_tee && !has_redirects : true, has_tee ? "--tee" : "--redirects",
-                   " writes the workers' output to files: give --log-dir DIR as well");
-  if (has_redirects && !has_tee) o.log_streams = o.redirect_streams;
-  o.log_streams |= o.redirect_streams;  // a redirected stream goes to its file
+  // Files: the streams --tee and --redirects name (under a temporary folder without --log-dir, as
+  // torchrun's); --log-dir alone: both streams.
+  o.log_streams = has_tee || has_redirects ? o.tee_streams | o.redirect_streams : o.log_dir.empty() ? 0 : 3;
 
   if (!has_filter)
     if (const char* log_rank = std::getenv("LOG_RANK"); log_rank && *log_rank)
@@ -229,7 +234,7 @@ LaunchOptions parse_launch_options(const std::vector<std::string>& args) {
                    "node, usually its GPUs); see `titan launch --help`");
   if (standalone) {
     TITAN_USER_CHECK(o.nnodes == 1 && !has_addr && !has_port, "--standalone runs one node on localhost with a free "
-                     "port; drop --nnodes/--master-addr/--master-port, or drop --standalone");
+                     "port; drop --nnodes/--master-addr/--master-port/--rdzv-endpoint, or drop --standalone");
     o.master_port = 0;
   }
   TITAN_USER_CHECK(o.node_rank < o.nnodes, "--node-rank ", o.node_rank, " is not below --nnodes ", o.nnodes,

@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <array>
 #include <deque>
 #include <filesystem>
 #include <memory>
@@ -392,6 +393,26 @@ int launch_workers(const LaunchOptions& o) {
                      " on another node: give every node's launcher the same --max-restarts");
   }
 
+  // The workers' log files: a folder of this launcher's own (torchrun's <log_dir>/<run_id>_<unique>), so
+  // that nodes sharing a file system, and runs sharing --log-dir, never write the same file.
+  std::string run_log_dir;
+  if (o.log_streams != 0) {
+    std::filesystem::path base = o.log_dir;
+    if (base.empty()) {
+      const char* tmp = std::getenv("TMPDIR");
+      base = tmp && *tmp ? tmp : "/tmp";
+    }
+    std::error_code ec;
+    std::filesystem::create_directories(base, ec);
+    TITAN_USER_CHECK(!ec, "cannot create the folder ", base.string(), " for the workers' log files (--log-dir): ",
+                     ec.message());
+    std::string name = (base / (o.run_id + "_XXXXXX")).string();
+    TITAN_USER_CHECK(mkdtemp(name.data()) != nullptr, "cannot create a folder for the workers' log files under ",
+                     base.string(), " (--log-dir): ", std::strerror(errno));
+    run_log_dir = name;
+    say("the workers' output is also written under " + run_log_dir);
+  }
+
   TITAN_USER_CHECK(pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) == 0, "cannot create a pipe: ", std::strerror(errno));
   struct sigaction sa {};
   sa.sa_handler = on_signal;
@@ -419,6 +440,23 @@ int launch_workers(const LaunchOptions& o) {
 
   auto run_attempt = [&](int attempt) {
     std::vector<Worker> workers(static_cast<size_t>(o.nproc_per_node));
+    // torchrun's layout, <run folder>/attempt_<n>/<local_rank>/{stdout,stderr}.log: every file opened
+    // (not inherited by the workers) before any worker starts.
+    std::vector<std::array<std::shared_ptr<std::FILE>, 2>> logs(static_cast<size_t>(o.nproc_per_node));
+    for (int lr = 0; lr < o.nproc_per_node && !run_log_dir.empty(); ++lr) {
+      const std::filesystem::path dir =
+          std::filesystem::path(run_log_dir) / ("attempt_" + std::to_string(attempt)) / std::to_string(lr);
+      std::error_code ec;
+      std::filesystem::create_directories(dir, ec);
+      TITAN_USER_CHECK(!ec, "cannot create the folder ", dir.string(), " for the workers' log files: ", ec.message());
+      for (int k = 0; k < 2; ++k) {
+        if (!(o.log_streams & (1 << k))) continue;
+        const std::string path = (dir / (k == 0 ? "stdout.log" : "stderr.log")).string();
+        logs[lr][k].reset(std::fopen(path.c_str(), "we"), [](std::FILE* f) { if (f) std::fclose(f); });
+        TITAN_USER_CHECK(logs[lr][k] != nullptr, "cannot write the worker's log file ", path, ": ",
+                         std::strerror(errno));
+      }
+    }
     for (int lr = 0; lr < o.nproc_per_node; ++lr) {
       Worker& w = workers[lr];
       w.local_rank = lr;
@@ -431,27 +469,10 @@ int launch_workers(const LaunchOptions& o) {
       std::vector<std::string> argv{exe};
       if (o.command.front() == "debug-worker") argv.push_back("launch");  // the diagnostic lives under `launch`
       argv.insert(argv.end(), o.command.begin(), o.command.end());
-      // torchrun's layout: <log_dir>/attempt_<n>/<local_rank>/{stdout,stderr}.log, opened before the worker starts.
-      std::shared_ptr<std::FILE> logs[2];
-      if (!o.log_dir.empty()) {
-        const std::filesystem::path dir =
-            std::filesystem::path(o.log_dir) / ("attempt_" + std::to_string(attempt)) / std::to_string(lr);
-        std::error_code ec;
-        std::filesystem::create_directories(dir, ec);
-        TITAN_USER_CHECK(!ec, "cannot create the folder ", dir.string(), " for the workers' log files (--log-dir): ",
-                         ec.message());
-        for (int k = 0; k < 2; ++k) {
-          if (!(o.log_streams & (1 << k))) continue;
-          const std::string path = (dir / (k == 0 ? "stdout.log" : "stderr.log")).string();
-          logs[k].reset(std::fopen(path.c_str(), "w"), [](std::FILE* f) { if (f) std::fclose(f); });
-          TITAN_USER_CHECK(logs[k] != nullptr, "cannot write the worker's log file ", path, " (--log-dir): ",
-                           std::strerror(errno));
-        }
-      }
       spawn(w, exe, argv, worker_environment(vars));
       for (int k = 0; k < 2; ++k) {
-        w.streams[k].log = logs[k];
-        w.streams[k].console = !(o.redirect_streams & (1 << k));
+        w.streams[k].log = logs[lr][k];
+        w.streams[k].console = !((o.redirect_streams & ~o.tee_streams) & (1 << k));  // teed: shown as well
       }
     }
 

@@ -39,11 +39,14 @@ struct LaunchOptions {
   // SIGTERM: how long they have to save and exit before SIGKILL.
   double preemption_grace_seconds = 120;
   int max_restarts = 0;                    // times all workers are restarted after a failure
-  // torchrun's per-rank log files: each worker's stdout and stderr (every line, shown on the console
-  // or not) also go to <log_dir>/attempt_<n>/<local_rank>/stdout.log and stderr.log. Empty: none.
+  // torchrun's per-rank log files: the streams in log_streams (1 stdout, 2 stderr, 3 both) of each
+  // worker, every line, shown on the console or not, also go to
+  // <log_dir>/<run_id>_<unique>/attempt_<n>/<local_rank>/stdout.log and stderr.log (a folder of its own
+  // per launcher; log_dir empty: under $TMPDIR). log_streams 0: no files.
   std::string log_dir;
-  int log_streams = 3;                     // which streams go to the files: 1 stdout, 2 stderr, 3 both
-  int redirect_streams = 0;                // streams written only to the files, not to the console
+  int log_streams = 0;
+  int tee_streams = 0;                     // --tee: to the files and the console
+  int redirect_streams = 0;                // --redirects: to the files only (unless also teed)
   std::string role = "default";            // ROLE_NAME of the workers (torchrun's --role)
   std::string run_id = "none";             // TORCHELASTIC_RUN_ID of the workers (torchrun's --rdzv-id)
   std::vector<std::string> command;        // the titan command each worker runs, e.g. {"train", ...}

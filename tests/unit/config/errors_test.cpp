@@ -104,6 +104,11 @@ TEST(ConfigErrors, WrongTypeNamesKeyFileLineAndTypes) {
   EXPECT_NE(e.find("parallelism.enable_compiled_autograd at bad.toml:2:1: true is not supported: compiled autograd "
                    "is part of torch.compile"),
             std::string::npos) << e;
+  e = error_of_file("[experimental]\nenable_compiled_autograd = true\n");
+  EXPECT_NE(e.find("experimental.enable_compiled_autograd at bad.toml:2:1: true is not supported"), std::string::npos)
+      << e;
+  e = error_of_file("[training]\nenable_compiled_autograd = false\n");  // in a table it never was in
+  EXPECT_NE(e.find("did you mean [parallelism] enable_compiled_autograd?"), std::string::npos) << e;
   e = error_of_file("[float8]\nmoe_fqns_prototype = [\"experts\"]\n");
   EXPECT_NE(e.find("float8.moe_fqns_prototype at bad.toml:2:1: [\"experts\"] is not supported: float8 MoE experts "
                    "are converted by the \"quantize.grouped_mm.float8\" converter"),

@@ -17,6 +17,7 @@
 #include <set>
 #include <sstream>
 #include <sys/wait.h>
+#include <filesystem>
 #include <thread>
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -124,20 +125,32 @@ TEST(Launcher, SecondNodeOfTwoWithTorchrunSpellings) {
 // --log-dir: every line of every worker in torchrun's layout, shown on the console or not; --redirects
 // keeps a stream off the console; --role and --rdzv-id reach the workers.
 TEST(Launcher, LogDirHoldsEveryWorkersOutput) {
-  test::TempDir dir;
+  namespace fs = std::filesystem;
   auto read = [](const std::string& path) {
     std::ifstream in(path);
     return std::string((std::istreambuf_iterator<char>(in)), {});
   };
+  // The launcher's own folder under `base`: <run id>_<unique>, the only entry.
+  auto run_folder = [](const std::string& base, const std::string& run_id) {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(base)) names.push_back(e.path().filename().string());
+    EXPECT_EQ(names.size(), 1u) << ::testing::PrintToString(names);
+    EXPECT_TRUE(!names.empty() && names[0].rfind(run_id + "_", 0) == 0) << ::testing::PrintToString(names);
+    return names.empty() ? base : base + "/" + names[0];
+  };
+  test::TempDir dir;
   auto r = launch({"--nproc-per-node", "2", "--local-ranks-filter", "0", "--log-dir", dir.path(), "--role", "trainer",
                    "--rdzv-id", "job7", "--", "debug-worker", "--lines", "3", "--print-env"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(values(r.output, "env ROLE_NAME").at(0), "trainer");
   EXPECT_EQ(values(r.output, "env TORCHELASTIC_RUN_ID").at(0), "job7");
   EXPECT_EQ(count_lines_with(r.output, "[rank 1]: "), 0) << r.output;
+  const std::string run = run_folder(dir.path(), "job7");
+  EXPECT_NE(r.output.find("titan launch: the workers' output is also written under " + run), std::string::npos)
+      << r.output;
   for (int lr = 0; lr < 2; ++lr) {
-    const std::string out = read(dir / ("attempt_0/" + std::to_string(lr) + "/stdout.log"));
-    const std::string err = read(dir / ("attempt_0/" + std::to_string(lr) + "/stderr.log"));
+    const std::string out = read(run + "/attempt_0/" + std::to_string(lr) + "/stdout.log");
+    const std::string err = read(run + "/attempt_0/" + std::to_string(lr) + "/stderr.log");
     for (int i = 0; i < 3; ++i) {
       const std::string suffix = " line " + std::to_string(i) + " of rank " + std::to_string(lr) + "\n";
       EXPECT_NE(out.find("stdout" + suffix), std::string::npos) << out;
@@ -147,21 +160,34 @@ TEST(Launcher, LogDirHoldsEveryWorkersOutput) {
     EXPECT_NE(out.find("env RANK=" + std::to_string(lr) + "\n"), std::string::npos) << out;
     EXPECT_EQ(out.find("[rank"), std::string::npos) << out;  // the worker's own lines, unprefixed
   }
-  // --redirects 2: stderr only in the files; --tee 1 adds stdout's files.
-  test::TempDir quiet;
-  r = launch({"--nproc-per-node", "1", "--log-dir", quiet.path(), "--redirects", "2", "--tee", "1", "--",
-              "debug-worker", "--lines", "2"});
+  // --redirects 2: stderr only in the files; --tee 1 adds stdout's files; no --log-dir: under $TMPDIR.
+  test::TempDir tmp;
+  r = launch({"--nproc-per-node", "1", "--redirects", "2", "--tee", "1", "--", "debug-worker", "--lines", "2"},
+             {{"TMPDIR", tmp.path()}});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(count_lines_with(r.output, "[rank 0]: stderr"), 0) << r.output;
   EXPECT_EQ(count_lines_with(r.output, "[rank 0]: stdout"), 2) << r.output;
-  EXPECT_NE(read(quiet / "attempt_0/0/stderr.log").find("stderr line 1 of rank 0"), std::string::npos);
-  EXPECT_NE(read(quiet / "attempt_0/0/stdout.log").find("stdout line 1 of rank 0"), std::string::npos);
+  const std::string quiet = run_folder(tmp.path(), "none");
+  EXPECT_NE(read(quiet + "/attempt_0/0/stderr.log").find("stderr line 1 of rank 0"), std::string::npos);
+  EXPECT_NE(read(quiet + "/attempt_0/0/stdout.log").find("stdout line 1 of rank 0"), std::string::npos);
+  // A stream both teed and redirected is shown too (tee wins, as in torchrun).
+  test::TempDir both;
+  r = launch({"--nproc-per-node", "1", "--log-dir", both.path(), "--redirects", "3", "--tee", "2", "--",
+              "debug-worker", "--lines", "2"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(count_lines_with(r.output, "[rank 0]: stderr"), 2) << r.output;
+  EXPECT_EQ(count_lines_with(r.output, "[rank 0]: stdout"), 0) << r.output;
+  // A second launcher with the same --log-dir writes a folder of its own (nodes sharing a file system).
+  r = launch({"--nproc-per-node", "1", "--log-dir", dir.path(), "--rdzv-id", "job7", "--", "debug-worker"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  size_t folders = 0;
+  for (const auto& e : fs::directory_iterator(dir.path())) folders += e.is_directory();
+  EXPECT_EQ(folders, 2u);
   // A folder that cannot be made is named before any worker starts.
   std::ofstream(dir / "a-file") << "x";
-  r = launch({"--nproc-per-node", "1", "--log-dir", dir / "a-file/logs", "--", "debug-worker", "--print-pid"});
+  r = launch({"--nproc-per-node", "2", "--log-dir", dir / "a-file/logs", "--", "debug-worker", "--print-pid"});
   EXPECT_NE(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("cannot create the folder " + (dir / "a-file/logs/attempt_0/0") +
-                          " for the workers' log files (--log-dir)"),
+  EXPECT_NE(r.output.find("cannot create the folder " + (dir / "a-file/logs") + " for the workers' log files"),
             std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("pid="), std::string::npos) << r.output;
 }
@@ -531,8 +557,8 @@ TEST(LaunchOptions, Errors) {
       {{"--nproc-per-node", "2", "--rdzv-endpoint", "h0:0", "--", "train"}, "port 0 (any free port) works for one "
                                                                               "node on localhost only"},
       {{"--nproc-per-node", "2", "--rdzv-endpoint", ":29400", "--", "train"}, "names no host"},
-      {{"--nproc-per-node", "2", "--tee", "3", "--", "train"}, "--tee writes the workers' output to files: give "
-                                                                "--log-dir DIR as well"},
+      {{"--nproc-per-node", "2", "--rdzv-endpoint", "fe80::1", "--", "train"}, "write an IPv6 address in brackets"},
+      {{"--nproc-per-node", "2", "--rdzv-id", "a/b", "--", "train"}, "must be a non-empty name without '/'"},
       {{"--nproc-per-node", "2", "--log-dir", "d", "--redirects", "0:3,1:0", "--", "train"},
        "a value per local rank is not supported"},
       {{"--nproc-per-node", "2", "--log-dir", "d", "--tee", "4", "--", "train"}, "--tee takes 0 (none)"},
@@ -565,6 +591,7 @@ TEST(LaunchOptions, TorchrunRendezvousAndLogOptions) {
   EXPECT_EQ(o.master_port, 1234);
   o = parse_launch_options({"--nproc-per-node", "2", "--rdzv-endpoint", "localhost:0", "--", "train"});
   EXPECT_EQ(o.master_port, 0);
+  EXPECT_EQ(parse_launch_options({"--nproc-per-node", "2", "--", "train"}).log_streams, 0);  // no files
   o = parse_launch_options({"--nproc-per-node", "2", "--log-dir", "logs", "--", "train"});
   EXPECT_EQ(o.log_dir, "logs");
   EXPECT_EQ(o.log_streams, 3);
@@ -574,9 +601,14 @@ TEST(LaunchOptions, TorchrunRendezvousAndLogOptions) {
   o = parse_launch_options({"--nproc-per-node", "2", "--log-dir", "logs", "--redirects", "2", "--", "train"});
   EXPECT_EQ(o.log_streams, 2);
   EXPECT_EQ(o.redirect_streams, 2);
-  o = parse_launch_options({"--nproc-per-node", "2", "--log-dir", "logs", "--tee", "1", "--redirects", "2", "--",
-                            "train"});
+  o = parse_launch_options({"--nproc-per-node", "2", "--log-dir", "logs", "--tee", "0", "--", "train"});
+  EXPECT_EQ(o.log_streams, 0);
+  // torchtitan's run_train.sh line: --tee without --log-dir (files under $TMPDIR, as torchrun's).
+  o = parse_launch_options({"--nproc_per_node=2", "--rdzv_backend", "c10d", "--rdzv_endpoint=localhost:0",
+                            "--local-ranks-filter", "0", "--role", "rank", "--tee", "3", "train"});
+  EXPECT_TRUE(o.log_dir.empty());
   EXPECT_EQ(o.log_streams, 3);
+  EXPECT_EQ(o.tee_streams, 3);
 }
 
 TEST(LaunchOptions, LogRankEnvironment) {

@@ -501,7 +501,7 @@ TEST(TitanEstimate, ReadsTheSeeds8BFile) {
 // reads back to the same config; what titan train would refuse is refused with the same words.
 TEST(TitanCli, ConfigPrintsTheResolvedConfig) {
   const std::string older = kSource + "/tests/unit/config/fixtures/torchtitan_2024_2025_keys.toml";
-  auto r = test::run_process({kTitan, "config", "--job.config_file", older, "--training.steps", "7"});
+  auto r = test::run_process({kTitan, "config", "--world-size", "4", "--job.config_file", older, "--training.steps", "7"});
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const size_t start = r.output.find("# Resolved titan config");
   ASSERT_NE(start, std::string::npos) << r.output;
@@ -516,6 +516,19 @@ TEST(TitanCli, ConfigPrintsTheResolvedConfig) {
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("titan config: error: "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("compile.enable"), std::string::npos) << r.output;
+  // The layout over --world-size ranks, and the batch it splits, as titan train checks them.
+  r = test::run_process({kTitan, "config", "--world-size", "8", "--parallelism.tensor_parallel_degree", "3"});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("world size 8 is not divisible"), std::string::npos) << r.output;
+  r = test::run_process({kTitan, "config", "--world-size", "4", "--training.local_batch_size", "8",
+                         "--training.global_batch_size", "48"});
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("training.global_batch_size 48 is not a multiple of local_batch_size 8 x data-parallel "
+                          "degree 4"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(test::run_process({kTitan, "config", "--world-size", "4", "--training.global_batch_size", "64"}).exit_code,
+            0);
   r = test::run_process({kTitan, "config", "--world-size", "4x"});
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("--world-size takes a positive number of ranks, not '4x'"), std::string::npos) << r.output;
