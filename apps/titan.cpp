@@ -196,11 +196,7 @@ int run_config(std::vector<std::string> args) {
                                        p.context_parallel_degree, p.tensor_parallel_degree,
                                        p.pipeline_parallel_degree, world, p.expert_parallel_degree);
   titan::check_supported(cfg, world);
-  const auto& tr = cfg.training;
-  const int64_t dp = dims.dp_size();
-  const int64_t global_batch = tr.global_batch_size < 0 ? tr.local_batch_size * dp : tr.global_batch_size;
-  TITAN_USER_CHECK(global_batch % (tr.local_batch_size * dp) == 0, "training.global_batch_size ", global_batch,
-                   " is not a multiple of local_batch_size ", tr.local_batch_size, " x data-parallel degree ", dp);
+  (void)titan::global_batch_size(cfg, dims.dp_size());
   for (const auto& w : titan::config_warnings(cfg)) std::fprintf(stderr, "titan config: warning: %s\n", w.c_str());
   std::cout << titan::to_toml(cfg);
   return 0;

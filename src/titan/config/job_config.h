@@ -97,6 +97,11 @@ std::string to_toml(const JobConfig& cfg);
 // Throws titan::UserError naming the key. parse_config calls it.
 void validate_config(const JobConfig& cfg);
 
+// The global batch in sequences over `dp_degree` data-parallel ranks (training.global_batch_size, or
+// -1: local_batch_size x dp_degree); throws titan::UserError unless it is a whole number of
+// local batches on every rank (the gradient accumulation steps).
+int64_t global_batch_size(const JobConfig& cfg, int64_t dp_degree);
+
 // Settings that are legal but worth telling the user about (e.g. warmup longer than the run,
 // which the schedule clamps as torchtitan does).
 std::vector<std::string> config_warnings(const JobConfig& cfg);

@@ -135,6 +135,15 @@ void validate_config(const JobConfig& cfg) {
   positive(cfg.comm.train_timeout_seconds, "comm.train_timeout_seconds");
 }
 
+int64_t global_batch_size(const JobConfig& cfg, int64_t dp_degree) {
+  const auto& tr = cfg.training;
+  const int64_t global_batch = tr.global_batch_size < 0 ? tr.local_batch_size * dp_degree : tr.global_batch_size;
+  TITAN_USER_CHECK(global_batch % (tr.local_batch_size * dp_degree) == 0, "training.global_batch_size ", global_batch,
+                   " is not a multiple of local_batch_size ", tr.local_batch_size, " x data-parallel degree ",
+                   dp_degree);
+  return global_batch;
+}
+
 std::vector<std::string> config_warnings(const JobConfig& cfg) {
   std::vector<std::string> out;
   const int64_t total = schedule_steps(cfg);

@@ -180,7 +180,7 @@ Trainer::Trainer(JobConfig cfg, const std::function<void()>& preflight) : cfg_(s
   // ---- data: each data-parallel rank reads its local_batch_size part of every global batch, in
   // gradient_accumulation_steps micro-batches
   const int64_t dp = dims_->dp_size();
-  const int64_t global_batch = tr.global_batch_size < 0 ? tr.local_batch_size * dp : tr.global_batch_size;
+  const int64_t global_batch = global_batch_size(cfg_, dp);
   grad_accum_steps_ = global_batch / (tr.local_batch_size * dp);
   set_up_moe_aux_loss();
   data::DataConfig dc = data::data_config(tr, (*mesh_)["dp"].rank(), static_cast<int>(dp));
@@ -384,10 +384,7 @@ void Trainer::check_before_build() {
     }
   }
   {
-    const int64_t dp = dims_->dp_size();
-    const int64_t global_batch = tr.global_batch_size < 0 ? tr.local_batch_size * dp : tr.global_batch_size;
-    TITAN_USER_CHECK(global_batch % (tr.local_batch_size * dp) == 0, "training.global_batch_size ", global_batch,
-                     " is not a multiple of local_batch_size ", tr.local_batch_size, " x data-parallel degree ", dp);
+    (void)global_batch_size(cfg_, dims_->dp_size());  // a whole number of local batches per rank
     const auto& c = cfg_.checkpoint;
     std::error_code ec;
     // The output folders can be written (a probe file of this rank's own): a run that cannot save its
