@@ -3,7 +3,9 @@
 Builds torch.distributed.pipelining's schedule classes over stand-in stages (only the attributes
 the schedules read: stage_index, num_stages, group_size, group_rank, submod), no process group,
 and prints {"<name> pp=<P> spr=<S> m=<M>": {"<rank>": [cell, ...]}} as JSON: each rank's compute
-actions in order, "" for an idle slot, communication actions (REDUCE_GRAD) left out.
+actions in order, "" for an idle slot, communication actions (REDUCE_GRAD) left out. DualPipeV's
+overlapped forward + backward (OVERLAP_F_B) is written as its two actions in the order PyTorch's
+runtime runs them (the forward, then the backward).
 """
 import json
 
@@ -35,7 +37,15 @@ def order(cls, pp, spr, m, v_shape=False):
         stages = [_stage(i, n, pp, rank) for i in indices]
         schedule = cls(stages[0], m) if spr == 1 else cls(stages, m)
         po = schedule.pipeline_order if hasattr(schedule, "pipeline_order") else schedule._get_pipeline_order()
-        out[str(rank)] = [("" if a is None else str(a)) for a in po[rank] if a is None or "REDUCE" not in str(a)]
+        cells = []
+        for a in po[rank]:
+            if a is None:
+                cells.append("")
+            elif getattr(a, "sub_actions", None):
+                cells.extend(str(sub) for sub in a.sub_actions)
+            elif "REDUCE" not in str(a):
+                cells.append(str(a))
+        out[str(rank)] = cells
     return out
 
 
@@ -48,6 +58,13 @@ def main():
             result[f"Interleaved1F1B pp={pp} spr=2 m={m}"] = order(S.ScheduleInterleaved1F1B, pp, 2, m)
             result[f"InterleavedZeroBubble pp={pp} spr=2 m={m}"] = order(S.ScheduleInterleavedZeroBubble, pp, 2, m)
             result[f"ZBVZeroBubble pp={pp} spr=2 m={m}"] = order(S.ScheduleZBVZeroBubble, pp, 2, m, v_shape=True)
+            result[f"LoopedBFS pp={pp} spr=2 m={m}"] = order(S.ScheduleLoopedBFS, pp, 2, m)
+            if m >= 2 * pp:  # DualPipeV refuses fewer microbatches than stages
+                result[f"DualPipeV pp={pp} spr=2 m={m}"] = order(S.ScheduleDualPipeV, pp, 2, m, v_shape=True)
+    for pp, m in ((1, 2), (1, 5), (3, 6), (3, 7), (3, 11)):
+        result[f"DualPipeV pp={pp} spr=2 m={m}"] = order(S.ScheduleDualPipeV, pp, 2, m, v_shape=True)
+    for pp, spr, m in ((3, 3, 5), (1, 3, 2)):
+        result[f"LoopedBFS pp={pp} spr={spr} m={m}"] = order(S.ScheduleLoopedBFS, pp, spr, m)
     print(json.dumps(result))
 
 

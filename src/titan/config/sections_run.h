@@ -129,7 +129,7 @@ struct Parallelism {
       "layers fewer in the first stage, which also holds the embedding");
     v(pipeline_parallel_last_stage_less_layers, "pipeline_parallel_last_stage_less_layers",
       "layers fewer in the last stage, which also holds the output projection");
-    v(pipeline_parallel_schedule, "pipeline_parallel_schedule", "schedule, e.g. 1F1B, GPipe, Interleaved1F1B");
+    v(pipeline_parallel_schedule, "pipeline_parallel_schedule", "schedule: GPipe, 1F1B, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, ZBVZeroBubble or DualPipeV");
     v(pipeline_parallel_schedule_csv, "pipeline_parallel_schedule_csv", "schedule read from a CSV file");
     v(pipeline_parallel_microbatch_size, "pipeline_parallel_microbatch_size",
       "sequences per microbatch; local_batch_size must be a multiple");

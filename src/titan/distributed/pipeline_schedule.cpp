@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <deque>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -177,6 +178,88 @@ PipelineOrder zbv_order(int pp, int microbatches) {
   return order;
 }
 
+PipelineOrder looped_bfs_order(int pp, int local_stages, int microbatches) {
+  TITAN_USER_CHECK(pp >= 1 && local_stages >= 1 && microbatches >= 1,
+                   "LoopedBFS needs at least one rank, one stage per rank and one microbatch");
+  PipelineOrder order(pp);
+  for (int r = 0; r < pp; ++r) {
+    // Breadth first: every microbatch through one local stage before the next; then the backwards
+    // from the last local stage back, the latest microbatch first.
+    for (int k = 0; k < local_stages; ++k)
+      for (int m = 0; m < microbatches; ++m) order[r].push_back(PipeAction{k * pp + r, PipeOp::Forward, m});
+    for (int k = local_stages - 1; k >= 0; --k)
+      for (int m = microbatches - 1; m >= 0; --m) order[r].push_back(PipeAction{k * pp + r, PipeOp::Backward, m});
+  }
+  return order;
+}
+
+PipelineOrder dualpipev_order(int pp, int microbatches) {
+  TITAN_USER_CHECK(pp >= 1, "DualPipeV needs at least one rank");
+  TITAN_USER_CHECK(microbatches >= 2 * pp, "DualPipeV needs at least as many microbatches as stages (2 x ", pp,
+                   " pipeline ranks = ", 2 * pp, "), but a step has ", microbatches,
+                   ": lower parallelism.pipeline_parallel_microbatch_size or raise training.local_batch_size");
+  PipelineOrder order(pp);
+  for (int r = 0; r < pp; ++r) {
+    const int down = r, up = 2 * pp - 1 - r;  // the V, as ZBVZeroBubble
+    std::map<int, int> next_forward, next_backward;  // per stage: its next microbatch
+    std::deque<PipeAction> weights_due;             // the W of each I, in the order of the Is
+    auto& row = order[r];
+    auto F = [&](int stage) { row.push_back(PipeAction{stage, PipeOp::Forward, next_forward[stage]++}); };
+    auto B = [&](int stage) { row.push_back(PipeAction{stage, PipeOp::Backward, next_backward[stage]++}); };
+    auto I = [&](int stage) {
+      row.push_back(PipeAction{stage, PipeOp::BackwardInput, next_backward[stage]++});
+      weights_due.push_back(PipeAction{stage, PipeOp::BackwardWeight, row.back()->microbatch});
+    };
+    auto W = [&] {
+      if (weights_due.empty()) return;
+      row.push_back(weights_due.front());
+      weights_due.pop_front();
+    };
+    const int below = pp - 1 - r;  // ranks after this one on the way down
+    // Warm-up: fill the way down, then forwards down and up in turn, then the first way-up
+    // microbatches' backward at once, split (I, then the W of the oldest I) so that W fills the gap.
+    for (int k = 0; k < 2 * below; ++k) F(down);
+    for (int k = 0; k <= r; ++k) {
+      F(down);
+      F(up);
+    }
+    for (int k = 0; k < below; ++k) {
+      I(up);
+      W();
+      F(up);
+    }
+    // Steady state: pairs of one stage's forward with the other's backward (DualPipe overlaps the two
+    // halves of a pair; here they run one after the other, forward first, as PyTorch's runtime does
+    // without an overlap function).
+    for (int k = 0; k < microbatches - 2 * pp + r + 1; ++k) {
+      F(down);
+      B(up);
+      F(up);
+      B(down);
+    }
+    for (int k = 0; k < below; ++k) {
+      B(up);
+      F(up);
+      B(down);
+    }
+    // Cool-down: the last backwards, split into I and W from the middle one on (odd ranks switch one
+    // action earlier), and the deferred Ws fill the end.
+    bool split = false;
+    for (int k = 0; k <= r; ++k) {
+      if (k == (r + 1) / 2 && r % 2 == 1) split = true;
+      split ? I(up) : B(up);
+      if (k == (r + 1) / 2 && r % 2 == 0) split = true;
+      split ? I(down) : B(down);
+    }
+    for (int k = 0; k < below; ++k) {
+      W();
+      I(down);
+    }
+    while (!weights_due.empty()) W();
+  }
+  return order;
+}
+
 PipelineOrder schedule_by_name(const std::string& name_in, int pp, int stages_per_rank, int microbatches) {
   std::string name = name_in;
   for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -184,7 +267,8 @@ PipelineOrder schedule_by_name(const std::string& name_in, int pp, int stages_pe
     TITAN_USER_CHECK(stages_per_rank == stages, "parallelism.pipeline_parallel_schedule ", name_in, " runs ", which,
                      " per rank, but the split gives ", stages_per_rank, " (set pipeline_parallel_layers_per_stage or "
                      "pipeline_parallel_split_points accordingly, or choose ",
-                     stages == 1 ? "Interleaved1F1B or InterleavedZeroBubble" : "GPipe or 1F1B", ")");
+                     stages_per_rank == 1 ? "GPipe or 1F1B" : "Interleaved1F1B, LoopedBFS or InterleavedZeroBubble",
+                     ")");
   };
   if (name == "gpipe") {
     need(1, "one stage");
@@ -196,13 +280,18 @@ PipelineOrder schedule_by_name(const std::string& name_in, int pp, int stages_pe
   }
   if (name == "interleaved1f1b") return interleaved_order(pp, stages_per_rank, microbatches, false);
   if (name == "interleavedzerobubble") return interleaved_order(pp, stages_per_rank, microbatches, true);
+  if (name == "loopedbfs") return looped_bfs_order(pp, stages_per_rank, microbatches);
   if (name == "zbvzerobubble") {
     need(2, "two stages");
     return zbv_order(pp, microbatches);
   }
+  if (name == "dualpipev") {
+    need(2, "two stages");
+    return dualpipev_order(pp, microbatches);
+  }
   throw UserError("unknown parallelism.pipeline_parallel_schedule '" + name_in + "': titan runs GPipe, 1F1B, "
-                  "Interleaved1F1B, InterleavedZeroBubble and ZBVZeroBubble, and any schedule in a CSV file "
-                  "(parallelism.pipeline_parallel_schedule_csv)");
+                  "Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, ZBVZeroBubble and DualPipeV, and any "
+                  "schedule in a CSV file (parallelism.pipeline_parallel_schedule_csv)");
 }
 
 double ScheduleTiming::bubble_fraction() const {

@@ -1,6 +1,6 @@
 // Pipeline schedules as data: for every pipeline rank, the ordered list of compute actions it runs
-// in one training step. A schedule is generated (GPipe, 1F1B, Interleaved1F1B, InterleavedZeroBubble,
-// ZBVZeroBubble) or read from a CSV file in PyTorch's
+// in one training step. A schedule is generated (GPipe, 1F1B, Interleaved1F1B, LoopedBFS,
+// InterleavedZeroBubble, ZBVZeroBubble, DualPipeV) or read from a CSV file in PyTorch's
 // compute-only format (torchtitan's parallelism.pipeline_parallel_schedule_csv), and checked before
 // anything runs: every stage's forward and backward of every microbatch exactly once, each stage on
 // one rank, and an order that cannot deadlock (a simulation of all ranks, each waiting for the
@@ -48,14 +48,23 @@ PipelineOrder one_f_one_b_order(int pp, int microbatches);
 // per rank (idle slots are not generated: the order is what runs). Microbatches are taken in rounds
 // of max(1, microbatches / pp); microbatches must be a multiple of the number of rounds.
 PipelineOrder interleaved_order(int pp, int local_stages, int microbatches, bool zero_bubble);
+// Several stages per rank, looped, breadth first: every microbatch's forward through a local stage
+// before the next local stage, then the backwards from the last local stage back, each local stage's
+// microbatches last to first. PyTorch's ScheduleLoopedBFS, the same actions in the same order per rank.
+PipelineOrder looped_bfs_order(int pp, int local_stages, int microbatches);
 // Two stages per rank in a V (rank r holds stages r and 2 pp - 1 - r), backward split into I and W:
 // PyTorch's ScheduleZBVZeroBubble, the same actions in the same order per rank.
 PipelineOrder zbv_order(int pp, int microbatches);
+// Two stages per rank in a V: DeepSeek's DualPipeV as PyTorch's ScheduleDualPipeV lays it out, the
+// same actions in the same order per rank, each of its overlapped pairs (one stage's forward with the
+// other's full backward) written as the forward then the backward. Needs at least 2 pp microbatches.
+PipelineOrder dualpipev_order(int pp, int microbatches);
 
 // The schedule named by torchtitan's parallelism.pipeline_parallel_schedule (GPipe, 1F1B,
-// Interleaved1F1B, InterleavedZeroBubble, ZBVZeroBubble; case-insensitive) for `pp` ranks holding
-// `stages_per_rank` stages each. A name, or a number of stages per rank the schedule cannot run
-// (GPipe and 1F1B one, ZBVZeroBubble two), is a UserError that says what to change.
+// Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, ZBVZeroBubble, DualPipeV; case-insensitive) for
+// `pp` ranks holding `stages_per_rank` stages each. A name, or a number of stages per rank the
+// schedule cannot run (GPipe and 1F1B one, ZBVZeroBubble and DualPipeV two), is a UserError that says
+// what to change.
 PipelineOrder schedule_by_name(const std::string& name, int pp, int stages_per_rank, int microbatches);
 
 // The time one step of a schedule takes when every action of a kind costs the same and messages

@@ -49,7 +49,8 @@ std::vector<std::vector<std::string>> pipeline_split(int64_t num_stages, int64_t
 namespace {
 bool multi_stage_schedule(std::string name) {
   for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return name == "interleaved1f1b" || name == "interleavedzerobubble" || name == "zbvzerobubble";
+  return name == "interleaved1f1b" || name == "loopedbfs" || name == "interleavedzerobubble" ||
+         name == "zbvzerobubble" || name == "dualpipev";
 }
 }  // namespace
 

@@ -29,6 +29,16 @@ TEST(PipelineComm, EveryBuiltInScheduleIsSafeUnderNcclOrderMatching) {
       EXPECT_EQ(error_of([&] { check_order_matching(communication_plan(one_f_one_b_order(pp, m), pp)); }), "") << "1F1B";
       EXPECT_EQ(error_of([&] { check_order_matching(communication_plan(zbv_order(pp, m), 2 * pp)); }), "") << "ZBV";
       checked += 3;
+      for (int spr : {2, 3}) {
+        EXPECT_EQ(error_of([&] { check_order_matching(communication_plan(looped_bfs_order(pp, spr, m), pp * spr)); }), "")
+            << "LoopedBFS spr " << spr;
+        ++checked;
+      }
+      if (m >= 2 * pp) {
+        EXPECT_EQ(error_of([&] { check_order_matching(communication_plan(dualpipev_order(pp, m), 2 * pp)); }), "")
+            << "DualPipeV";
+        ++checked;
+      }
       if (m % std::max(1, m / pp) != 0) continue;
       for (int spr : {2, 3})
         for (bool zb : {false, true}) {
@@ -38,7 +48,7 @@ TEST(PipelineComm, EveryBuiltInScheduleIsSafeUnderNcclOrderMatching) {
           ++checked;
         }
     }
-  EXPECT_GT(checked, 100);
+  EXPECT_GT(checked, 180);
 }
 
 // The plan posts every message once, alone, and both sides of every pair in one order: 1F1B at pp 2,

@@ -141,6 +141,72 @@ TEST(PipelineSchedule, ZbvIsPyTorchs) {
     for (int m : {1, 2, 5, 7}) EXPECT_NO_THROW(check_schedule(zbv_order(pp, m), 2 * pp, m)) << pp << " " << m;
 }
 
+// LoopedBFS: every rank's actions in PyTorch's order (its idle slots left out), with 2 and 3 stages
+// per rank and one rank.
+TEST(PipelineSchedule, LoopedBfsIsPyTorchs) {
+  int checked = 0;
+  for (const auto& [name, ref] : pytorch_orders().items()) {
+    std::smatch m;
+    if (!std::regex_match(name, m, std::regex("LoopedBFS pp=(\\d+) spr=(\\d+) m=(\\d+)"))) continue;
+    SCOPED_TRACE(name);
+    const int pp = std::stoi(m[1]), spr = std::stoi(m[2]), microbatches = std::stoi(m[3]);
+    const PipelineOrder ours = looped_bfs_order(pp, spr, microbatches);
+    ASSERT_EQ(ours.size(), static_cast<size_t>(pp));
+    for (int r = 0; r < pp; ++r) EXPECT_EQ(cells(ours[r]), actions_of(ref.at(std::to_string(r)))) << "rank " << r;
+    EXPECT_NO_THROW(check_schedule(ours, pp * spr, microbatches));
+    ++checked;
+  }
+  EXPECT_EQ(checked, 6);
+  // Breadth first holds every microbatch's activations of every local stage at the turn.
+  const PipelineOrder bfs = looped_bfs_order(4, 2, 8);
+  int alive = 0, most = 0;
+  for (const auto& a : bfs[0]) {
+    alive += a->op == PipeOp::Forward ? 1 : -1;
+    most = std::max(most, alive);
+  }
+  EXPECT_EQ(most, 16);
+}
+
+// DualPipeV: PyTorch's order with each overlapped pair written forward then backward, from one to
+// four ranks and with more microbatches than the pattern's minimum; fewer than 2 pp microbatches
+// (which PyTorch refuses) is a clear error.
+TEST(PipelineSchedule, DualPipeVIsPyTorchs) {
+  int checked = 0;
+  for (const auto& [name, ref] : pytorch_orders().items()) {
+    std::smatch m;
+    if (!std::regex_match(name, m, std::regex("DualPipeV pp=(\\d+) spr=2 m=(\\d+)"))) continue;
+    SCOPED_TRACE(name);
+    const int pp = std::stoi(m[1]), microbatches = std::stoi(m[2]);
+    const PipelineOrder ours = dualpipev_order(pp, microbatches);
+    ASSERT_EQ(ours.size(), static_cast<size_t>(pp));
+    for (int r = 0; r < pp; ++r) EXPECT_EQ(cells(ours[r]), actions_of(ref.at(std::to_string(r)))) << "rank " << r;
+    EXPECT_NO_THROW(check_schedule(ours, 2 * pp, microbatches));
+    ++checked;
+  }
+  EXPECT_EQ(checked, 8);
+  // Every rank holds at most 2 pp + 1 microbatches' activations of its half-size stages (ZBV: 2 pp).
+  auto most_in_flight = [](const std::vector<std::optional<PipeAction>>& row) {
+    int alive = 0, most = 0;
+    for (const auto& a : row) {
+      alive += a->op == PipeOp::Forward ? 1 : a->op == PipeOp::BackwardInput ? 0 : -1;
+      most = std::max(most, alive);
+    }
+    return most;
+  };
+  for (int pp : {3, 4}) {
+    const PipelineOrder dual = dualpipev_order(pp, 4 * pp - 1), zbv = zbv_order(pp, 4 * pp - 1);
+    for (int r = 0; r < pp; ++r) {
+      EXPECT_EQ(most_in_flight(dual[r]), 2 * pp + 1) << "pp " << pp << " rank " << r;
+      EXPECT_EQ(most_in_flight(zbv[r]), 2 * pp) << "pp " << pp << " rank " << r;
+    }
+  }
+  for (int pp : {2, 5, 8})
+    for (int m : {2 * pp, 2 * pp + 1, 4 * pp}) EXPECT_NO_THROW(check_schedule(dualpipev_order(pp, m), 2 * pp, m)) << pp << " " << m;
+  EXPECT_NE(error_of([] { dualpipev_order(4, 7); }).find("DualPipeV needs at least as many microbatches as stages (2 x 4 "
+                                                         "pipeline ranks = 8), but a step has 7"),
+            std::string::npos);
+}
+
 // The schedules' bubbles, from a simulation with equal forward costs and backward = 2 forwards, against
 // the textbook figures: GPipe and 1F1B idle (p - 1) / (m + p - 1) of the step; interleaving v stages
 // per rank divides the fill and drain by v: (p - 1) / (v m + p - 1) (m a multiple of p); the
@@ -158,9 +224,14 @@ TEST(PipelineSchedule, SimulatedBubblesAreTheTextbookOnes) {
       }
       const ScheduleTiming inter = simulate_schedule(interleaved_order(p, 2, m, false), 2 * p, {0.5, 1.0, 0.5, 0.5});
       EXPECT_NEAR(inter.bubble_fraction(), static_cast<double>(p - 1) / (2 * m + p - 1), 1e-12);
+      // Breadth first idles as interleaving does: (p - 1) / (v m + p - 1).
+      const ScheduleTiming bfs = simulate_schedule(looped_bfs_order(p, 2, m), 2 * p, {0.5, 1.0, 0.5, 0.5});
+      EXPECT_NEAR(bfs.bubble_fraction(), static_cast<double>(p - 1) / (2 * m + p - 1), 1e-12);
       const ActionCosts equal{1, 2, 1, 1};
       const double one_f_one_b = simulate_schedule(one_f_one_b_order(p, m), p, equal).bubble_fraction();
-      for (const auto& order : {interleaved_order(p, 2, m, true), zbv_order(p, m)}) {
+      std::vector<PipelineOrder> zero_bubble = {interleaved_order(p, 2, m, true), zbv_order(p, m)};
+      if (m >= 2 * p) zero_bubble.push_back(dualpipev_order(p, m));
+      for (const auto& order : zero_bubble) {
         const double zb = simulate_schedule(order, 2 * p, {0.5, 1.0, 0.5, 0.5}).bubble_fraction();
         EXPECT_LT(zb, one_f_one_b);
       }
@@ -175,11 +246,21 @@ TEST(PipelineSchedule, ByNameWithTorchtitansNames) {
   EXPECT_EQ(cells(schedule_by_name("Interleaved1F1B", 2, 3, 4)[0]), cells(interleaved_order(2, 3, 4, false)[0]));
   EXPECT_EQ(cells(schedule_by_name("InterleavedZeroBubble", 2, 2, 4)[1]), cells(interleaved_order(2, 2, 4, true)[1]));
   EXPECT_EQ(cells(schedule_by_name("ZBVZeroBubble", 2, 2, 4)[0]), cells(zbv_order(2, 4)[0]));
+  EXPECT_EQ(cells(schedule_by_name("LoopedBFS", 2, 3, 4)[1]), cells(looped_bfs_order(2, 3, 4)[1]));
+  EXPECT_EQ(cells(schedule_by_name("dualpipev", 2, 2, 4)[0]), cells(dualpipev_order(2, 4)[0]));
   EXPECT_NE(error_of([] { schedule_by_name("1F1B", 2, 2, 4); }).find("runs one stage per rank, but the split gives 2"),
             std::string::npos);
   EXPECT_NE(error_of([] { schedule_by_name("ZBVZeroBubble", 2, 1, 4); }).find("runs two stages per rank"), std::string::npos);
-  EXPECT_NE(error_of([] { schedule_by_name("DualPipeV", 2, 2, 4); }).find("unknown parallelism.pipeline_parallel_schedule "
-                                                                         "'DualPipeV'"),
+  EXPECT_NE(error_of([] { schedule_by_name("DualPipeV", 2, 3, 6); }).find("runs two stages per rank, but the split "
+                                                                         "gives 3 (set pipeline_parallel_layers_per_stage or "
+                                                                         "pipeline_parallel_split_points accordingly, or "
+                                                                         "choose Interleaved1F1B, LoopedBFS or "
+                                                                         "InterleavedZeroBubble)"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { schedule_by_name("BFS", 2, 2, 4); }).find("unknown parallelism.pipeline_parallel_schedule "
+                                                                   "'BFS': titan runs GPipe, 1F1B, Interleaved1F1B, "
+                                                                   "LoopedBFS, InterleavedZeroBubble, ZBVZeroBubble and "
+                                                                   "DualPipeV"),
             std::string::npos);
 }
 
@@ -199,14 +280,14 @@ TEST(PipelineSchedule, PyTorchsInterleavedAndZeroBubbleSchedulesRoundTripAndPass
     for (size_t r = 0; r < order.size(); ++r) EXPECT_EQ(cells(again[r]), cells(order[r]));
     EXPECT_NO_THROW(check_schedule(order, stages, microbatches));
     const auto ranks_of = stage_ranks(order, stages);
-    if (name.rfind("ZBV", 0) == 0) {
+    if (name.rfind("ZBV", 0) == 0 || name.rfind("DualPipeV", 0) == 0) {
       for (int s = 0; s < stages; ++s) EXPECT_EQ(ranks_of[s], s < pp ? s : stages - 1 - s) << "V shape";
     } else {
       for (int s = 0; s < stages; ++s) EXPECT_EQ(ranks_of[s], s % pp) << "looped";
     }
     ++checked;
   }
-  EXPECT_EQ(checked, 12);
+  EXPECT_EQ(checked, 26);
 }
 
 TEST(PipelineSchedule, BadSchedulesAreClearErrors) {

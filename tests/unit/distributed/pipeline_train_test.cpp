@@ -105,7 +105,8 @@ void check_schedule_runs(const std::string& schedule) {
     test::TempDir dir;
     Result r = run(pp, pp_args(dir, pp, schedule), dir);
     expect_same_training(r.weights);
-    const bool multi = schedule.find("Interleaved") != std::string::npos || schedule == "ZBVZeroBubble";
+    const bool multi = schedule.find("Interleaved") != std::string::npos || schedule == "ZBVZeroBubble" ||
+                       schedule == "LoopedBFS" || schedule == "DualPipeV";
     const int stages = pp * (multi ? 2 : 1);
     expect_pipeline_bytes(r, dist::schedule_by_name(schedule, pp, stages / pp, 8), stages, 8,
                           int64_t{1} * kSeq * kDim * 4, pp, 1);
@@ -121,6 +122,8 @@ TEST(PipelineTrain, OneFOneB) { check_schedule_runs("1F1B"); }
 TEST(PipelineTrain, Interleaved1F1B) { check_schedule_runs("Interleaved1F1B"); }
 TEST(PipelineTrain, InterleavedZeroBubble) { check_schedule_runs("InterleavedZeroBubble"); }
 TEST(PipelineTrain, ZBVZeroBubble) { check_schedule_runs("ZBVZeroBubble"); }
+TEST(PipelineTrain, LoopedBFS) { check_schedule_runs("LoopedBFS"); }
+TEST(PipelineTrain, DualPipeV) { check_schedule_runs("DualPipeV"); }
 
 // A schedule read from a CSV file: two stages per rank (looped), backward split into I and W with
 // the weight passes last, idle slots included; 2 microbatches of 4 sequences.
