@@ -142,7 +142,13 @@ void Layer::assign_legacy(const LegacyKey& legacy, const std::string& where, con
     case LegacyKind::NoEffect: {
       bool flag = false;
       int64_t number = 0;
-      store(std::string(legacy.target) == "bool" ? as_written(&flag) : as_written(&number));
+      double real = 0;
+      std::string text;
+      const std::string type = legacy.target;
+      TITAN_ASSERT(type == "bool" || type == "int" || type == "float" || type == "string",
+                   "older-key table: unknown value type ", type);
+      store(type == "bool" ? as_written(&flag) : type == "int" ? as_written(&number)
+                           : type == "float" ? as_written(&real) : as_written(&text));
       return;
     }
   }

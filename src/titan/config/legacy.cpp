@@ -4,6 +4,20 @@
 
 namespace titan::config {
 
+namespace {
+
+constexpr const char* kInProcessLoader =
+    "titan reads and tokenizes its data in C++ inside the training process (no Python worker processes to start, "
+    "keep or prefetch with)";
+constexpr const char* kPinned = "on CUDA titan always copies batches to the GPU from pinned memory, asynchronously";
+constexpr const char* kEstimate =
+    "read by torchtitan's separate memory-estimation script; titan's is `titan estimate` (a dry run of the step "
+    "on the meta device)";
+constexpr const char* kFaultTolerance =
+    "used only by fault-tolerant training (fault_tolerance.enable), which titan does not support";
+
+}  // namespace
+
 const std::vector<LegacyKey>& legacy_keys() {
   using K = LegacyKind;
   static const std::vector<LegacyKey> keys = {
@@ -74,6 +88,41 @@ const std::vector<LegacyKey>& legacy_keys() {
       {"float8", "moe_fqns_prototype", K::EmptyOnly, "",
        "float8 MoE experts are converted by the \"quantize.grouped_mm.float8\" converter: add it to model.converters "
        "and name the experts in quantize.grouped_mm.float8.fqns"},
+      // torchtitan 0.2's keys for what titan has in another form or not at all.
+      {"training.dataloader", "num_workers", K::NoEffect, "int", kInProcessLoader},
+      {"training.dataloader", "persistent_workers", K::NoEffect, "bool", kInProcessLoader},
+      {"training.dataloader", "prefetch_factor", K::NoEffect, "int", kInProcessLoader},
+      {"training.dataloader", "pin_memory", K::NoEffect, "bool", kPinned},
+      {"validation.dataloader", "num_workers", K::NoEffect, "int", kInProcessLoader},
+      {"validation.dataloader", "persistent_workers", K::NoEffect, "bool", kInProcessLoader},
+      {"validation.dataloader", "prefetch_factor", K::NoEffect, "int", kInProcessLoader},
+      {"validation.dataloader", "pin_memory", K::NoEffect, "bool", kPinned},
+      {"memory_estimation", "enable", K::NoEffect, "bool", kEstimate},
+      {"memory_estimation", "enabled", K::NoEffect, "bool", kEstimate},
+      {"memory_estimation", "disable_fake_mode", K::NoEffect, "bool", kEstimate},
+      {"activation_checkpoint", "early_stop", K::OffOnly, "",
+       "titan's recomputation runs a checkpointed block's whole body (less the operations a per-operator policy "
+       "kept); it does not stop once the saved tensors are rematerialized"},
+      {"activation_checkpoint", "debug", K::OffOnly, "",
+       "torch.utils.checkpoint's debug capture of the recomputed operators does not exist in titan"},
+      {"activation_checkpoint", "visualize_memory_budget_pareto", K::OffOnly, "",
+       "the memory-budget trade-off plot belongs to torch.compile's min-cut partitioner (mode = \"memory_budget\"), "
+       "which titan does not have"},
+      {"checkpoint", "initial_load_in_hf_quantized", K::OffOnly, "",
+       "reading Hugging Face checkpoints with quantized weights (dequantized on load) is not supported; "
+       "convert them to bf16 or fp32 safetensors first"},
+      {"checkpoint", "enable_ft_dataloader_checkpoints", K::NoEffect, "bool", kFaultTolerance},
+      {"fault_tolerance", "sync_steps", K::NoEffect, "int", kFaultTolerance},
+      {"fault_tolerance", "should_quantize", K::NoEffect, "bool", kFaultTolerance},
+      {"fault_tolerance", "fragment_sync_delay", K::NoEffect, "int", kFaultTolerance},
+      {"fault_tolerance", "fragment_update_alpha", K::NoEffect, "float", kFaultTolerance},
+      {"parallelism", "expert_parallel_comm_backend", K::FixedValue, "standard",
+       "titan's expert parallelism exchanges tokens with all-to-all collectives; DeepEP's kernels are not supported"},
+      {"parallelism", "pipeline_parallel_expert_parallel_overlap", K::NoEffect, "bool",
+       "titan runs each of DualPipeV's forward/backward pairs one after the other, so there is no expert-parallel "
+       "communication to overlap with the other half"},
+      {"liger_kernel", "enable_fused_linear_cross_entropy", K::OffOnly, "",
+       "Liger's fused linear + cross-entropy kernel is not supported"},
   };
   return keys;
 }
@@ -96,7 +145,7 @@ const char* unsupported_reason(std::string_view path) {
   static constexpr const char* kMx =
       "the MX formats (torchtitan's block-scaled mxfp8 and mxfp4 matmuls, which need Blackwell GPUs) are not "
       "supported: use quantize.linear.float8 (and quantize.grouped_mm.float8 for experts) instead";
-  for (std::string_view table : {"quantize.linear.mx", "quantize.grouped_mm.mx"})
+  for (std::string_view table : {"quantize.linear.mx", "quantize.grouped_mm.mx", "mx"})
     if (path == table || (path.size() > table.size() && path.substr(0, table.size()) == table &&
                           path[table.size()] == '.'))
       return kMx;

@@ -18,7 +18,8 @@ enum class LegacyKind {
   Negate,        // boolean stored inverted at `target`
   Float8Switch,  // boolean: true puts the float8 converter into model.converters, false takes it out
   FixedValue,    // string that must be one of `target` ("a|b"): the only behavior titan has (no field stores it)
-  NoEffect,      // accepted and type-checked; controls something titan does not have. `target`: "bool"/"int"
+  NoEffect,      // accepted and type-checked; controls something titan does not have. `target`: the value's type,
+                 // "bool", "int", "float" or "string"
   OffOnly,       // boolean accepted only false (torchtitan's default): true asks for what titan does not do
   EmptyOnly,     // list of strings accepted only empty (torchtitan's default), for the same reason
 };

@@ -155,12 +155,20 @@ struct Parallelism {
 struct Comm {
   int64_t init_timeout_seconds = 300;
   int64_t train_timeout_seconds = 100;
+  int64_t trace_buf_size = 20000;
+  std::string save_traces_folder = "comm_traces";
+  std::string save_traces_file_prefix = "rank_";
   std::string mode = "default";
 
   template <class V>
   void visit(V& v) {
     v(init_timeout_seconds, "init_timeout_seconds", "collective timeout until the first step has finished");
     v(train_timeout_seconds, "train_timeout_seconds", "collective timeout after the first step");
+    v(trace_buf_size, "trace_buf_size",
+      "collectives each rank's flight recorder keeps (LibTorch's TORCH_FR_BUFFER_SIZE); > 0 also dumps them when an "
+      "NCCL collective times out; 0 disables");
+    v(save_traces_folder, "save_traces_folder", "flight recorder dumps, under job.dump_folder");
+    v(save_traces_file_prefix, "save_traces_file_prefix", "flight recorder dump file name before the rank");
     v(mode, "mode", "communication backend mode", {"default", "fake_backend", "local_tensor"});
   }
   bool operator==(const Comm&) const = default;

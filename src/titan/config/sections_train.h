@@ -179,6 +179,8 @@ struct ActivationCheckpoint {
   std::string selective_ac_option = "2";
   double memory_budget = 0.5;
   std::string per_op_policy = "every_other_matmul";
+  std::vector<std::string> per_op_sac_force_recompute_mm_shapes_by_fqns = {"moe.router.gate"};
+  std::string determinism_check = "default";
 
   template <class V>
   void visit(V& v) {
@@ -190,6 +192,13 @@ struct ActivationCheckpoint {
       "(torchtitan's policy); all_matmuls keeps every matmul's (more memory, less recomputation)",
       {"every_other_matmul", "all_matmuls"});
     v(memory_budget, "memory_budget", "memory_budget mode: 0 recomputes most, 1 recomputes least");
+    v(per_op_sac_force_recompute_mm_shapes_by_fqns, "per_op_sac_force_recompute_mm_shapes_by_fqns",
+      "selective_ac_option 'op': Linear layers whose name contains one of these are always recomputed and not "
+      "counted by the every-other-matmul policy");
+    v(determinism_check, "determinism_check",
+      "default: a recomputed block must give an output of the forward's shape, dtype and device (else an error "
+      "naming the block); none: no check",
+      {"default", "none"});
   }
   bool operator==(const ActivationCheckpoint&) const = default;
 };

@@ -133,6 +133,8 @@ void validate_config(const JobConfig& cfg) {
 
   positive(cfg.comm.init_timeout_seconds, "comm.init_timeout_seconds");
   positive(cfg.comm.train_timeout_seconds, "comm.train_timeout_seconds");
+  TITAN_USER_CHECK(cfg.comm.trace_buf_size >= 0, "comm.trace_buf_size must be 0 (no flight recorder) or positive, got ",
+                   cfg.comm.trace_buf_size);
 }
 
 int64_t global_batch_size(const JobConfig& cfg, int64_t dp_degree) {

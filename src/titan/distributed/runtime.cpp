@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
+#include <filesystem>
 #include <optional>
 
 namespace titan::dist {
@@ -330,6 +331,27 @@ void wait_for_every_rank(const c10::intrusive_ptr<c10d::Store>& store, const Lau
         "with the same MASTER_ADDR and MASTER_PORT; a process that is not part of a job must not inherit RANK, "
         "WORLD_SIZE, LOCAL_RANK and MASTER_ADDR from its environment (unset them)"));
   }
+}
+
+std::vector<std::string> configure_flight_recorder(int64_t entries, const std::string& folder,
+                                                   const std::string& prefix, bool nccl) {
+  TITAN_USER_CHECK(entries >= 0, "comm.trace_buf_size must be 0 (off) or positive, got ", entries);
+  std::vector<std::string> replaced;
+  auto set = [&](const char* name, const std::string& value) {
+    const char* old = std::getenv(name);
+    if (old && value != old) replaced.push_back(std::string(name) + "=" + old + " (now " + value + ")");
+    ::setenv(name, value.c_str(), /*overwrite=*/1);
+  };
+  set("TORCH_FR_BUFFER_SIZE", std::to_string(entries));
+  if (entries == 0 || !nccl) return replaced;
+  std::error_code ec;
+  std::filesystem::create_directories(folder, ec);
+  TITAN_USER_CHECK(!ec && std::filesystem::is_directory(folder), "cannot create the flight recorder's folder ", folder,
+                   " (comm.save_traces_folder under job.dump_folder): ", ec ? ec.message() : "not a folder",
+                   "; choose a writable folder, or set comm.trace_buf_size = 0");
+  set("TORCH_NCCL_DUMP_ON_TIMEOUT", "1");
+  set("TORCH_FR_DUMP_TEMP_FILE", (std::filesystem::path(folder) / prefix).string());
+  return replaced;
 }
 
 }  // namespace titan::dist

@@ -66,6 +66,16 @@ int local_device_index(const LaunchEnv& env, int visible_devices, bool visible_d
 // ("r[1-2]n[1-2]" -> r1n1 r1n2 r2n1 r2n2). Throws UserError on malformed lists.
 std::vector<std::string> expand_slurm_hostlist(const std::string& hostlist);
 
+// torchtitan's [comm] trace_buf_size, save_traces_folder and save_traces_file_prefix: LibTorch's
+// flight recorder keeps the last `entries` collectives of every process group of the process (0
+// turns it off); with entries > 0 and `nccl`, when an NCCL collective times out, NCCL's watchdog
+// writes them to `<folder>/<prefix><rank>` (readable by PyTorch's flight-recorder analyzer; Gloo
+// writes no such dump, so on CPU only the buffer is set). Sets the environment LibTorch reads when
+// the first process group is made (call it before that) and creates `folder` when it will be written.
+// Returns the variables it changed that were already set, as "NAME=old (now new)".
+std::vector<std::string> configure_flight_recorder(int64_t entries, const std::string& folder,
+                                                   const std::string& prefix, bool nccl);
+
 // Expands SLURM_TASKS_PER_NODE: "4(x2),3" -> 4 4 3 (tasks on each node, in node order).
 std::vector<int> expand_slurm_tasks_per_node(const std::string& value);
 

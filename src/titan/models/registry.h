@@ -44,6 +44,12 @@ struct ParallelizeContext {
   // selective_ac_option "op", torchtitan's policy) or "op_all_matmuls" (every matmul's output too).
   std::string ac_mode = "none";
   int64_t ac_every = 1;
+  // Under "op" / "op_all_matmuls": Linear layers of a block whose name contains one of these are
+  // recomputed, never kept, and not counted by the every-other policy (torchtitan's
+  // per_op_sac_force_recompute_mm_shapes_by_fqns).
+  std::vector<std::string> ac_force_recompute;
+  // Whether a recomputed block's output is checked against the forward's (determinism_check).
+  bool ac_check_recompute = true;
 };
 
 // The [activation_checkpoint] section as ac_mode / ac_every.

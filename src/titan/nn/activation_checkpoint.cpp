@@ -1,6 +1,7 @@
 #include "titan/nn/activation_checkpoint.h"
 
 #include "titan/common/autocast.h"
+#include "titan/common/error.h"
 #include "titan/nn/float8.h"
 #include "titan/nn/split_backward.h"
 
@@ -14,6 +15,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <deque>
+#include <sstream>
 
 namespace titan::nn {
 namespace {
@@ -41,7 +43,9 @@ struct TapeScope {
 at::Tensor next_kept_output() {
   TORCH_CHECK(!current_tape->outputs.empty(), "activation checkpointing: the recomputation ran more kept operations "
               "than the forward (the checkpointed body must do the same operations every time)");
-  at::Tensor out = current_tape->outputs.front();
+  // Detached: when the body's output is a kept output itself, the forward attached the checkpoint's
+  // node to that tensor, and an edge from the replayed operation back to it would run the node again.
+  at::Tensor out = current_tape->outputs.front().detach();
   current_tape->outputs.pop_front();
   return out;
 }
@@ -76,6 +80,12 @@ struct CheckpointBackward : torch::autograd::Node {
   std::vector<bool> needs_grad;
   bool cuda_autocast = false, cpu_autocast = false;
   bool released = false;  // the inputs are freed after the first backward
+  // determinism_check: the forward output's metadata, which the recomputation's must match.
+  bool check_recompute = false;
+  std::string module_name;
+  std::vector<int64_t> out_sizes;
+  at::ScalarType out_dtype = at::kFloat;
+  c10::Device out_device = c10::kCPU;
 
   std::string name() const override { return "titan::nn::CheckpointBackward"; }
 
@@ -105,6 +115,20 @@ struct CheckpointBackward : torch::autograd::Node {
       --recomputations;
     }
     tape.reset();
+    if (check_recompute) {
+      auto describe = [](at::IntArrayRef sizes, at::ScalarType dtype, c10::Device device) {
+        std::ostringstream os;
+        os << sizes << " " << c10::toString(dtype) << " on " << device;
+        return os.str();
+      };
+      TORCH_CHECK(out.sizes() == at::IntArrayRef(out_sizes) && out.scalar_type() == out_dtype &&
+                      out.device() == out_device,
+                  "activation checkpointing: recomputing ", module_name, " in backward gave an output of ",
+                  describe(out.sizes(), out.scalar_type(), out.device()), " where its forward gave ",
+                  describe(out_sizes, out_dtype, out_device),
+                  ": the recomputation must compute what the forward did (activation_checkpoint.determinism_check "
+                  "= \"none\" skips this check)");
+    }
     variable_list result;
     if (DeferWeights* defer = DeferWeights::current()) {
       // A split backward (zero-bubble pipeline schedules): the inputs' gradients now, the weights'
@@ -158,6 +182,14 @@ std::shared_ptr<CheckpointBackward> new_node() {
 }  // namespace
 
 at::Tensor checkpoint(const HookedModule::Body& body, const std::vector<at::Tensor>& inputs, SaveOps save) {
+  CheckpointOptions options;
+  options.save = save;
+  return checkpoint(body, inputs, options);
+}
+
+at::Tensor checkpoint(const HookedModule::Body& body, const std::vector<at::Tensor>& inputs,
+                      const CheckpointOptions& options) {
+  const SaveOps save = options.save;
   if (!at::GradMode::is_enabled()) {
     // Inside another checkpoint's forward (or without grad): run plainly, and record nothing on an
     // enclosing per-operator tape, since the recomputation will run this checkpoint as one.
@@ -174,6 +206,13 @@ at::Tensor checkpoint(const HookedModule::Body& body, const std::vector<at::Tens
     at::NoGradGuard no_grad;
     TapeScope scope(node->tape.get());
     out = body(inputs);
+  }
+  node->check_recompute = options.check_recompute;
+  if (options.check_recompute) {
+    node->module_name = options.name;
+    node->out_sizes = out.sizes().vec();
+    node->out_dtype = out.scalar_type();
+    node->out_device = out.device();
   }
   return attach(out, node, body, inputs);
 }
@@ -232,10 +271,34 @@ at::Tensor saveable_attention(const at::Tensor& q, const at::Tensor& k, const at
   return KeptAttention::apply(q, k, v, out, lse, &kernels);
 }
 
-void apply_activation_checkpointing(HookedModule& module, SaveOps save) {
-  module.set_forward_wrapper([save](const HookedModule::Body& body, const std::vector<at::Tensor>& inputs) {
-    return checkpoint(body, inputs, save);
+void apply_activation_checkpointing(HookedModule& module, const CheckpointOptions& options) {
+  module.set_forward_wrapper([options](const HookedModule::Body& body, const std::vector<at::Tensor>& inputs) {
+    return checkpoint(body, inputs, options);
   });
+}
+
+void apply_activation_checkpointing(HookedModule& module, SaveOps save) {
+  CheckpointOptions options;
+  options.save = save;
+  apply_activation_checkpointing(module, options);
+}
+
+void force_recompute_linears(torch::nn::Module& module, const std::string& prefix, const std::vector<std::string>& fqns) {
+  if (fqns.empty()) return;
+  for (const auto& item : module.named_modules("", /*include_self=*/true)) {
+    const std::string name = item.key().empty() && !prefix.empty() && prefix.back() == '.'
+                                 ? prefix.substr(0, prefix.size() - 1)
+                                 : prefix + item.key();
+    const std::string* match = nullptr;
+    for (const auto& f : fqns)
+      if (name.find(f) != std::string::npos) match = &f;
+    if (!match) continue;
+    auto* linear = dynamic_cast<LinearImpl*>(item.value().get());
+    TITAN_USER_CHECK(linear, "activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns: '", *match,
+                     "' matches ", name.empty() ? std::string("the model") : name, ", which is not a Linear layer; "
+                     "name Linear layers only (e.g. moe.router.gate)");
+    linear->recompute_under_op_policy = true;
+  }
 }
 
 }  // namespace titan::nn

@@ -23,7 +23,18 @@ namespace titan::nn {
 
 enum class SaveOps { None, EveryOtherMatmul, AllMatmuls };
 
+struct CheckpointOptions {
+  SaveOps save = SaveOps::None;
+  // torchtitan's determinism_check "default": the recomputation's output must have the forward
+  // output's shape, dtype and device, else backward stops with an error naming `name` (a body that
+  // computes something else when run again); false ("none"): no check.
+  bool check_recompute = true;
+  std::string name = "a checkpointed module";
+};
+
 // Runs `body(inputs)` checkpointed: see above. Without grad mode it simply runs the body.
+at::Tensor checkpoint(const HookedModule::Body& body, const std::vector<at::Tensor>& inputs,
+                      const CheckpointOptions& options);
 at::Tensor checkpoint(const HookedModule::Body& body, const std::vector<at::Tensor>& inputs, SaveOps save = SaveOps::None);
 
 // Whether this thread is recomputing a checkpointed body in backward (state a body updates once per
@@ -31,7 +42,16 @@ at::Tensor checkpoint(const HookedModule::Body& body, const std::vector<at::Tens
 bool recomputing();
 
 // Makes `module`'s body checkpointed (its hooks still run once per forward, outside the recomputation).
+void apply_activation_checkpointing(HookedModule& module, const CheckpointOptions& options);
 void apply_activation_checkpointing(HookedModule& module, SaveOps save = SaveOps::None);
+
+// torchtitan's per_op_sac_force_recompute_mm_shapes_by_fqns: the Linear layers in `module` (itself
+// included) whose name, `prefix` + their name inside it (e.g. "layers.3." + "moe.router.gate"),
+// contains one of `fqns` are always recomputed under a per-operator policy and do not move its
+// every-other count (a float8 one is still kept, as torchtitan keeps every _scaled_mm). torchtitan
+// marks every matmul of those layers' shapes; titan marks the layers themselves. A match that is not
+// a Linear is a UserError.
+void force_recompute_linears(torch::nn::Module& module, const std::string& prefix, const std::vector<std::string>& fqns);
 
 // x Wᵀ (at::linear, or nn::float8_linear under a float8 recipe). Inside a body checkpointed with a
 // per-operator policy its output may be kept; a float8 matmul's always is (torchtitan's policy

@@ -142,7 +142,9 @@ LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, const at::Tens
 
 at::Tensor LinearImpl::forward(const at::Tensor& x) {
   return with_hooks({x}, [this](const std::vector<at::Tensor>& in) {
-    at::Tensor y = saveable_linear(in[0], weight, float8.get(), float8_sharding.get(), float8_weight.get());
+    at::Tensor y = recompute_under_op_policy && !float8
+                       ? at::linear(in[0], weight)
+                       : saveable_linear(in[0], weight, float8.get(), float8_sharding.get(), float8_weight.get());
     // Under autocast the product is in the autocast dtype, as torch.nn.Linear's (bias included) is.
     if (bias.defined() && !bias_added_after) y = y + bias.to(y.scalar_type());
     return y;

@@ -44,6 +44,9 @@ class LinearImpl : public HookedModule {
   std::shared_ptr<const Float8Recipe> float8;
   std::shared_ptr<const Float8Sharding> float8_sharding;  // tensor parallelism's split (float8 layers)
   std::shared_ptr<const Float8Weight> float8_weight;      // the weight cast beforehand (FSDP's float8 all-gather)
+  // Set by nn::force_recompute_linears: inside a body checkpointed with a per-operator policy this
+  // layer's plain matmul is always recomputed and not counted by the policy.
+  bool recompute_under_op_policy = false;
 };
 TORCH_MODULE(Linear);
 

@@ -91,6 +91,16 @@ void Trainer::set_up_distributed() {
     device_ = c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
     c10::impl::getDeviceGuardImpl(c10::kCUDA)->setDevice(device_);
   }
+  // The flight recorder's settings, read by LibTorch when the first process group is made.
+  const std::string traces = (std::filesystem::path(cfg_.job.dump_folder) / cfg_.comm.save_traces_folder).string();
+  for (const auto& changed : dist::configure_flight_recorder(cfg_.comm.trace_buf_size, traces,
+                                                             cfg_.comm.save_traces_file_prefix, device_.is_cuda()))
+    log_warning("the environment's " + changed + " follows [comm] trace_buf_size / save_traces_folder / "
+                "save_traces_file_prefix");
+  if (device_.is_cuda() && cfg_.comm.trace_buf_size > 0)
+    log_info("Flight recorder: the last " + std::to_string(cfg_.comm.trace_buf_size) +
+             " collectives of each process group, written to " + traces + "/" + cfg_.comm.save_traces_file_prefix +
+             "<rank> if an NCCL collective times out");
   store_ = c10::make_intrusive<c10d::HashStore>();
   const auto timeout = std::chrono::seconds(cfg_.comm.init_timeout_seconds);
   if (env_.world_size > 1) {

@@ -120,6 +120,26 @@ TEST(ConfigErrors, WrongTypeNamesKeyFileLineAndTypes) {
                    "true is not supported: routing every token round-robin"),
             std::string::npos) << e;
   EXPECT_NO_THROW(parse({"--training.debug_moe_force_load_balance", "false", "--model.norm_type", "compiled_rmsnorm"}));
+  // torchtitan 0.2's keys for what titan does not do: refused with the reason, or a type error.
+  e = error_of_file("[activation_checkpoint]\nearly_stop = true\n");
+  EXPECT_NE(e.find("activation_checkpoint.early_stop at bad.toml:2:1: true is not supported: titan's recomputation runs "
+                   "a checkpointed block's whole body"), std::string::npos) << e;
+  e = error_of_file("[checkpoint]\ninitial_load_in_hf_quantized = true\n");
+  EXPECT_NE(e.find("true is not supported: reading Hugging Face checkpoints with quantized weights"), std::string::npos) << e;
+  e = user_error([] { parse({"--parallelism.expert_parallel_comm_backend", "deepep"}); });
+  EXPECT_NE(e.find("\"deepep\" is not one of \"standard\" (titan's expert parallelism exchanges tokens with "
+                   "all-to-all collectives; DeepEP's kernels are not supported)"), std::string::npos) << e;
+  e = error_of_file("[training.dataloader]\nnum_workers = \"four\"\n");
+  EXPECT_NE(e.find("training.dataloader.num_workers at bad.toml:2:1: expected an integer, got a string"),
+            std::string::npos) << e;
+  e = error_of_file("[fault_tolerance]\nfragment_update_alpha = \"x\"\n");
+  EXPECT_NE(e.find("fault_tolerance.fragment_update_alpha at bad.toml:2:1: expected a number"), std::string::npos) << e;
+  e = error_of_file("[activation_checkpoint]\ndeterminism_check = \"strict\"\n");
+  EXPECT_NE(e.find("\"strict\" is not one of \"default\", \"none\""), std::string::npos) << e;
+  e = error_of_file("[mx]\nrecipe_name = \"mxfp8\"\n");
+  EXPECT_NE(e.find("[mx] at bad.toml:1:2: the MX formats"), std::string::npos) << e;
+  e = user_error([] { parse({"--comm.trace_buf_size", "-1"}); });
+  EXPECT_NE(e.find("comm.trace_buf_size must be 0 (no flight recorder) or positive, got -1"), std::string::npos) << e;
   // A list of lists: the outer value, each part and each name are checked.
   e = error_of_file("[parallelism]\nmodule_fqns_per_model_part = \"layers.0\"\n");
   EXPECT_NE(e.find("parallelism.module_fqns_per_model_part at bad.toml:2:1: expected a list of lists of strings, "

@@ -80,7 +80,7 @@ TEST(ConfigDefaults, MatchTorchtitan) {
 // Each older-generation file from the seeds equals its hand-written newer-generation translation.
 TEST(ConfigGenerations, OlderAndNewerSpellingsGiveTheSameConfig) {
   for (const char* name : {"seed003_old_debug", "seed000_old_8b", "seed000_old_8b_h100", "seed000_old_hsdp_tp",
-                           "seed000_old_4d", "torchtitan_2024_2025_keys"}) {
+                           "seed000_old_4d", "torchtitan_2024_2025_keys", "torchtitan_0_2_keys"}) {
     SCOPED_TRACE(name);
     const JobConfig older = parse({"--job.config_file", fixture(std::string(name) + ".toml")});
     const JobConfig newer = parse({"--job.config_file", fixture(std::string(name) + ".as_new.toml")});
@@ -119,6 +119,22 @@ TEST(ConfigGenerations, OlderKeysLandOnTheNewerOptions) {
   EXPECT_EQ(mid.model.converters, std::vector<std::string>{config::kFloat8Converter});  // converters = "float8"
   EXPECT_EQ(mid.float8.filter_fqns, (std::vector<std::string>{"output", "layers.0.attention.wk"}));
   EXPECT_EQ(mid.parallelism.pipeline_parallel_split_points, std::vector<std::string>{"layers.1"});
+
+  // torchtitan 0.2's keys that titan implements, with torchtitan's defaults when absent.
+  const JobConfig v02 = parse({"--job.config_file", fixture("torchtitan_0_2_keys.toml")});
+  EXPECT_EQ(v02.activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns,
+            (std::vector<std::string>{"moe.router.gate", "shared_experts.w1"}));
+  EXPECT_EQ(v02.activation_checkpoint.determinism_check, "none");
+  EXPECT_EQ(v02.comm.trace_buf_size, 0);
+  EXPECT_EQ(v02.comm.save_traces_folder, "fr");
+  EXPECT_EQ(v02.comm.save_traces_file_prefix, "trace_");
+  const JobConfig defaults;
+  EXPECT_EQ(defaults.activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns,
+            std::vector<std::string>{"moe.router.gate"});
+  EXPECT_EQ(defaults.activation_checkpoint.determinism_check, "default");
+  EXPECT_EQ(defaults.comm.trace_buf_size, 20000);
+  EXPECT_EQ(defaults.comm.save_traces_folder, "comm_traces");
+  EXPECT_EQ(defaults.comm.save_traces_file_prefix, "rank_");
 
   const JobConfig four_d = parse({"--job.config_file", fixture("seed000_old_4d.toml")});
   EXPECT_EQ(four_d.parallelism.pipeline_parallel_degree, 8);  // [experimental] pipeline_parallel_degree

@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <string>
@@ -243,6 +245,50 @@ TEST(SlurmMasterPort, DeterministicAndInRange) {
   EXPECT_EQ(slurm_default_master_port("123456"), 23456);
   EXPECT_EQ(slurm_default_master_port("7"), 20007);
   EXPECT_NE(slurm_default_master_port("1000"), slurm_default_master_port("1001"));
+}
+
+// [comm] trace_buf_size and its folder: the environment LibTorch's flight recorder and NCCL's
+// watchdog read, torchtitan's variables; a value already in the environment is reported when changed.
+TEST(FlightRecorder, SetsLibTorchsEnvironment) {
+  const char* names[] = {"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_DUMP_TEMP_FILE"};
+  std::map<std::string, std::optional<std::string>> saved;
+  for (const char* n : names) {
+    const char* v = std::getenv(n);
+    saved[n] = v ? std::optional<std::string>(v) : std::nullopt;
+    ::unsetenv(n);
+  }
+  auto env = [](const char* n) { const char* v = std::getenv(n); return v ? std::string(v) : std::string("<unset>"); };
+  test::TempDir dir;
+  const std::string folder = (std::filesystem::path(dir.path()) / "out" / "comm_traces").string();
+  EXPECT_TRUE(configure_flight_recorder(20000, folder, "rank_", /*nccl=*/true).empty());
+  EXPECT_EQ(env("TORCH_FR_BUFFER_SIZE"), "20000");
+  EXPECT_EQ(env("TORCH_NCCL_DUMP_ON_TIMEOUT"), "1");
+  EXPECT_EQ(env("TORCH_FR_DUMP_TEMP_FILE"), folder + "/rank_");
+  EXPECT_TRUE(std::filesystem::is_directory(folder));
+  // Changed values are reported; the same value is not.
+  const auto changed = configure_flight_recorder(500, folder, "rank_", true);
+  ASSERT_EQ(changed.size(), 1u);
+  EXPECT_EQ(changed[0], "TORCH_FR_BUFFER_SIZE=20000 (now 500)");
+  // Off: the buffer is 0 and nothing else changes. Gloo: the buffer only (no dump, no folder).
+  for (const char* n : names) ::unsetenv(n);
+  const std::string other = (std::filesystem::path(dir.path()) / "gloo").string();
+  EXPECT_TRUE(configure_flight_recorder(0, other, "rank_", true).empty());
+  EXPECT_EQ(env("TORCH_FR_BUFFER_SIZE"), "0");
+  EXPECT_EQ(configure_flight_recorder(100, other, "rank_", /*nccl=*/false),
+            std::vector<std::string>{"TORCH_FR_BUFFER_SIZE=0 (now 100)"});
+  EXPECT_EQ(env("TORCH_FR_BUFFER_SIZE"), "100");
+  EXPECT_EQ(env("TORCH_NCCL_DUMP_ON_TIMEOUT"), "<unset>");
+  EXPECT_FALSE(std::filesystem::exists(other));
+  // A folder that cannot be made is a clear error.
+  std::ofstream(std::filesystem::path(dir.path()) / "file") << "x";
+  const std::string e = test::error_of([&] { configure_flight_recorder(10, (std::filesystem::path(dir.path()) / "file" / "t").string(), "r", true); });
+  EXPECT_NE(e.find("cannot create the flight recorder's folder"), std::string::npos) << e;
+  EXPECT_NE(test::error_of([] { configure_flight_recorder(-1, "x", "r", true); }).find("comm.trace_buf_size must be 0"),
+            std::string::npos);
+  for (const char* n : names) {
+    if (saved[n]) ::setenv(n, saved[n]->c_str(), 1);
+    else ::unsetenv(n);
+  }
 }
 
 }  // namespace

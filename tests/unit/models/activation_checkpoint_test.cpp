@@ -8,6 +8,7 @@
 #include "titan/common/autocast.h"
 #include "titan/nn/activation_checkpoint.h"
 #include "titan/models/llama3/model.h"
+#include "titan/models/common/decoder.h"
 #include "titan/models/registry.h"
 
 #include <torch/csrc/autograd/function.h>
@@ -260,6 +261,125 @@ TEST(ActivationCheckpoint, TheRecomputationRunsUnderTheForwardsAutocast) {
   out.to(at::kFloat).sum().backward();  // backward outside the autocast scope, as the trainer does
   EXPECT_TRUE(at::equal(x.grad(), ref_gx));
   EXPECT_TRUE(at::equal(w.grad(), ref_gw));
+}
+
+// torchtitan's per_op_sac_force_recompute_mm_shapes_by_fqns: a named Linear is recomputed and does
+// not move the every-other count. Three Linears a -> gate -> b -> c of different widths: with `gate`
+// forced, every-other keeps a and c (1st and 3rd counted); without, a and b (gate counts as the 2nd).
+// Measured by the counting allocator: what the forward keeps differs by exactly b's output.
+// Under all_matmuls the forced gate's output is the one not kept.
+class ThreeLinearsImpl : public nn::HookedModule {
+ public:
+  ThreeLinearsImpl() {
+    a = register_module("a", nn::Linear(8, 32, at::TensorOptions()));
+    gate = register_module("gate", nn::Linear(32, 3, at::TensorOptions()));
+    b = register_module("b", nn::Linear(32, 24, at::TensorOptions()));
+    c = register_module("c", nn::Linear(24, 5, at::TensorOptions()));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    return with_hooks({x}, [this](const std::vector<at::Tensor>& in) {
+      at::Tensor h = at::tanh(a(in[0]));
+      at::Tensor g = at::sigmoid(gate(h)).sum(-1, true);
+      return c(at::tanh(b(h) * g));
+    });
+  }
+  nn::Linear a{nullptr}, gate{nullptr}, b{nullptr}, c{nullptr};
+};
+TORCH_MODULE(ThreeLinears);
+
+TEST(ActivationCheckpoint, ForcedRecomputeLinearsAreNeitherKeptNorCounted) {
+  const int64_t tokens = 2 * 7;
+  at::Tensor x = at::randn({2, 7, 8});
+  auto saved = [&](nn::SaveOps save, const std::vector<std::string>& forced) {
+    ThreeLinears m;
+    for (auto& p : m->parameters()) p.data().normal_();
+    nn::force_recompute_linears(*m, "layers.0.", forced);
+    EXPECT_EQ(m->gate->recompute_under_op_policy, !forced.empty());
+    EXPECT_FALSE(m->a->recompute_under_op_policy || m->b->recompute_under_op_policy || m->c->recompute_under_op_policy);
+    nn::apply_activation_checkpointing(*m, save);
+    // The gradients are those of the plain module whatever is kept.
+    ThreeLinears plain;
+    for (size_t i = 0; i < plain->parameters().size(); ++i) plain->parameters()[i].data().copy_(m->parameters()[i]);
+    at::Tensor xr = x.clone().requires_grad_(true), xp = x.clone().requires_grad_(true);
+    m->forward(xr).sum().backward();
+    plain->forward(xp).sum().backward();
+    EXPECT_TRUE(at::allclose(xr.grad(), xp.grad(), 1e-6, 1e-6));
+    for (size_t i = 0; i < plain->parameters().size(); ++i)
+      EXPECT_TRUE(at::allclose(m->parameters()[i].grad(), plain->parameters()[i].grad(), 1e-6, 1e-6));
+    return test::measure_graph([&](const std::vector<at::Tensor>& in) { return m->forward(in[0]); },
+                               {x.clone().requires_grad_(true)})
+        .saved;
+  };
+  const int64_t f = sizeof(float);
+  // (c's output is the module's output, alive whether kept or not.)
+  EXPECT_EQ(saved(nn::SaveOps::EveryOtherMatmul, {}) - saved(nn::SaveOps::EveryOtherMatmul, {"moe.gate", "gate"}),
+            tokens * 24 * f);
+  EXPECT_EQ(saved(nn::SaveOps::AllMatmuls, {}) - saved(nn::SaveOps::AllMatmuls, {"gate"}), tokens * 3 * f);
+  // A name that matches nothing changes nothing; one that matches a module other than a Linear is an error.
+  EXPECT_EQ(saved(nn::SaveOps::EveryOtherMatmul, {}), saved(nn::SaveOps::EveryOtherMatmul, {}));
+  ThreeLinears m;
+  const std::string e = test::error_of([&] { nn::force_recompute_linears(*m, "layers.0.", {"layers.0"}); });
+  EXPECT_NE(e.find("activation_checkpoint.per_op_sac_force_recompute_mm_shapes_by_fqns: 'layers.0' matches layers.0, "
+                   "which is not a Linear layer"), std::string::npos) << e;
+}
+
+// The models wire it: torchtitan's default names every MoE layer's router gate (and nothing in a
+// dense model); a name matching the router itself is refused when the model is parallelized.
+TEST(ActivationCheckpoint, PerOperatorPolicyForcesTheRouterGatesOfMoEModels) {
+  auto build = [](const std::vector<std::string>& forced) {
+    LanguageModel m = model_spec("qwen3").build("debugmodel_moe", at::TensorOptions(), 128);
+    ParallelizeContext ctx;
+    config::ActivationCheckpoint ac;
+    ac.selective_ac_option = "op";
+    ac.per_op_sac_force_recompute_mm_shapes_by_fqns = forced;
+    set_activation_checkpointing(ctx, ac);
+    model_spec("qwen3").parallelize(*m, ctx);
+    return m;
+  };
+  LanguageModel m = build(config::ActivationCheckpoint().per_op_sac_force_recompute_mm_shapes_by_fqns);
+  int gates = 0, others = 0;
+  for (const auto& item : m->named_modules()) {
+    auto* linear = dynamic_cast<nn::LinearImpl*>(item.value().get());
+    if (!linear) continue;
+    const bool gate = item.key().find("moe.router.gate") != std::string::npos;
+    EXPECT_EQ(linear->recompute_under_op_policy, gate) << item.key();
+    (gate ? gates : others) += 1;
+  }
+  EXPECT_GT(gates, 0);
+  EXPECT_GT(others, 0);
+  const std::string e = test::error_of([&] { build({"moe.router"}); });
+  EXPECT_NE(e.find("'moe.router' matches layers.0.moe.router, which is not a Linear layer"), std::string::npos) << e;
+}
+
+// determinism_check "default": a body that computes something of another shape when run again is
+// stopped in backward with the block's name; with "none" nothing stops it.
+TEST(ActivationCheckpoint, DeterminismCheckNamesABlockWhoseRecomputationDiffers) {
+  at::Tensor w = at::randn({4, 4}).requires_grad_(true);
+  nn::HookedModule::Body body = [&](const std::vector<at::Tensor>& in) {
+    at::Tensor y = at::matmul(in[0], w);
+    return nn::recomputing() ? y.sum(0) : y;  // recomputed: (4) instead of (3, 4)
+  };
+  auto error_of = [](const std::function<void()>& f) -> std::string {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      return e.what();
+    }
+    return "";
+  };
+  nn::CheckpointOptions options;
+  options.name = "layers.7";
+  std::string e = error_of([&] { nn::checkpoint(body, {at::randn({3, 4}).requires_grad_(true)}, options).sum().backward(); });
+  EXPECT_NE(e.find("activation checkpointing: recomputing layers.7 in backward gave an output of [4] Float on cpu where "
+                   "its forward gave [3, 4] Float on cpu"), std::string::npos) << e;
+  options.check_recompute = false;
+  e = error_of([&] { nn::checkpoint(body, {at::randn({3, 4}).requires_grad_(true)}, options).sum().backward(); });
+  EXPECT_EQ(e, "");  // autograd does not notice here (the sum's backward broadcasts): wrong gradients, silently
+  // A body that recomputes what it computed passes the check.
+  options.check_recompute = true;
+  at::Tensor x = at::randn({3, 4}).requires_grad_(true);
+  nn::checkpoint([&](const std::vector<at::Tensor>& in) { return at::matmul(in[0], w); }, {x}, options).sum().backward();
+  EXPECT_TRUE(x.grad().defined());
 }
 
 }  // namespace

@@ -175,12 +175,19 @@ ParallelizedModel parallelize_decoder(LanguageModelImpl& model, const Paralleliz
                      (ctx.ac_mode == "selective" && ctx.ac_every >= 1),
                  "AC mode ", ctx.ac_mode);
     // Counted by layer id, so that a pipeline stage checkpoints the blocks the whole model would.
+    const bool per_op = ctx.ac_mode == "op" || ctx.ac_mode == "op_all_matmuls";
     for (const auto& [prefix, block] : transformer->blocks()) {
       const int64_t id = std::stoll(prefix.substr(7));
-      if (ctx.ac_mode != "selective" || (id + 1) % ctx.ac_every == 0)
-        nn::apply_activation_checkpointing(*block, ctx.ac_mode == "op"               ? nn::SaveOps::EveryOtherMatmul
-                                                   : ctx.ac_mode == "op_all_matmuls" ? nn::SaveOps::AllMatmuls
-                                                                                     : nn::SaveOps::None);
+      if (ctx.ac_mode != "selective" || (id + 1) % ctx.ac_every == 0) {
+        nn::CheckpointOptions options;
+        options.save = ctx.ac_mode == "op" ? nn::SaveOps::EveryOtherMatmul
+                       : ctx.ac_mode == "op_all_matmuls" ? nn::SaveOps::AllMatmuls
+                                                         : nn::SaveOps::None;
+        options.check_recompute = ctx.ac_check_recompute;
+        options.name = prefix.substr(0, prefix.size() - 1);
+        if (per_op) nn::force_recompute_linears(*block, prefix, ctx.ac_force_recompute);
+        nn::apply_activation_checkpointing(*block, options);
+      }
     }
   }
 
