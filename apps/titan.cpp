@@ -4,7 +4,7 @@
 //   titan train     [--job.config_file F] [--section.key value ...]   train (torchtitan's log lines)
 //   titan estimate  [--world-size N] [--device cuda|cpu] [...]       per-rank memory, FLOPs, communication
 //   titan tokenize  --output DIR [...]                                pre-tokenize the dataset to shards
-//   titan convert   to-hf|from-hf|from-dcp SRC DST [...]              checkpoint <-> Hugging Face folder; torch.distributed.checkpoint in
+//   titan convert   to-hf|from-hf|to-dcp|from-dcp|to-torch SRC DST   checkpoint <-> Hugging Face folder, torch.distributed.checkpoint; torch.save file
 //   titan report    DUMP_FOLDER... [--output F] | --check RUN_A RUN_B  metrics page; compare loss curves
 //   titan config    [--world-size N] [...]                            the resolved config as TOML, checked
 #include "titan/common/error.h"
@@ -73,7 +73,8 @@ const char* kUsage =
     "             --training.dataset_path DIR\n"
     "  convert    to-hf CHECKPOINT_STEP_DIR OUT_DIR | from-hf HF_DIR OUT_CHECKPOINT_DIR: a titan checkpoint\n"
     "             to a Hugging Face model folder (transformers) and back; from-dcp DCP_STEP_DIR\n"
-    "             OUT_CHECKPOINT_DIR: a torch.distributed.checkpoint (torchtitan) in; see titan convert --help\n"
+    "             OUT_CHECKPOINT_DIR: a torch.distributed.checkpoint (torchtitan) in; to-dcp, to-torch: the\n"
+    "             model out as one, or as a torch.save file; see titan convert --help\n"
     "  config     [--world-size N]: print the resolved config (defaults < file < command line, older keys\n"
     "             mapped) as TOML, after the checks titan train makes of it (for N ranks, default 1), and its\n"
     "             warnings; nothing is built or read\n"

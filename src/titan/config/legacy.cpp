@@ -88,7 +88,8 @@ const std::vector<LegacyKey>& legacy_keys() {
       {"float8", "moe_fqns_prototype", K::EmptyOnly, "",
        "float8 MoE experts are converted by the \"quantize.grouped_mm.float8\" converter: add it to model.converters "
        "and name the experts in quantize.grouped_mm.float8.fqns"},
-      // torchtitan 0.2's keys for what titan has in another form or not at all.
+      // torchtitan 0.2's keys (and its fault-tolerance extension's and development versions') for what
+      // titan has in another form or not at all.
       {"training.dataloader", "num_workers", K::NoEffect, "int", kInProcessLoader},
       {"training.dataloader", "persistent_workers", K::NoEffect, "bool", kInProcessLoader},
       {"training.dataloader", "prefetch_factor", K::NoEffect, "int", kInProcessLoader},

@@ -349,8 +349,9 @@ Mesh::~Mesh() {
 Mesh::Mesh(const ParallelDims& dims, int rank, const c10::intrusive_ptr<c10d::Store>& store, BackendKind backend,
            std::chrono::milliseconds timeout, const std::string& gloo_host)
     : dims_(dims), rank_(rank), backend_(backend), store_(store), gloo_host_(gloo_host) {
-  const std::vector<std::string> names = {"pp", "dp_replicate", "dp_shard", "cp", "tp", "dp", "dp_shard_cp",
-                                          "dp_cp", "world", "ep", "efsdp"};
+  // "world" first: NCCL's flight recorder names its dump after the rank of the first group made.
+  const std::vector<std::string> names = {"world", "pp", "dp_replicate", "dp_shard", "cp", "tp", "dp",
+                                          "dp_shard_cp", "dp_cp", "ep", "efsdp"};
   // Dimensions with the same members (e.g. dp_shard, dp and world under plain FSDP) share one
   // backend; each keeps its own name for the byte counts.
   std::map<std::vector<int>, c10::intrusive_ptr<c10d::Backend>> by_members;
@@ -361,7 +362,8 @@ Mesh::Mesh(const ParallelDims& dims, int rank, const c10::intrusive_ptr<c10d::St
     if (ranks.size() > 1 && !b) {
       // Each group rendezvouses under its own prefix: its name and its first member.
       auto prefixed = c10::make_intrusive<c10d::PrefixStore>(name + "/" + std::to_string(ranks[0]), store);
-      b = make_backend(backend, prefixed, dims_.rank_in(name, rank), static_cast<int>(ranks.size()), timeout, gloo_host);
+      b = make_backend(backend, prefixed, dims_.rank_in(name, rank), static_cast<int>(ranks.size()), timeout, gloo_host,
+                       name, ranks);
     }
     groups_[name] = std::make_unique<Group>(name, ranks, dims_.rank_in(name, rank), b, &bytes_, &calls_, failures,
                                             timeout);

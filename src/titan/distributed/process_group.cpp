@@ -59,7 +59,8 @@ uint16_t store_port(const c10::intrusive_ptr<c10d::Store>& store) {
 
 c10::intrusive_ptr<c10d::Backend> make_backend(BackendKind kind, const c10::intrusive_ptr<c10d::Store>& store,
                                                int rank, int world_size, std::chrono::milliseconds timeout,
-                                               const std::string& gloo_host) {
+                                               const std::string& gloo_host, const std::string& group_name,
+                                               const std::vector<int>& global_ranks) {
   TITAN_ASSERT(rank >= 0 && rank < world_size, "rank ", rank, " outside world of size ", world_size);
   if (kind == BackendKind::Gloo) {
     auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
@@ -91,6 +92,8 @@ c10::intrusive_ptr<c10d::Backend> make_backend(BackendKind kind, const c10::intr
 #ifdef USE_C10D_NCCL
   auto opts = c10d::ProcessGroupNCCL::Options::create();
   opts->timeout = timeout;
+  opts->group_name = group_name;
+  for (int r : global_ranks) opts->global_ranks_in_group.push_back(static_cast<uint64_t>(r));
   try {
     return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, world_size, opts);
   } catch (const c10::Error& e) {

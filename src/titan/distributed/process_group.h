@@ -21,9 +21,13 @@ uint16_t store_port(const c10::intrusive_ptr<c10d::Store>& store);
 
 // A backend over the ranks that rendezvous through `store`. Gloo binds to `gloo_host` (the
 // address peers reach this rank at; "" resolves this machine's hostname, for multi-node jobs). NCCL throws a UserError when titan was built without it.
+// `group_name` and `global_ranks` (the members' global ranks), when given, go to the backend's options
+// (what NCCL's flight recorder records for each collective).
 c10::intrusive_ptr<c10d::Backend> make_backend(BackendKind kind, const c10::intrusive_ptr<c10d::Store>& store,
                                                int rank, int world_size, std::chrono::milliseconds timeout,
-                                               const std::string& gloo_host = "127.0.0.1");
+                                               const std::string& gloo_host = "127.0.0.1",
+                                               const std::string& group_name = "",
+                                               const std::vector<int>& global_ranks = {});
 
 // Whether this binary was built with ProcessGroupNCCL (CUDA builds of libtorch).
 bool nccl_compiled();

@@ -350,6 +350,8 @@ std::vector<std::string> configure_flight_recorder(int64_t entries, const std::s
                    " (comm.save_traces_folder under job.dump_folder): ", ec ? ec.message() : "not a folder",
                    "; choose a writable folder, or set comm.trace_buf_size = 0");
   set("TORCH_NCCL_DUMP_ON_TIMEOUT", "1");
+  // The watchdog's mode that leaves the dump to be written (1 tears the communicators down first).
+  set("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3");
   set("TORCH_FR_DUMP_TEMP_FILE", (std::filesystem::path(folder) / prefix).string());
   return replaced;
 }

@@ -67,9 +67,10 @@ int local_device_index(const LaunchEnv& env, int visible_devices, bool visible_d
 std::vector<std::string> expand_slurm_hostlist(const std::string& hostlist);
 
 // torchtitan's [comm] trace_buf_size, save_traces_folder and save_traces_file_prefix: LibTorch's
-// flight recorder keeps the last `entries` collectives of every process group of the process (0
-// turns it off); with entries > 0 and `nccl`, when an NCCL collective times out, NCCL's watchdog
-// writes them to `<folder>/<prefix><rank>` (readable by PyTorch's flight-recorder analyzer; Gloo
+// flight recorder keeps the last `entries` collectives of the process (one ring for all its groups;
+// 0 turns it off); with entries > 0 and `nccl`, when an NCCL collective times out, NCCL's watchdog
+// (in mode TORCH_NCCL_ASYNC_ERROR_HANDLING=3, which leaves it time to) writes them to
+// `<folder>/<prefix><rank>` (readable by PyTorch's flight-recorder analyzer; Gloo
 // writes no such dump, so on CPU only the buffer is set). Sets the environment LibTorch reads when
 // the first process group is made (call it before that) and creates `folder` when it will be written.
 // Returns the variables it changed that were already set, as "NAME=old (now new)".

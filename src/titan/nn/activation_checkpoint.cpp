@@ -227,7 +227,7 @@ at::Tensor saveable_linear(const at::Tensor& x, const at::Tensor& weight, const 
   if (!current_tape || !(float8 || current_tape->keeps_next_matmul())) return linear();  // recomputed
   if (current_tape->mode == OpTape::Mode::Record) {
     at::Tensor out = linear();
-    current_tape->outputs.push_back(out);
+    current_tape->outputs.push_back(out.detach());  // (the body may return it: no cycle through the node)
     return out;
   }
   return float8 ? float8_linear(x, weight, *float8, next_kept_output(), float8_sharding, float8_weight)
@@ -262,8 +262,8 @@ at::Tensor saveable_attention(const at::Tensor& q, const at::Tensor& k, const at
   if (!current_tape) return plain(q, k, v);
   if (current_tape->mode == OpTape::Mode::Record) {
     auto [out, lse] = kernels.forward(q, k, v);
-    current_tape->outputs.push_back(out);
-    current_tape->outputs.push_back(lse);
+    current_tape->outputs.push_back(out.detach());
+    current_tape->outputs.push_back(lse.detach());
     return out;
   }
   at::Tensor out = next_kept_output(), lse = next_kept_output();

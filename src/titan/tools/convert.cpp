@@ -4,11 +4,13 @@
 #include "titan/components/checkpoint/checkpoint.h"
 #include "titan/components/checkpoint/dcp.h"
 #include "titan/components/checkpoint/hf.h"
+#include "titan/components/checkpoint/pickle.h"
 #include "titan/config/job_config.h"
 #include "titan/models/model.h"
 #include "titan/models/registry.h"
 
 #include <ATen/ATen.h>
+#include <caffe2/serialize/inline_container.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -41,7 +43,104 @@ checkpoint::Reader open_checkpoint(const std::string& step_dir) {
   return checkpoint::Reader(step_dir);
 }
 
+// The model's tensors of a checkpoint, names without "model.", with their shapes (at least one).
+std::vector<std::pair<std::string, std::vector<int64_t>>> model_tensors(checkpoint::Reader& reader,
+                                                                       const std::string& step_dir) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  for (const std::string& name : reader.names())
+    if (name.rfind(kModelPrefix, 0) == 0)
+      out.emplace_back(name.substr(std::string(kModelPrefix).size()), reader.meta(name)->shape);
+  TITAN_USER_CHECK(!out.empty(), "checkpoint ", step_dir, " holds no model weights (no model.* tensors)");
+  return out;
+}
+
+at::Tensor read_model_tensor(checkpoint::Reader& reader, const std::string& name, const std::vector<int64_t>& shape,
+                             at::ScalarType dtype) {
+  at::Tensor t = reader.read(kModelPrefix + name, std::vector<int64_t>(shape.size(), 0), shape);
+  // Weights in the export dtype; integer and other buffers as saved.
+  return t.is_floating_point() ? t.to(dtype).contiguous() : t.contiguous();
+}
+
 }  // namespace
+
+int64_t convert_to_dcp(const std::string& step_dir, const std::string& out_dir, at::ScalarType dtype) {
+  checkpoint::Reader reader = open_checkpoint(step_dir);
+  const auto tensors = model_tensors(reader, step_dir);
+  checkpoint::DcpWriter writer(out_dir);
+  for (const auto& [name, shape] : tensors) writer.add(name, read_model_tensor(reader, name, shape, dtype));
+  writer.finish();
+  return static_cast<int64_t>(tensors.size());
+}
+
+int64_t convert_to_torch(const std::string& step_dir, const std::string& out_file, at::ScalarType dtype) {
+  checkpoint::Reader reader = open_checkpoint(step_dir);
+  const auto tensors = model_tensors(reader, step_dir);
+  TITAN_USER_CHECK(!fs::exists(out_file), out_file, " already exists: choose a new file");
+  // torch.save's format: a zip archive whose data.pkl is the dict, each tensor rebuilt by
+  // torch._utils._rebuild_tensor_v2 from a storage record data/<i> (a persistent id); the records
+  // follow the pickle, written one tensor at a time.
+  pickle::Writer w;
+  w.empty_dict();
+  w.mark();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto& [name, shape] = tensors[i];
+    const at::ScalarType type = reader.meta(kModelPrefix + name)->dtype;
+    const at::ScalarType out_type = at::isFloatingType(type) ? dtype : type;
+    int64_t numel = 1;
+    for (int64_t d : shape) numel *= d;
+    w.string(name);
+    w.global_("torch._utils", "_rebuild_tensor_v2");
+    w.mark();
+    w.mark();
+    w.string("storage");
+    w.global_("torch", std::string(c10::toString(out_type)) + "Storage");
+    w.string(std::to_string(i));
+    w.string("cpu");
+    w.integer(numel);
+    w.tuple();
+    w.persid();
+    w.integer(0);  // storage offset
+    w.mark();
+    for (int64_t d : shape) w.integer(d);
+    w.tuple();
+    w.mark();
+    int64_t stride = 1;
+    std::vector<int64_t> strides(shape.size());
+    for (size_t k = shape.size(); k-- > 0;) {
+      strides[k] = stride;
+      stride *= shape[k];
+    }
+    for (int64_t s : strides) w.integer(s);
+    w.tuple();
+    w.boolean(false);  // requires_grad
+    w.global_("collections", "OrderedDict");
+    w.empty_tuple();
+    w.reduce();
+    w.tuple();
+    w.reduce();
+  }
+  w.setitems();
+  const std::string pickled = w.finish();
+  std::error_code ec;
+  if (fs::path(out_file).has_parent_path()) fs::create_directories(fs::path(out_file).parent_path(), ec);
+  const std::string tmp = out_file + ".tmp";
+  try {
+    caffe2::serialize::PyTorchStreamWriter archive(tmp);
+    archive.writeRecord("data.pkl", pickled.data(), pickled.size());
+    archive.writeRecord("byteorder", "little", 6);
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const auto& [name, shape] = tensors[i];
+      const at::Tensor t = read_model_tensor(reader, name, shape, dtype);
+      archive.writeRecord("data/" + std::to_string(i), t.data_ptr(), t.nbytes());
+    }
+    archive.writeEndOfFile();
+  } catch (const c10::Error& e) {
+    fs::remove(tmp, ec);
+    throw UserError("cannot write " + out_file + ": " + e.what_without_backtrace());
+  }
+  fs::rename(tmp, out_file);
+  return static_cast<int64_t>(tensors.size());
+}
 
 int64_t convert_to_hf(const std::string& step_dir, const std::string& out_dir, at::ScalarType dtype) {
   checkpoint::Reader reader = open_checkpoint(step_dir);
@@ -151,6 +250,12 @@ std::string convert_usage() {
          "  titan convert to-hf CHECKPOINT_STEP_DIR OUT_DIR [--checkpoint.export_dtype float32|bfloat16|float16]\n"
          "      a titan checkpoint (e.g. outputs/checkpoint/step-1000) to a Hugging Face model folder\n"
          "      (config.json + safetensors, for transformers' from_pretrained); optimizer state is left out\n"
+         "  titan convert to-dcp CHECKPOINT_STEP_DIR OUT_DIR [--checkpoint.export_dtype float32|bfloat16|float16]\n"
+         "      the model of a titan checkpoint as a torch.distributed.checkpoint folder (torchtitan's names):\n"
+         "      torchtitan starts from it with --checkpoint.initial_load_path OUT_DIR\n"
+         "      --checkpoint.initial_load_model_only; optimizer state is left out\n"
+         "  titan convert to-torch CHECKPOINT_STEP_DIR OUT_FILE.pt [--checkpoint.export_dtype ...]\n"
+         "      the model as one torch.save file (a dict of name -> tensor) for torch.load\n"
          "  titan convert from-hf HF_DIR OUT_CHECKPOINT_DIR [--model.name llama3] [--model.flavor F]\n"
          "      a Hugging Face model folder to a new titan checkpoint holding the model (fp32); without\n"
          "      --model.flavor, the flavor whose shape matches config.json\n"
@@ -167,8 +272,10 @@ int run_convert(const std::vector<std::string>& args) {
     return args.empty() ? 2 : 0;
   }
   const std::string& direction = args[0];
-  TITAN_USER_CHECK(direction == "to-hf" || direction == "from-hf" || direction == "from-dcp", "unknown conversion '",
-                   direction, "': use to-hf, from-hf or from-dcp\n", convert_usage());
+  TITAN_USER_CHECK(direction == "to-hf" || direction == "from-hf" || direction == "from-dcp" || direction == "to-dcp" ||
+                       direction == "to-torch",
+                   "unknown conversion '", direction, "': use to-hf, from-hf, to-dcp, from-dcp or to-torch\n",
+                   convert_usage());
   std::vector<std::string> options(args.begin() + std::min<size_t>(args.size(), 3), args.end());
   // from-dcp's own flag: the model alone.
   const bool model_only = direction == "from-dcp" && std::erase(options, std::string("--model-only")) > 0;
@@ -179,6 +286,14 @@ int run_convert(const std::vector<std::string>& args) {
   TITAN_USER_CHECK(args.size() >= 3 && args[1].rfind("--", 0) != 0 && args[2].rfind("--", 0) != 0,
                    "titan convert ", direction, " needs two folders before any option\n", convert_usage());
   const JobConfig cfg = parse_config(options);
+  if (direction == "to-dcp" || direction == "to-torch") {
+    const at::ScalarType dtype = export_dtype(cfg.checkpoint.export_dtype);
+    const int64_t n = direction == "to-dcp" ? convert_to_dcp(args[1], args[2], dtype)
+                                            : convert_to_torch(args[1], args[2], dtype);
+    std::printf("wrote %lld tensors (%s) to %s\n", static_cast<long long>(n), cfg.checkpoint.export_dtype.c_str(),
+                args[2].c_str());
+    return 0;
+  }
   if (direction == "to-hf") {
     const int64_t n = convert_to_hf(args[1], args[2], export_dtype(cfg.checkpoint.export_dtype));
     std::printf("wrote %lld tensors (%s) and config.json to %s\n", static_cast<long long>(n),

@@ -1,8 +1,11 @@
-// `titan convert`: a titan checkpoint to a Hugging Face model folder and back.
+// `titan convert`: a titan checkpoint to a Hugging Face model folder and back, from a
+// torch.distributed.checkpoint folder (torchtitan's), and its model to such a folder or a torch.save file.
 //
 //   titan convert to-hf CHECKPOINT_STEP_DIR OUT_DIR [--checkpoint.export_dtype float32|bfloat16|float16]
 //   titan convert from-hf HF_DIR OUT_CHECKPOINT_DIR [--model.name llama3] [--model.flavor F]
 //   titan convert from-dcp DCP_STEP_DIR OUT_CHECKPOINT_DIR --model.flavor F
+//   titan convert to-dcp CHECKPOINT_STEP_DIR OUT_DIR [--checkpoint.export_dtype ...]
+//   titan convert to-torch CHECKPOINT_STEP_DIR OUT_FILE.pt [--checkpoint.export_dtype ...]
 //
 // to-hf writes the model's weights (optimizer state is left out) as safetensors shards of at most
 // 5 GB plus config.json, loadable with transformers' from_pretrained. from-hf writes a titan
@@ -31,6 +34,16 @@ std::string convert_from_hf(const std::string& hf_dir, const std::string& out_st
 // the schedule's step and the training step. Returns the number of tensors written.
 int64_t convert_from_dcp(const std::string& dcp_dir, const std::string& out_step_dir, const std::string& model,
                          const std::string& flavor, bool model_only);
+
+// Exports the "model.*" tensors of titan checkpoint `step_dir` as a torch.distributed.checkpoint
+// folder `out_dir` under torchtitan's names (the model's state dict at the top level), one tensor in
+// memory at a time: what torchtitan reads with checkpoint.initial_load_path and
+// initial_load_model_only, and torch.distributed.checkpoint.load in any layout. Returns the count.
+int64_t convert_to_dcp(const std::string& step_dir, const std::string& out_dir, at::ScalarType dtype);
+
+// Exports them as one torch.save file `out_file` (a dict of name -> tensor, torch.load(...,
+// weights_only=True) reads it), written one tensor at a time. Returns the count.
+int64_t convert_to_torch(const std::string& step_dir, const std::string& out_file, at::ScalarType dtype);
 
 // The command line after `titan convert`; returns the exit status.
 int run_convert(const std::vector<std::string>& args);

@@ -195,6 +195,7 @@ Estimate estimate(const JobConfig& cfg, const EstimateOptions& options) {
   set_activation_checkpointing(ac, cfg.activation_checkpoint);
   plan.ac_mode = ac.ac_mode;
   plan.ac_every = ac.ac_every;
+  plan.ac_force_recompute = ac.ac_force_recompute;
   plan.optimizer = cfg.optimizer.name;
   plan.optimizer_implementation = cfg.optimizer.implementation;
   plan.max_norm = tr.max_norm;

@@ -99,7 +99,7 @@ void Trainer::set_up_distributed() {
                 "save_traces_file_prefix");
   if (device_.is_cuda() && cfg_.comm.trace_buf_size > 0)
     log_info("Flight recorder: the last " + std::to_string(cfg_.comm.trace_buf_size) +
-             " collectives of each process group, written to " + traces + "/" + cfg_.comm.save_traces_file_prefix +
+             " collectives of each rank, written to " + traces + "/" + cfg_.comm.save_traces_file_prefix +
              "<rank> if an NCCL collective times out");
   store_ = c10::make_intrusive<c10d::HashStore>();
   const auto timeout = std::chrono::seconds(cfg_.comm.init_timeout_seconds);

@@ -492,6 +492,57 @@ TEST(HFConvert, ToHFExportsTheRunsTokenizerAndAGenerationConfig) {
   EXPECT_FALSE(fs::exists(dir / "hf-tt/tokenizer.model"));
 }
 
+// `titan convert to-dcp` and `to-torch`: PyTorch's own readers (torch.distributed.checkpoint.load into
+// a state dict of the model's names, as torchtitan's initial_load_path does, and torch.load with
+// weights_only) give the checkpoint's tensors bit for bit, in fp32 and in bf16; titan's from-dcp reads
+// the folder back to the same checkpoint.
+TEST(TorchConvert, ToDcpAndToTorchLoadInPyTorchBitForBit) {
+  test::TempDir dir;
+  LanguageModel model = build(model_spec("llama3"), "debugmodel");
+  write_titan_checkpoint(dir / "step-10", *model, "debugmodel");
+  for (const std::string dtype : {"float32", "bfloat16"}) {
+    SCOPED_TRACE(dtype);
+    const std::string out = dir / dtype;
+    auto r = titan_cli({"convert", "to-dcp", dir / "step-10", out + "-dcp", "--checkpoint.export_dtype", dtype});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    r = titan_cli({"convert", "to-torch", dir / "step-10", out + ".pt", "--checkpoint.export_dtype", dtype});
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("wrote " + std::to_string(params_of(*model).size()) + " tensors (" + dtype + ")"),
+              std::string::npos) << r.output;
+    std::map<std::string, at::Tensor> expected;
+    for (const auto& [name, t] : params_of(*model))
+      expected[name] = t.to(dtype == "float32" ? at::kFloat : at::kBFloat16).contiguous();
+    safetensors::save(out + "-ref.safetensors", expected);
+    auto py = test::run_process({test::python(), std::string(TITAN_SOURCE_DIR) + "/tests/reference/torch_export_reference.py",
+                                 out + "-ref.safetensors", out + "-dcp", out + ".pt"},
+                                {{"OMP_NUM_THREADS", "2"}});
+    ASSERT_EQ(py.exit_code, 0) << py.output;
+    const nlohmann::json report = nlohmann::json::parse(py.output.substr(py.output.find('{')));
+    std::vector<std::string> names;
+    for (const auto& [name, t] : expected) names.push_back(name);
+    EXPECT_EQ(report.at("dcp").at("names").get<std::vector<std::string>>(), names);
+    EXPECT_TRUE(report.at("dcp").at("differ").empty()) << report.dump();
+    EXPECT_EQ(report.at("dcp").at("dtypes"), nlohmann::json({"torch." + dtype}));
+    EXPECT_EQ(report.at("torch").at("type"), "dict");
+    EXPECT_EQ(report.at("torch").at("names").get<std::vector<std::string>>(), names);
+    EXPECT_TRUE(report.at("torch").at("differ").empty()) << report.dump();
+  }
+  // Back through from-dcp: the same weights.
+  auto r = titan_cli({"convert", "from-dcp", dir / "float32-dcp", dir / "back/step-0", "--model.flavor", "debugmodel"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  checkpoint::Reader back(dir / "back/step-0");
+  for (const auto& [name, t] : params_of(*model)) {
+    const auto meta = back.meta("model." + name);
+    ASSERT_TRUE(meta.has_value()) << name;
+    EXPECT_TRUE(at::equal(back.read("model." + name, std::vector<int64_t>(meta->shape.size(), 0), meta->shape), t)) << name;
+  }
+  // Existing destinations and a folder of checkpoints are refused.
+  r = titan_cli({"convert", "to-dcp", dir / "step-10", dir / "float32-dcp"});
+  EXPECT_NE(r.output.find("already exists"), std::string::npos) << r.output;
+  r = titan_cli({"convert", "to-torch", dir / "step-10", dir / "float32.pt"});
+  EXPECT_NE(r.output.find("already exists: choose a new file"), std::string::npos) << r.output;
+}
+
 TEST(HFConvert, CommandLine) {
   auto r = titan_cli({"--help"});
   EXPECT_NE(r.output.find("convert"), std::string::npos) << r.output;

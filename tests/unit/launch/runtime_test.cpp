@@ -250,7 +250,8 @@ TEST(SlurmMasterPort, DeterministicAndInRange) {
 // [comm] trace_buf_size and its folder: the environment LibTorch's flight recorder and NCCL's
 // watchdog read, torchtitan's variables; a value already in the environment is reported when changed.
 TEST(FlightRecorder, SetsLibTorchsEnvironment) {
-  const char* names[] = {"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_DUMP_TEMP_FILE"};
+  const char* names[] = {"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_DUMP_TEMP_FILE",
+                         "TORCH_NCCL_ASYNC_ERROR_HANDLING"};
   std::map<std::string, std::optional<std::string>> saved;
   for (const char* n : names) {
     const char* v = std::getenv(n);
@@ -264,6 +265,7 @@ TEST(FlightRecorder, SetsLibTorchsEnvironment) {
   EXPECT_EQ(env("TORCH_FR_BUFFER_SIZE"), "20000");
   EXPECT_EQ(env("TORCH_NCCL_DUMP_ON_TIMEOUT"), "1");
   EXPECT_EQ(env("TORCH_FR_DUMP_TEMP_FILE"), folder + "/rank_");
+  EXPECT_EQ(env("TORCH_NCCL_ASYNC_ERROR_HANDLING"), "3");
   EXPECT_TRUE(std::filesystem::is_directory(folder));
   // Changed values are reported; the same value is not.
   const auto changed = configure_flight_recorder(500, folder, "rank_", true);

@@ -7,6 +7,7 @@
 #include <caffe2/serialize/inline_container.h>
 #include <caffe2/serialize/read_adapter_interface.h>
 #include <torch/csrc/jit/serialization/import_read.h>
+#include <torch/csrc/jit/serialization/pickle.h>
 
 #include <algorithm>
 #include <array>
@@ -573,6 +574,172 @@ std::string DcpSource::unread_summary() const {
   for (const auto& [p, n] : by_part)
     out += (out.empty() ? "" : ", ") + p + " (" + std::to_string(n) + (n == 1 ? " key)" : " keys)");
   return out;
+}
+
+namespace {
+
+constexpr const char* kDcpModule = "torch.distributed.checkpoint.metadata";
+constexpr const char* kDcpDataFile = "__0_0.distcp";
+
+std::string torch_dtype_name(at::ScalarType t) {
+  for (const auto& [name, type] : dtypes())
+    if (type == t) return name.substr(std::string("torch.").size());
+  throw UserError(std::string("a torch.distributed.checkpoint cannot record a tensor of dtype ") + c10::toString(t));
+}
+
+// torch.Size((d0, d1, ...)).
+void write_size(pickle::Writer& w, const std::vector<int64_t>& dims) {
+  w.global_("torch", "Size");
+  w.mark();
+  w.mark();
+  for (int64_t d : dims) w.integer(d);
+  w.tuple();
+  w.tuple();
+  w.reduce();
+}
+
+// A dataclass of DCP: module.name(), then its fields (the caller writes key, value pairs) and BUILD.
+template <class Fields>
+void write_dataclass(pickle::Writer& w, const char* module, const char* name, const Fields& fields) {
+  w.global_(module, name);
+  w.empty_tuple();
+  w.newobj();
+  w.empty_dict();
+  w.mark();
+  fields();
+  w.setitems();
+  w.build();
+}
+
+}  // namespace
+
+DcpWriter::DcpWriter(std::string dir) : dir_(std::move(dir)) {
+  namespace fs = std::filesystem;
+  TITAN_USER_CHECK(!fs::exists(dir_), dir_, " already exists: choose a new folder for the torch.distributed.checkpoint");
+  std::error_code ec;
+  fs::create_directories(dir_, ec);
+  TITAN_USER_CHECK(!ec, "cannot create ", dir_, ": ", ec.message());
+  data_ = std::make_unique<std::ofstream>(fs::path(dir_) / kDcpDataFile, std::ios::binary);
+  TITAN_USER_CHECK(data_->good(), "cannot write ", (fs::path(dir_) / kDcpDataFile).string());
+}
+
+DcpWriter::~DcpWriter() = default;
+
+void DcpWriter::add(const std::string& key, const at::Tensor& tensor) {
+  TITAN_USER_CHECK(data_, "torch.distributed.checkpoint ", dir_, " is already finished");
+  const at::Tensor t = tensor.detach().to(at::kCPU).contiguous();
+  Item item{key, t.scalar_type(), t.sizes().vec(), written_, 0};
+  torch_dtype_name(item.dtype);  // a dtype DCP's metadata can name
+  // A whole tensor (not a view into a larger storage), as torch.save(tensor) writes it.
+  const std::vector<char> blob = torch::jit::pickle_save(t.storage().nbytes() == t.nbytes() ? t : t.clone());
+  data_->write(blob.data(), static_cast<std::streamsize>(blob.size()));
+  TITAN_USER_CHECK(data_->good(), "writing ", key, " to ", dir_, " failed (disk full?)");
+  item.length = static_cast<int64_t>(blob.size());
+  written_ += item.length;
+  items_.push_back(std::move(item));
+}
+
+void DcpWriter::finish() {
+  namespace fs = std::filesystem;
+  TITAN_USER_CHECK(data_, "torch.distributed.checkpoint ", dir_, " is already finished");
+  data_->close();
+  TITAN_USER_CHECK(!data_->fail(), "writing ", (fs::path(dir_) / kDcpDataFile).string(), " failed");
+  data_.reset();
+  // Metadata(state_dict_metadata={key: TensorStorageMetadata}, planner_data={key: (key,)},
+  //          storage_data={MetadataIndex(key, offsets): _StorageInfo(file, offset, length)},
+  //          storage_meta=None, version="1.0.0")
+  pickle::Writer w;
+  write_dataclass(w, kDcpModule, "Metadata", [&] {
+    w.string("state_dict_metadata");
+    w.empty_dict();
+    w.mark();
+    for (const Item& it : items_) {
+      w.string(it.key);
+      write_dataclass(w, kDcpModule, "TensorStorageMetadata", [&] {
+        w.string("properties");
+        // TensorProperties' state is a tuple: dtype, layout, requires_grad, memory_format, pin_memory.
+        w.global_(kDcpModule, "TensorProperties");
+        w.empty_tuple();
+        w.newobj();
+        w.mark();
+        w.global_("torch", torch_dtype_name(it.dtype));
+        w.global_("torch.serialization", "_get_layout");
+        w.mark();
+        w.string("torch.strided");
+        w.tuple();
+        w.reduce();
+        w.boolean(false);
+        w.global_(kDcpModule, "_MEM_FORMAT_ENCODING");
+        w.mark();
+        w.integer(0);  // torch.contiguous_format
+        w.tuple();
+        w.reduce();
+        w.boolean(false);
+        w.tuple();
+        w.build();
+        w.string("size");
+        write_size(w, it.shape);
+        w.string("chunks");
+        w.empty_list();
+        w.mark();
+        write_dataclass(w, kDcpModule, "ChunkStorageMetadata", [&] {
+          w.string("offsets");
+          write_size(w, std::vector<int64_t>(it.shape.size(), 0));
+          w.string("sizes");
+          write_size(w, it.shape);
+        });
+        w.appends();
+      });
+    }
+    w.setitems();
+    w.string("planner_data");
+    w.empty_dict();
+    w.mark();
+    for (const Item& it : items_) {
+      w.string(it.key);
+      w.mark();
+      w.string(it.key);
+      w.tuple();
+    }
+    w.setitems();
+    w.string("storage_data");
+    w.empty_dict();
+    w.mark();
+    for (const Item& it : items_) {
+      write_dataclass(w, kDcpModule, "MetadataIndex", [&] {
+        w.string("fqn");
+        w.string(it.key);
+        w.string("offset");
+        write_size(w, std::vector<int64_t>(it.shape.size(), 0));
+        w.string("index");
+        w.integer(0);
+      });
+      write_dataclass(w, "torch.distributed.checkpoint.filesystem", "_StorageInfo", [&] {
+        w.string("relative_path");
+        w.string(kDcpDataFile);
+        w.string("offset");
+        w.integer(it.offset);
+        w.string("length");
+        w.integer(it.length);
+        w.string("transform_descriptors");
+        w.none();
+      });
+    }
+    w.setitems();
+    w.string("storage_meta");
+    w.none();
+    w.string("version");
+    w.string("1.0.0");
+  });
+  const std::string metadata = w.finish();
+  const fs::path tmp = fs::path(dir_) / (std::string(kDcpMetadataFile) + ".tmp");
+  {
+    std::ofstream out(tmp, std::ios::binary);
+    out.write(metadata.data(), static_cast<std::streamsize>(metadata.size()));
+    out.close();
+    TITAN_USER_CHECK(!out.fail(), "writing ", tmp.string(), " failed");
+  }
+  fs::rename(tmp, fs::path(dir_) / kDcpMetadataFile);
 }
 
 }  // namespace titan::checkpoint

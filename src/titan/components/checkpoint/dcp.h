@@ -21,6 +21,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <fstream>
+
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -34,6 +36,33 @@ inline constexpr const char* kDcpMetadataFile = ".metadata";
 
 // True when `dir` holds a DCP `.metadata` file.
 bool is_dcp_folder(const std::string& dir);
+
+// Writes a torch.distributed.checkpoint folder from one process: every tensor added whole, as one
+// chunk (a torch.save blob, as DCP's FileSystemWriter writes them) in __0_0.distcp, and `.metadata`
+// (DCP's Metadata dataclasses, pickled) by finish(). torch.distributed.checkpoint.load reads it into
+// a state dict with those keys in any layout, as torchtitan's checkpoint.initial_load_path does.
+class DcpWriter {
+ public:
+  // `dir` must not exist; it is made.
+  explicit DcpWriter(std::string dir);
+  ~DcpWriter();
+  // One tensor under its DCP key (e.g. torchtitan's "layers.0.attention.wq.weight"); written at once.
+  void add(const std::string& key, const at::Tensor& tensor);
+  // Writes `.metadata`: until then the folder is not a checkpoint.
+  void finish();
+
+ private:
+  struct Item {
+    std::string key;
+    at::ScalarType dtype;
+    std::vector<int64_t> shape;
+    int64_t offset = 0, length = 0;
+  };
+  std::string dir_;
+  std::unique_ptr<std::ofstream> data_;
+  int64_t written_ = 0;
+  std::vector<Item> items_;
+};
 
 class DcpSource : public Source {
  public:

@@ -1,5 +1,6 @@
 #include "titan/components/checkpoint/pickle.h"
 
+#include <climits>
 #include <cstring>
 #include <stdexcept>
 #include <unordered_map>
@@ -436,5 +437,48 @@ const std::vector<Ref>& Value::sequence() const {
 }
 
 Document parse(std::string_view data) { return Parser(data).run(); }
+
+Writer::Writer() { out_ += "\x80\x02"; }  // PROTO 2
+void Writer::none() { out_ += 'N'; }
+void Writer::boolean(bool b) { out_ += b ? '\x88' : '\x89'; }
+void Writer::integer(int64_t i) {
+  if (i >= INT32_MIN && i <= INT32_MAX) {  // BININT: 4 bytes, little-endian, signed
+    out_ += 'J';
+    const auto u = static_cast<uint32_t>(static_cast<int32_t>(i));
+    for (int k = 0; k < 4; ++k) out_ += static_cast<char>((u >> (8 * k)) & 0xff);
+    return;
+  }
+  out_ += "\x8a\x08";  // LONG1 of 8 bytes, little-endian two's complement
+  const auto u = static_cast<uint64_t>(i);
+  for (int k = 0; k < 8; ++k) out_ += static_cast<char>((u >> (8 * k)) & 0xff);
+}
+void Writer::string(std::string_view s) {  // BINUNICODE: 4-byte length, UTF-8
+  out_ += 'X';
+  const auto n = static_cast<uint32_t>(s.size());
+  for (int k = 0; k < 4; ++k) out_ += static_cast<char>((n >> (8 * k)) & 0xff);
+  out_ += s;
+}
+void Writer::global_(std::string_view module, std::string_view name) {
+  out_ += 'c';
+  out_ += module;
+  out_ += '\n';
+  out_ += name;
+  out_ += '\n';
+}
+void Writer::mark() { out_ += '('; }
+void Writer::tuple() { out_ += 't'; }
+void Writer::empty_tuple() { out_ += ')'; }
+void Writer::empty_dict() { out_ += '}'; }
+void Writer::setitems() { out_ += 'u'; }
+void Writer::empty_list() { out_ += ']'; }
+void Writer::appends() { out_ += 'e'; }
+void Writer::newobj() { out_ += '\x81'; }
+void Writer::reduce() { out_ += 'R'; }
+void Writer::build() { out_ += 'b'; }
+void Writer::persid() { out_ += 'Q'; }
+std::string Writer::finish() {
+  out_ += '.';
+  return std::move(out_);
+}
 
 }  // namespace titan::pickle

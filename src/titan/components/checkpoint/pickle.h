@@ -56,4 +56,34 @@ class Document {
 // Parses one pickle. Throws std::runtime_error (with the byte offset) on malformed or unsupported input.
 Document parse(std::string_view data);
 
+// Writes a protocol 2 pickle opcode by opcode (the caller keeps the stack balanced), enough for
+// dataclass objects such as torch.distributed.checkpoint's Metadata: a class is `global_` then
+// `empty_tuple` and `newobj`, its fields a dict then `build`; a call is the callable, an argument
+// tuple and `reduce`. No memo: every value is written where it is used.
+class Writer {
+ public:
+  Writer();
+  void none();
+  void boolean(bool b);
+  void integer(int64_t i);
+  void string(std::string_view s);
+  void global_(std::string_view module, std::string_view name);
+  void mark();
+  void tuple();        // from the last mark
+  void empty_tuple();
+  void empty_dict();
+  void setitems();     // key, value pairs since the last mark into the dict below the mark
+  void empty_list();
+  void appends();      // items since the last mark onto the list below the mark
+  void newobj();       // cls, args -> cls.__new__(cls, *args)
+  void reduce();       // callable, args -> callable(*args)
+  void build();        // object, state -> object with that state
+  void persid();       // id -> persistent_load(id) (torch.save's reference to a storage record)
+  // The pickle, ended with STOP.
+  std::string finish();
+
+ private:
+  std::string out_;
+};
+
 }  // namespace titan::pickle
