@@ -3,8 +3,8 @@
 Written from the routing formulas (docs/moe.md, torchtitan's order), token by token: no sorting and
 no grouped matmul. Reads IN.safetensors (x (T, D), gate (E, D), w1/w3 (E, F, D), w2 (E, D, F),
 optional shared_w1/shared_w3 (Fs, D), shared_w2 (D, Fs), optional expert_bias (E), grad_out (T, D);
-metadata "options": JSON with top_k, score_func, route_norm, route_scale, n_groups, topk_groups and
-aux_weight) and writes y (T, D), ids (T, K), weights (T, K), counts (E), the auxiliary load-balancing
+metadata "options": JSON with top_k, score_func, route_norm, route_scale, n_groups, topk_groups,
+aux_weight and force_load_balance, torchtitan's debug routing) and writes y (T, D), ids (T, K), weights (T, K), counts (E), the auxiliary load-balancing
 loss "aux" = E * sum_e f_e P_e (f_e: the share of the T tokens routed to expert e, counted once per
 copy; P_e: the mean over the tokens of e's probability, the softmax score, or the sigmoid score over
 the token's sum of scores), and grad.<name> for x and every weight, for the loss
@@ -51,6 +51,8 @@ def main():
                 if g not in keep:
                     choice[g * per:(g + 1) * per] = float("-inf")
         chosen = torch.topk(choice, K).indices
+        if o.get("force_load_balance"):  # debug routing: copy k of token i to expert (i K + k) mod E
+            chosen = torch.tensor([(i * K + k) % E for k in range(K)])
         w = scores[i][chosen]
         if o["route_norm"]:
             w = w / (w.sum() + 1e-20)

@@ -5,7 +5,8 @@ REF.safetensors holds the expected tensors (the titan checkpoint's model, in the
 script loads DCP_DIR with torch.distributed.checkpoint.load (no process group) into a state dict of
 zeros of REF's names, shapes and dtypes, as torchtitan's initial_load_path does with its model's
 state dict, and PT_FILE with torch.load(weights_only=True), and prints a JSON report: for each, the
-names, and the names whose tensor is not bitwise REF's.
+names, the names whose tensor is not bitwise REF's, and (torch.load) whether a tied output.weight
+shares tok_embeddings.weight's storage.
 
 usage: torch_export_reference.py REF.safetensors DCP_DIR PT_FILE
 """
@@ -41,6 +42,10 @@ def main():
         "names": sorted(loaded),
         "differ": sorted(n for n, t in ref.items() if n not in loaded or not (
             loaded[n].dtype == t.dtype and loaded[n].shape == t.shape and torch.equal(loaded[n], t))),
+        # A tied table (output.weight beside tok_embeddings.weight) loads as one storage.
+        "tied": "output.weight" in loaded and "tok_embeddings.weight" in loaded and (
+            loaded["output.weight"].untyped_storage().data_ptr()
+            == loaded["tok_embeddings.weight"].untyped_storage().data_ptr()),
     }
     print(json.dumps(report))
 

@@ -238,6 +238,7 @@ struct Debug {
   bool deterministic = false;
   bool deterministic_warn_only = false;
   bool skip_memory_check = false;
+  bool moe_force_load_balance = false;
 
   template <class V>
   void visit(V& v) {
@@ -246,6 +247,9 @@ struct Debug {
     v(deterministic_warn_only, "deterministic_warn_only", "with deterministic: warn instead of failing on ops without one");
     v(skip_memory_check, "skip_memory_check",
       "start even when titan estimate's per-rank peak exceeds the memory available to a rank (the pre-flight check)");
+    v(moe_force_load_balance, "moe_force_load_balance",
+      "route MoE tokens round-robin over the experts, whatever the router says (to measure speed under perfect "
+      "balance; the model does not learn to route)");
   }
   bool operator==(const Debug&) const = default;
 };

@@ -34,7 +34,8 @@ void MoEOptions::validate() const {
   }
 }
 
-Routing route(const at::Tensor& logits_TE, const at::Tensor& expert_bias_E, const MoEOptions& o) {
+Routing route(const at::Tensor& logits_TE, const at::Tensor& expert_bias_E, const MoEOptions& o,
+              bool force_load_balance) {
   Routing r;
   const at::Tensor logits = logits_TE.to(at::kFloat);
   r.scores_TE = o.score_func == "sigmoid" ? at::sigmoid(logits) : at::softmax(logits, -1);
@@ -52,7 +53,10 @@ Routing route(const at::Tensor& logits_TE, const at::Tensor& expert_bias_E, cons
       choice = grouped.masked_fill(keep.logical_not().unsqueeze(-1), -std::numeric_limits<float>::infinity())
                    .view({T, -1});
     }
-    r.ids_TK = std::get<1>(choice.topk(o.top_k, -1, /*largest=*/true, /*sorted=*/true));
+    r.ids_TK = force_load_balance
+                   ? at::arange(choice.size(0) * o.top_k, choice.options().dtype(at::kLong)).view({-1, o.top_k})
+                         .remainder(o.num_experts)
+                   : std::get<1>(choice.topk(o.top_k, -1, /*largest=*/true, /*sorted=*/true));
     // On the meta device (shape-only dry runs) the counts have no values.
     // (A scatter of ones rather than bincount, which reads the ids' range on the host: no sync.)
     const at::Tensor flat = r.ids_TK.reshape({-1});
@@ -241,7 +245,7 @@ at::Tensor MoEImpl::forward(const at::Tensor& x_BSD) {
     const at::Tensor& x = in[0];
     const int64_t D = x.size(-1), K = options_.top_k;
     const at::Tensor x_TD = x.reshape({-1, D});
-    const Routing r = route(router(x_TD), expert_bias, options_);
+    const Routing r = route(router(x_TD), expert_bias, options_, force_load_balance);
     if (count_tokens && !recomputing() && tokens_per_expert.device().type() != at::kMeta) {
       at::NoGradGuard no_grad;
       tokens_per_expert.add_(r.counts_E.to(tokens_per_expert.device(), at::kFloat));

@@ -57,8 +57,12 @@ struct Routing {
 };
 
 // The routing above for the gate's logits (T, E) (any float dtype) and the bias (E) or an undefined
-// tensor. Differentiable in the logits through the weights.
-Routing route(const at::Tensor& logits_TE, const at::Tensor& expert_bias_E, const MoEOptions& options);
+// tensor. Differentiable in the logits through the weights. `force_load_balance` (torchtitan's
+// debug.moe_force_load_balance, for measuring speed under perfect balance): copy k of token t goes to
+// expert (t K + k) mod E whatever the scores, each with its score's weight (normalized and scaled as
+// usual).
+Routing route(const at::Tensor& logits_TE, const at::Tensor& expert_bias_E, const MoEOptions& options,
+              bool force_load_balance = false);
 
 // The order of the routed copies: row n of the sorted copies is copy perm[n] = t * K + k (token t's
 // k-th choice), each copy once (N = T * K, int64); inv_N is its inverse (copy j sits in row inv[j]).
@@ -141,6 +145,8 @@ class MoEImpl : public HookedModule {
   // E * sum_e f_e sum_{t here} p_te / T (summed over those ranks, they make the layer's aux) of the
   // step's forward passes (not recomputations); the trainer reads and zeroes it.
   double aux_loss_weight = 0;
+  // debug.moe_force_load_balance: route round-robin (see route()).
+  bool force_load_balance = false;
   std::function<at::Tensor(const at::Tensor& counts_E)> global_counts;
   at::Tensor aux_loss_terms;           // fp32 scalar, undefined until the first term
 

@@ -4,13 +4,11 @@
 #include "titan/components/checkpoint/checkpoint.h"
 #include "titan/components/checkpoint/dcp.h"
 #include "titan/components/checkpoint/hf.h"
-#include "titan/components/checkpoint/pickle.h"
 #include "titan/config/job_config.h"
 #include "titan/models/model.h"
 #include "titan/models/registry.h"
 
 #include <ATen/ATen.h>
-#include <caffe2/serialize/inline_container.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -63,83 +61,74 @@ at::Tensor read_model_tensor(checkpoint::Reader& reader, const std::string& name
 
 }  // namespace
 
+namespace {
+
+// torchtitan's state dict holds a tied embedding table twice (output.weight is tok_embeddings.weight);
+// titan's checkpoint holds it once, as the embedding: the name to add, or "" when the model is untied.
+std::string tied_output_name(const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors) {
+  bool embedding = false, output = false;
+  for (const auto& [name, shape] : tensors) {
+    embedding |= name == "tok_embeddings.weight";
+    output |= name == "output.weight";
+  }
+  return embedding && !output ? "output.weight" : "";
+}
+
+}  // namespace
+
 int64_t convert_to_dcp(const std::string& step_dir, const std::string& out_dir, at::ScalarType dtype) {
   checkpoint::Reader reader = open_checkpoint(step_dir);
   const auto tensors = model_tensors(reader, step_dir);
   checkpoint::DcpWriter writer(out_dir);
   for (const auto& [name, shape] : tensors) writer.add(name, read_model_tensor(reader, name, shape, dtype));
+  const std::string tied = tied_output_name(tensors);
+  if (!tied.empty()) writer.add_alias(tied, "tok_embeddings.weight");
   writer.finish();
-  return static_cast<int64_t>(tensors.size());
+  return static_cast<int64_t>(tensors.size() + !tied.empty());
 }
 
 int64_t convert_to_torch(const std::string& step_dir, const std::string& out_file, at::ScalarType dtype) {
+  TITAN_USER_CHECK(!fs::path(out_file).filename().empty() && !fs::is_directory(out_file), out_file,
+                   " is a folder: give the file to write, e.g. ", (fs::path(out_file) / "model.pt").string());
+  TITAN_USER_CHECK(!fs::exists(out_file), out_file, " already exists: choose a new file");
   checkpoint::Reader reader = open_checkpoint(step_dir);
   const auto tensors = model_tensors(reader, step_dir);
-  TITAN_USER_CHECK(!fs::exists(out_file), out_file, " already exists: choose a new file");
-  // torch.save's format: a zip archive whose data.pkl is the dict, each tensor rebuilt by
-  // torch._utils._rebuild_tensor_v2 from a storage record data/<i> (a persistent id); the records
-  // follow the pickle, written one tensor at a time.
-  pickle::Writer w;
-  w.empty_dict();
-  w.mark();
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const auto& [name, shape] = tensors[i];
-    const at::ScalarType type = reader.meta(kModelPrefix + name)->dtype;
-    const at::ScalarType out_type = at::isFloatingType(type) ? dtype : type;
-    int64_t numel = 1;
-    for (int64_t d : shape) numel *= d;
-    w.string(name);
-    w.global_("torch._utils", "_rebuild_tensor_v2");
-    w.mark();
-    w.mark();
-    w.string("storage");
-    w.global_("torch", std::string(c10::toString(out_type)) + "Storage");
-    w.string(std::to_string(i));
-    w.string("cpu");
-    w.integer(numel);
-    w.tuple();
-    w.persid();
-    w.integer(0);  // storage offset
-    w.mark();
-    for (int64_t d : shape) w.integer(d);
-    w.tuple();
-    w.mark();
-    int64_t stride = 1;
-    std::vector<int64_t> strides(shape.size());
-    for (size_t k = shape.size(); k-- > 0;) {
-      strides[k] = stride;
-      stride *= shape[k];
-    }
-    for (int64_t s : strides) w.integer(s);
-    w.tuple();
-    w.boolean(false);  // requires_grad
-    w.global_("collections", "OrderedDict");
-    w.empty_tuple();
-    w.reduce();
-    w.tuple();
-    w.reduce();
+  std::vector<checkpoint::TorchSaveEntry> entries;
+  for (const auto& [name, shape] : tensors) {
+    const at::ScalarType saved = reader.meta(kModelPrefix + name)->dtype;
+    entries.push_back({name, at::isFloatingType(saved) ? dtype : saved, shape, std::nullopt});
   }
-  w.setitems();
-  const std::string pickled = w.finish();
+  if (const std::string tied = tied_output_name(tensors); !tied.empty()) {
+    size_t embedding = 0;
+    while (entries[embedding].name != "tok_embeddings.weight") ++embedding;
+    entries.push_back({tied, entries[embedding].dtype, entries[embedding].shape, embedding});
+  }
   std::error_code ec;
   if (fs::path(out_file).has_parent_path()) fs::create_directories(fs::path(out_file).parent_path(), ec);
   const std::string tmp = out_file + ".tmp";
+  std::ofstream out(tmp, std::ios::binary);
+  TITAN_USER_CHECK(out.good(), "cannot write ", tmp);
   try {
-    caffe2::serialize::PyTorchStreamWriter archive(tmp);
-    archive.writeRecord("data.pkl", pickled.data(), pickled.size());
-    archive.writeRecord("byteorder", "little", 6);
-    for (size_t i = 0; i < tensors.size(); ++i) {
-      const auto& [name, shape] = tensors[i];
-      const at::Tensor t = read_model_tensor(reader, name, shape, dtype);
-      archive.writeRecord("data/" + std::to_string(i), t.data_ptr(), t.nbytes());
-    }
-    archive.writeEndOfFile();
+    checkpoint::write_torch_save(
+        [&](const void* bytes, size_t n) {
+          out.write(static_cast<const char*>(bytes), static_cast<std::streamsize>(n));
+          return out.good() ? n : 0;
+        },
+        entries, /*as_dict=*/true,
+        [&](size_t i) { return read_model_tensor(reader, tensors[i].first, tensors[i].second, dtype); });
+    out.close();
+    TITAN_USER_CHECK(!out.fail(), "writing ", tmp, " failed (disk full?)");
   } catch (const c10::Error& e) {
+    out.close();
     fs::remove(tmp, ec);
     throw UserError("cannot write " + out_file + ": " + e.what_without_backtrace());
+  } catch (...) {
+    out.close();
+    fs::remove(tmp, ec);
+    throw;
   }
   fs::rename(tmp, out_file);
-  return static_cast<int64_t>(tensors.size());
+  return static_cast<int64_t>(entries.size());
 }
 
 int64_t convert_to_hf(const std::string& step_dir, const std::string& out_dir, at::ScalarType dtype) {

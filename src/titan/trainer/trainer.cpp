@@ -453,6 +453,11 @@ std::vector<std::pair<std::string, at::Tensor>> Trainer::collect_parameters() {
     moe_layers_ = model_->moe_layers();
   }
   moe_model_ = !model_->moe_layers().empty();  // the whole model's (a pipeline stage may hold none)
+  for (auto& [prefix, layer] : moe_layers_) layer->force_load_balance = cfg_.debug.moe_force_load_balance;
+  if (cfg_.debug.moe_force_load_balance)
+    log_warning(moe_model_ ? "debug.moe_force_load_balance: MoE tokens are routed round-robin over the experts, "
+                             "whatever the routers say (a speed measurement under perfect balance, not training)"
+                           : "debug.moe_force_load_balance has no effect: the model has no MoE layers");
   for (const auto& dp : data_parallel_) {
     params_.insert(params_.end(), dp->parameters().begin(), dp->parameters().end());
     for (auto& p : dp->named_parameters()) named.push_back(std::move(p));

@@ -500,18 +500,27 @@ TEST(TorchConvert, ToDcpAndToTorchLoadInPyTorchBitForBit) {
   test::TempDir dir;
   LanguageModel model = build(model_spec("llama3"), "debugmodel");
   write_titan_checkpoint(dir / "step-10", *model, "debugmodel");
-  for (const std::string dtype : {"float32", "bfloat16"}) {
-    SCOPED_TRACE(dtype);
-    const std::string out = dir / dtype;
-    auto r = titan_cli({"convert", "to-dcp", dir / "step-10", out + "-dcp", "--checkpoint.export_dtype", dtype});
+  // Qwen3's debug model ties its output projection to the embedding: torchtitan's state dict names
+  // the table twice (output.weight too), titan's checkpoint once.
+  LanguageModel tied = build(model_spec("qwen3"), "debugmodel");
+  write_titan_checkpoint(dir / "tied/step-10", *tied, "debugmodel");
+  ASSERT_EQ(params_of(*tied).count("output.weight"), 0u);
+  for (const auto& [step, dtype] : std::vector<std::pair<std::string, std::string>>{
+           {"step-10", "float32"}, {"step-10", "bfloat16"}, {"tied/step-10", "float32"}}) {
+    SCOPED_TRACE(step + " " + dtype);
+    const bool is_tied = step == "tied/step-10";
+    LanguageModelImpl& m = is_tied ? *tied : *model;
+    const std::string out = dir / (is_tied ? "tied-" + dtype : dtype);
+    auto r = titan_cli({"convert", "to-dcp", dir / step, out + "-dcp", "--checkpoint.export_dtype", dtype});
     ASSERT_EQ(r.exit_code, 0) << r.output;
-    r = titan_cli({"convert", "to-torch", dir / "step-10", out + ".pt", "--checkpoint.export_dtype", dtype});
+    r = titan_cli({"convert", "to-torch", dir / step, out + ".pt", "--checkpoint.export_dtype", dtype});
     ASSERT_EQ(r.exit_code, 0) << r.output;
-    EXPECT_NE(r.output.find("wrote " + std::to_string(params_of(*model).size()) + " tensors (" + dtype + ")"),
+    EXPECT_NE(r.output.find("wrote " + std::to_string(params_of(m).size() + is_tied) + " tensors (" + dtype + ")"),
               std::string::npos) << r.output;
     std::map<std::string, at::Tensor> expected;
-    for (const auto& [name, t] : params_of(*model))
+    for (const auto& [name, t] : params_of(m))
       expected[name] = t.to(dtype == "float32" ? at::kFloat : at::kBFloat16).contiguous();
+    if (is_tied) expected["output.weight"] = expected.at("tok_embeddings.weight").clone();
     safetensors::save(out + "-ref.safetensors", expected);
     auto py = test::run_process({test::python(), std::string(TITAN_SOURCE_DIR) + "/tests/reference/torch_export_reference.py",
                                  out + "-ref.safetensors", out + "-dcp", out + ".pt"},
@@ -526,6 +535,7 @@ TEST(TorchConvert, ToDcpAndToTorchLoadInPyTorchBitForBit) {
     EXPECT_EQ(report.at("torch").at("type"), "dict");
     EXPECT_EQ(report.at("torch").at("names").get<std::vector<std::string>>(), names);
     EXPECT_TRUE(report.at("torch").at("differ").empty()) << report.dump();
+    EXPECT_EQ(report.at("torch").at("tied"), is_tied) << "a tied table is one storage";
   }
   // Back through from-dcp: the same weights.
   auto r = titan_cli({"convert", "from-dcp", dir / "float32-dcp", dir / "back/step-0", "--model.flavor", "debugmodel"});
@@ -541,6 +551,20 @@ TEST(TorchConvert, ToDcpAndToTorchLoadInPyTorchBitForBit) {
   EXPECT_NE(r.output.find("already exists"), std::string::npos) << r.output;
   r = titan_cli({"convert", "to-torch", dir / "step-10", dir / "float32.pt"});
   EXPECT_NE(r.output.find("already exists: choose a new file"), std::string::npos) << r.output;
+  r = titan_cli({"convert", "to-torch", dir / "step-10", dir / "outdir/"});
+  EXPECT_NE(r.output.find("is a folder: give the file to write"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir / "outdir"));
+  // A failure part way leaves nothing behind: a damaged checkpoint file.
+  fs::create_directories(dir / "broken");
+  fs::copy(dir / "step-10", dir / "broken/step-10", fs::copy_options::recursive);
+  for (const auto& f : fs::directory_iterator(dir / "broken/step-10"))
+    if (f.path().extension() == ".safetensors") fs::resize_file(f.path(), fs::file_size(f.path()) / 2);
+  r = titan_cli({"convert", "to-dcp", dir / "broken/step-10", dir / "broken-dcp"});
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_FALSE(fs::exists(dir / "broken-dcp")) << r.output;
+  r = titan_cli({"convert", "to-torch", dir / "broken/step-10", dir / "broken.pt"});
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_FALSE(fs::exists(dir / "broken.pt") || fs::exists(dir / "broken.pt.tmp")) << r.output;
 }
 
 TEST(HFConvert, CommandLine) {

@@ -26,6 +26,7 @@ struct Case {
   nn::MoEOptions options;
   int64_t tokens;
   double aux_weight = 0;  // the auxiliary loss's weight in the loss (0: none)
+  bool force_load_balance = false;  // torchtitan's debug round-robin routing
 };
 
 std::vector<Case> cases() {
@@ -54,7 +55,9 @@ std::vector<Case> cases() {
           {"sigmoid_grouped_shared", deepseek, 40},
           {"unaligned_loop", unaligned, 24},
           {"softmax_top2_aux_loss", softmax, 40, 3.0},
-          {"sigmoid_grouped_shared_aux_loss", deepseek, 40, 3.0}};
+          {"sigmoid_grouped_shared_aux_loss", deepseek, 40, 3.0},
+          {"softmax_top2_forced_balance", softmax, 40, 0, true},
+          {"sigmoid_grouped_shared_forced_balance", deepseek, 40, 0, true}};
 }
 
 TEST(MoELayer, EqualsTheReferenceWrittenFromTheFormulas) {
@@ -63,6 +66,7 @@ TEST(MoELayer, EqualsTheReferenceWrittenFromTheFormulas) {
     test::TempDir dir;
     nn::MoE moe(c.options, at::TensorOptions().dtype(at::kFloat));
     moe->aux_loss_weight = c.aux_weight;
+    moe->force_load_balance = c.force_load_balance;
     at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(17);
     {
       at::NoGradGuard no_grad;
@@ -87,7 +91,7 @@ TEST(MoELayer, EqualsTheReferenceWrittenFromTheFormulas) {
     const nlohmann::json options = {{"top_k", c.options.top_k},         {"score_func", c.options.score_func},
                                     {"route_norm", c.options.route_norm}, {"route_scale", c.options.route_scale},
                                     {"n_groups", c.options.n_groups},     {"topk_groups", c.options.topk_groups},
-                                    {"aux_weight", c.aux_weight}};
+                                    {"aux_weight", c.aux_weight},         {"force_load_balance", c.force_load_balance}};
     safetensors::save(dir / "in.safetensors", in, {{"options", options.dump()}});
     auto r = test::run_process({test::python(), std::string(TITAN_SOURCE_DIR) + "/tests/reference/moe_reference.py",
                                 dir / "in.safetensors", dir / "out.safetensors"},
@@ -95,8 +99,10 @@ TEST(MoELayer, EqualsTheReferenceWrittenFromTheFormulas) {
     ASSERT_EQ(r.exit_code, 0) << r.output;
     const auto ref = safetensors::load(dir / "out.safetensors").tensors;
 
-    const nn::Routing routing = nn::route(moe->router(x.detach()), moe->expert_bias, c.options);
+    const nn::Routing routing = nn::route(moe->router(x.detach()), moe->expert_bias, c.options, c.force_load_balance);
     EXPECT_TRUE(at::equal(routing.ids_TK, ref.at("ids"))) << "the chosen experts differ";
+    if (c.force_load_balance)  // 40 tokens x K copies over 8 experts: exactly balanced
+      EXPECT_TRUE(at::equal(routing.counts_E, at::full({c.options.num_experts}, c.tokens * c.options.top_k / 8, at::kLong)));
     EXPECT_TRUE(at::equal(routing.counts_E, ref.at("counts")));
     EXPECT_LT(test::relative_error(routing.weights_TK.detach(), ref.at("weights")), kTol);
 

@@ -7,7 +7,6 @@
 #include <caffe2/serialize/inline_container.h>
 #include <caffe2/serialize/read_adapter_interface.h>
 #include <torch/csrc/jit/serialization/import_read.h>
-#include <torch/csrc/jit/serialization/pickle.h>
 
 #include <algorithm>
 #include <array>
@@ -623,20 +622,39 @@ DcpWriter::DcpWriter(std::string dir) : dir_(std::move(dir)) {
   TITAN_USER_CHECK(data_->good(), "cannot write ", (fs::path(dir_) / kDcpDataFile).string());
 }
 
-DcpWriter::~DcpWriter() = default;
+DcpWriter::~DcpWriter() {
+  if (finished_) return;
+  data_.reset();
+  std::error_code ec;
+  std::filesystem::remove_all(dir_, ec);  // an unfinished folder is no checkpoint: leave nothing behind
+}
 
 void DcpWriter::add(const std::string& key, const at::Tensor& tensor) {
   TITAN_USER_CHECK(data_, "torch.distributed.checkpoint ", dir_, " is already finished");
   const at::Tensor t = tensor.detach().to(at::kCPU).contiguous();
   Item item{key, t.scalar_type(), t.sizes().vec(), written_, 0};
   torch_dtype_name(item.dtype);  // a dtype DCP's metadata can name
-  // A whole tensor (not a view into a larger storage), as torch.save(tensor) writes it.
-  const std::vector<char> blob = torch::jit::pickle_save(t.storage().nbytes() == t.nbytes() ? t : t.clone());
-  data_->write(blob.data(), static_cast<std::streamsize>(blob.size()));
+  // One torch.save blob, as DCP's FileSystemWriter writes each tensor.
+  int64_t length = 0;
+  write_torch_save(
+      [&](const void* bytes, size_t n) {
+        data_->write(static_cast<const char*>(bytes), static_cast<std::streamsize>(n));
+        length += static_cast<int64_t>(n);
+        return data_->good() ? n : 0;
+      },
+      {TorchSaveEntry{key, item.dtype, item.shape, std::nullopt}}, /*as_dict=*/false, [&](size_t) { return t; });
   TITAN_USER_CHECK(data_->good(), "writing ", key, " to ", dir_, " failed (disk full?)");
-  item.length = static_cast<int64_t>(blob.size());
+  item.length = length;
   written_ += item.length;
   items_.push_back(std::move(item));
+}
+
+void DcpWriter::add_alias(const std::string& key, const std::string& existing) {
+  const auto it = std::find_if(items_.begin(), items_.end(), [&](const Item& i) { return i.key == existing; });
+  TITAN_ASSERT(it != items_.end(), "DcpWriter: ", existing, " was not added");
+  Item alias = *it;
+  alias.key = key;
+  items_.push_back(std::move(alias));
 }
 
 void DcpWriter::finish() {
@@ -740,6 +758,68 @@ void DcpWriter::finish() {
     TITAN_USER_CHECK(!out.fail(), "writing ", tmp.string(), " failed");
   }
   fs::rename(tmp, fs::path(dir_) / kDcpMetadataFile);
+  finished_ = true;
+}
+
+void write_torch_save(const std::function<size_t(const void*, size_t)>& sink, const std::vector<TorchSaveEntry>& entries,
+                      bool as_dict, const std::function<at::Tensor(size_t)>& fetch) {
+  TITAN_ASSERT(as_dict || entries.size() == 1, "write_torch_save: one tensor, or a dict");
+  pickle::Writer w;
+  if (as_dict) {
+    w.empty_dict();
+    w.mark();
+  }
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const TorchSaveEntry& e = entries[i];
+    const size_t storage = e.same_as.value_or(i);
+    TITAN_ASSERT(storage <= i, "write_torch_save: ", e.name, " shares a later entry's storage");
+    int64_t numel = 1;
+    for (int64_t d : e.shape) numel *= d;
+    if (as_dict) w.string(e.name);
+    w.global_("torch._utils", "_rebuild_tensor_v2");
+    w.mark();
+    w.mark();  // the storage: persistent_load(('storage', type, key, location, numel))
+    w.string("storage");
+    w.global_("torch", std::string(c10::toString(e.dtype)) + "Storage");
+    w.string(std::to_string(storage));
+    w.string("cpu");
+    w.integer(numel);
+    w.tuple();
+    w.persid();
+    w.integer(0);  // storage offset
+    w.mark();
+    for (int64_t d : e.shape) w.integer(d);
+    w.tuple();
+    w.mark();
+    std::vector<int64_t> strides(e.shape.size());
+    int64_t stride = 1;
+    for (size_t k = e.shape.size(); k-- > 0;) {
+      strides[k] = stride;
+      stride *= e.shape[k];
+    }
+    for (int64_t s : strides) w.integer(s);
+    w.tuple();
+    w.boolean(false);  // requires_grad
+    w.global_("collections", "OrderedDict");  // backward hooks: none
+    w.empty_tuple();
+    w.reduce();
+    w.tuple();
+    w.reduce();
+  }
+  if (as_dict) w.setitems();
+  const std::string pickled = w.finish();
+  caffe2::serialize::PyTorchStreamWriter archive(sink);
+  archive.writeRecord("data.pkl", pickled.data(), pickled.size());
+  archive.writeRecord("byteorder", "little", 6);
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (entries[i].same_as) continue;
+    const at::Tensor t = fetch(i);
+    TITAN_ASSERT(t.device().is_cpu() && t.is_contiguous() && t.scalar_type() == entries[i].dtype &&
+                     t.sizes() == at::IntArrayRef(entries[i].shape),
+                 "write_torch_save: ", entries[i].name, " is not the declared contiguous CPU tensor");
+    archive.writeRecord("data/" + std::to_string(i), t.data_ptr(), t.nbytes());
+  }
+  archive.writeEndOfFile();
 }
 
 }  // namespace titan::checkpoint

@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include <fstream>
+#include <functional>
 
 #include <cstdint>
 #include <map>
@@ -37,17 +38,34 @@ inline constexpr const char* kDcpMetadataFile = ".metadata";
 // True when `dir` holds a DCP `.metadata` file.
 bool is_dcp_folder(const std::string& dir);
 
+// torch.save's zip format, streamed through `sink` (bytes, count -> count written): a data.pkl that
+// rebuilds each tensor (torch._utils._rebuild_tensor_v2) from a storage record data/<k>, then the
+// records, fetched one at a time (`fetch(i)`: entry i's data, a CPU tensor of its dtype and shape).
+// `as_dict`: the pickle is a dict name -> tensor; else the one entry's tensor itself. An entry with
+// `same_as` set shares that earlier entry's storage (a tied weight: written once, loaded as one).
+struct TorchSaveEntry {
+  std::string name;
+  at::ScalarType dtype;
+  std::vector<int64_t> shape;
+  std::optional<size_t> same_as;
+};
+void write_torch_save(const std::function<size_t(const void*, size_t)>& sink, const std::vector<TorchSaveEntry>& entries,
+                      bool as_dict, const std::function<at::Tensor(size_t)>& fetch);
+
 // Writes a torch.distributed.checkpoint folder from one process: every tensor added whole, as one
 // chunk (a torch.save blob, as DCP's FileSystemWriter writes them) in __0_0.distcp, and `.metadata`
 // (DCP's Metadata dataclasses, pickled) by finish(). torch.distributed.checkpoint.load reads it into
 // a state dict with those keys in any layout, as torchtitan's checkpoint.initial_load_path does.
 class DcpWriter {
  public:
-  // `dir` must not exist; it is made.
+  // `dir` must not exist; it is made, and removed again if the writer ends before finish().
   explicit DcpWriter(std::string dir);
   ~DcpWriter();
-  // One tensor under its DCP key (e.g. torchtitan's "layers.0.attention.wq.weight"); written at once.
+  // One tensor under its DCP key (e.g. torchtitan's "layers.0.attention.wq.weight"); written at once
+  // (streamed: no second copy of it in memory).
   void add(const std::string& key, const at::Tensor& tensor);
+  // `key` names the bytes of `existing` (added before) too: a tied weight, stored once.
+  void add_alias(const std::string& key, const std::string& existing);
   // Writes `.metadata`: until then the folder is not a checkpoint.
   void finish();
 
@@ -62,6 +80,7 @@ class DcpWriter {
   std::unique_ptr<std::ofstream> data_;
   int64_t written_ = 0;
   std::vector<Item> items_;
+  bool finished_ = false;
 };
 
 class DcpSource : public Source {
