@@ -362,8 +362,9 @@ Mesh::Mesh(const ParallelDims& dims, int rank, const c10::intrusive_ptr<c10d::St
     if (ranks.size() > 1 && !b) {
       // Each group rendezvouses under its own prefix: its name and its first member.
       auto prefixed = c10::make_intrusive<c10d::PrefixStore>(name + "/" + std::to_string(ranks[0]), store);
+      // A name per group (the dimension's groups are disjoint: their first members differ).
       b = make_backend(backend, prefixed, dims_.rank_in(name, rank), static_cast<int>(ranks.size()), timeout, gloo_host,
-                       name, ranks);
+                       name + "_" + std::to_string(ranks[0]), ranks);
     }
     groups_[name] = std::make_unique<Group>(name, ranks, dims_.rank_in(name, rank), b, &bytes_, &calls_, failures,
                                             timeout);

@@ -108,10 +108,12 @@ int64_t convert_to_torch(const std::string& step_dir, const std::string& out_fil
   const std::string tmp = out_file + ".tmp";
   std::ofstream out(tmp, std::ios::binary);
   TITAN_USER_CHECK(out.good(), "cannot write ", tmp);
+  bool write_failed = false;
   try {
     checkpoint::write_torch_save(
         [&](const void* bytes, size_t n) {
           out.write(static_cast<const char*>(bytes), static_cast<std::streamsize>(n));
+          write_failed |= !out.good();
           return out.good() ? n : 0;
         },
         entries, /*as_dict=*/true,
@@ -125,6 +127,7 @@ int64_t convert_to_torch(const std::string& step_dir, const std::string& out_fil
   } catch (...) {
     out.close();
     fs::remove(tmp, ec);
+    if (write_failed) throw UserError("writing " + tmp + " failed (disk full?)");
     throw;
   }
   fs::rename(tmp, out_file);

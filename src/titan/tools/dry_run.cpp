@@ -469,6 +469,7 @@ DryRunResult run(const DryRunPlan& plan) {
   std::vector<nn::MoEImpl*> moe_layers;
   for (const LanguageModel& m : models)
     for (const auto& [prefix, layer] : m->moe_layers()) moe_layers.push_back(layer);
+  for (nn::MoEImpl* layer : moe_layers) layer->force_load_balance = plan.moe_force_load_balance;
   const bool moe_aux_loss = plan.moe_aux_loss_coeff > 0;
   for (nn::MoEImpl* layer : moe_layers) {
     if (!moe_aux_loss) break;

@@ -69,6 +69,7 @@ struct DryRunPlan {
   std::string ac_mode = "none";  // none | full | selective (every ac_every-th block) | op
   int64_t ac_every = 1;
   std::vector<std::string> ac_force_recompute;  // per_op_sac_force_recompute_mm_shapes_by_fqns (op modes)
+  bool moe_force_load_balance = false;          // debug.moe_force_load_balance
   std::string optimizer = "AdamW", optimizer_implementation = "fused";
   double max_norm = 1.0;
   int64_t ddp_bucket_bytes = 25 << 20;  // dist::DDP's default

@@ -196,6 +196,7 @@ Estimate estimate(const JobConfig& cfg, const EstimateOptions& options) {
   plan.ac_mode = ac.ac_mode;
   plan.ac_every = ac.ac_every;
   plan.ac_force_recompute = ac.ac_force_recompute;
+  plan.moe_force_load_balance = cfg.debug.moe_force_load_balance;
   plan.optimizer = cfg.optimizer.name;
   plan.optimizer_implementation = cfg.optimizer.implementation;
   plan.max_norm = tr.max_norm;

@@ -245,6 +245,18 @@ TEST(ModelFamiliesTrain, Qwen3MoeUnderEveryLayoutAndItsCheckpointHoldsTheRouting
       EXPECT_LE(load[i + 1], 4.0);
     }
     EXPECT_NE(r.output.find("moe_imbalance: "), std::string::npos) << r.output;
+    // debug.moe_force_load_balance routes round-robin: every expert gets the same copies, and the
+    // start-up log says the routers are overridden.
+    test::TempDir forced;
+    auto args = train_args("qwen3_debugmodel_moe.toml", forced.path(), moe);
+    args.push_back("--debug.moe_force_load_balance");
+    const test::LaunchedRun f = test::run_titan(1, args, forced);
+    ASSERT_EQ(f.exit_code, 0) << f.output;
+    const std::vector<double> balanced = moe_load_figures(forced.path());
+    ASSERT_EQ(balanced.size(), 6u);
+    for (double v : balanced) EXPECT_DOUBLE_EQ(v, 1.0);
+    EXPECT_NE(f.output.find("debug.moe_force_load_balance: MoE tokens are routed round-robin"), std::string::npos)
+        << f.output;
   }
 
   // The checkpoint holds each MoE layer's routing bias: moved by +-1e-3 per step towards balance,

@@ -619,7 +619,11 @@ DcpWriter::DcpWriter(std::string dir) : dir_(std::move(dir)) {
   fs::create_directories(dir_, ec);
   TITAN_USER_CHECK(!ec, "cannot create ", dir_, ": ", ec.message());
   data_ = std::make_unique<std::ofstream>(fs::path(dir_) / kDcpDataFile, std::ios::binary);
-  TITAN_USER_CHECK(data_->good(), "cannot write ", (fs::path(dir_) / kDcpDataFile).string());
+  if (!data_->good()) {
+    data_.reset();
+    fs::remove_all(dir_, ec);
+    throw UserError("cannot write " + (fs::path(dir_) / kDcpDataFile).string());
+  }
 }
 
 DcpWriter::~DcpWriter() {
@@ -636,20 +640,26 @@ void DcpWriter::add(const std::string& key, const at::Tensor& tensor) {
   torch_dtype_name(item.dtype);  // a dtype DCP's metadata can name
   // One torch.save blob, as DCP's FileSystemWriter writes each tensor.
   int64_t length = 0;
-  write_torch_save(
-      [&](const void* bytes, size_t n) {
-        data_->write(static_cast<const char*>(bytes), static_cast<std::streamsize>(n));
-        length += static_cast<int64_t>(n);
-        return data_->good() ? n : 0;
-      },
-      {TorchSaveEntry{key, item.dtype, item.shape, std::nullopt}}, /*as_dict=*/false, [&](size_t) { return t; });
-  TITAN_USER_CHECK(data_->good(), "writing ", key, " to ", dir_, " failed (disk full?)");
+  try {
+    write_torch_save(
+        [&](const void* bytes, size_t n) {
+          data_->write(static_cast<const char*>(bytes), static_cast<std::streamsize>(n));
+          length += static_cast<int64_t>(n);
+          return data_->good() ? n : 0;
+        },
+        {TorchSaveEntry{key, item.dtype, item.shape, std::nullopt}}, /*as_dict=*/false, [&](size_t) { return t; });
+  } catch (const UserError&) {
+    throw UserError("writing " + key + " to " + dir_ + " failed (disk full?)");
+  }
   item.length = length;
   written_ += item.length;
   items_.push_back(std::move(item));
 }
 
 void DcpWriter::add_alias(const std::string& key, const std::string& existing) {
+  TITAN_ASSERT(data_, "DcpWriter: ", dir_, " is already finished");
+  TITAN_ASSERT(std::none_of(items_.begin(), items_.end(), [&](const Item& i) { return i.key == key; }),
+               "DcpWriter: ", key, " added twice");
   const auto it = std::find_if(items_.begin(), items_.end(), [&](const Item& i) { return i.key == existing; });
   TITAN_ASSERT(it != items_.end(), "DcpWriter: ", existing, " was not added");
   Item alias = *it;
@@ -772,7 +782,11 @@ void write_torch_save(const std::function<size_t(const void*, size_t)>& sink, co
   for (size_t i = 0; i < entries.size(); ++i) {
     const TorchSaveEntry& e = entries[i];
     const size_t storage = e.same_as.value_or(i);
-    TITAN_ASSERT(storage <= i, "write_torch_save: ", e.name, " shares a later entry's storage");
+    if (e.same_as) {
+      const TorchSaveEntry& target = entries.at(storage);
+      TITAN_ASSERT(storage < i && !target.same_as && target.dtype == e.dtype && target.shape == e.shape,
+                   "write_torch_save: ", e.name, " must share an earlier entry's storage of its dtype and shape");
+    }
     int64_t numel = 1;
     for (int64_t d : e.shape) numel *= d;
     if (as_dict) w.string(e.name);
@@ -808,7 +822,14 @@ void write_torch_save(const std::function<size_t(const void*, size_t)>& sink, co
   }
   if (as_dict) w.setitems();
   const std::string pickled = w.finish();
-  caffe2::serialize::PyTorchStreamWriter archive(sink);
+  // The sink's failures are remembered, not reported to the archive writer: it would throw from
+  // writeRecord and again from its destructor while unwinding (std::terminate). The caller's sink
+  // is checked once the archive is complete.
+  bool failed = false;
+  caffe2::serialize::PyTorchStreamWriter archive([&](const void* bytes, size_t n) -> size_t {
+    if (!failed && sink(bytes, n) != n) failed = true;
+    return n;
+  });
   archive.writeRecord("data.pkl", pickled.data(), pickled.size());
   archive.writeRecord("byteorder", "little", 6);
   for (size_t i = 0; i < entries.size(); ++i) {
@@ -820,6 +841,7 @@ void write_torch_save(const std::function<size_t(const void*, size_t)>& sink, co
     archive.writeRecord("data/" + std::to_string(i), t.data_ptr(), t.nbytes());
   }
   archive.writeEndOfFile();
+  TITAN_USER_CHECK(!failed, "writing the torch.save data failed (disk full?)");
 }
 
 }  // namespace titan::checkpoint
