@@ -12,7 +12,7 @@
 #include "titan/components/data/token_shards.h"
 #include "titan/components/tokenizer/tokenizer.h"
 #include "titan/config/job_config.h"
-#include "titan/distributed/parallel_dims.h"
+#include "titan/distributed/options.h"
 #include "titan/launch/launcher.h"
 #include "titan/tools/convert.h"
 #include "titan/tools/estimate.h"
@@ -192,10 +192,7 @@ int run_config(std::vector<std::string> args) {
                    world_text, "'");
   const titan::JobConfig cfg = titan::parse_config(args);
   // The layout over N ranks and the batch it splits, as titan train checks them before building anything.
-  const auto& p = cfg.parallelism;
-  const titan::dist::ParallelDims dims(p.data_parallel_replicate_degree, p.data_parallel_shard_degree,
-                                       p.context_parallel_degree, p.tensor_parallel_degree,
-                                       p.pipeline_parallel_degree, world, p.expert_parallel_degree);
+  const titan::dist::ParallelDims dims = titan::dist::parallel_dims(cfg.parallelism, world);
   titan::check_supported(cfg, world);
   (void)titan::global_batch_size(cfg, dims.dp_size());
   for (const auto& w : titan::config_warnings(cfg)) std::fprintf(stderr, "titan config: warning: %s\n", w.c_str());

@@ -143,12 +143,9 @@ void Layer::assign_legacy(const LegacyKey& legacy, const std::string& where, con
       bool flag = false;
       int64_t number = 0;
       double real = 0;
-      std::string text;
       const std::string type = legacy.target;
-      TITAN_ASSERT(type == "bool" || type == "int" || type == "float" || type == "string",
-                   "older-key table: unknown value type ", type);
-      store(type == "bool" ? as_written(&flag) : type == "int" ? as_written(&number)
-                           : type == "float" ? as_written(&real) : as_written(&text));
+      TITAN_ASSERT(type == "bool" || type == "int" || type == "float", "older-key table: unknown value type ", type);
+      store(type == "bool" ? as_written(&flag) : type == "int" ? as_written(&number) : as_written(&real));
       return;
     }
   }

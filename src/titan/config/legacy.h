@@ -19,7 +19,7 @@ enum class LegacyKind {
   Float8Switch,  // boolean: true puts the float8 converter into model.converters, false takes it out
   FixedValue,    // string that must be one of `target` ("a|b"): the only behavior titan has (no field stores it)
   NoEffect,      // accepted and type-checked; controls something titan does not have. `target`: the value's type,
-                 // "bool", "int", "float" or "string"
+                 // "bool", "int" or "float"
   OffOnly,       // boolean accepted only false (torchtitan's default): true asks for what titan does not do
   EmptyOnly,     // list of strings accepted only empty (torchtitan's default), for the same reason
 };

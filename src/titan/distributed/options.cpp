@@ -2,6 +2,11 @@
 
 namespace titan::dist {
 
+ParallelDims parallel_dims(const config::Parallelism& p, int64_t world_size) {
+  return ParallelDims(p.data_parallel_replicate_degree, p.data_parallel_shard_degree, p.context_parallel_degree,
+                      p.tensor_parallel_degree, p.pipeline_parallel_degree, world_size, p.expert_parallel_degree);
+}
+
 DataParallelOptions data_parallel_options(const config::Parallelism& par, const config::Training& tr, bool pipeline,
                                           bool bf16_compute) {
   DataParallelOptions dpo;

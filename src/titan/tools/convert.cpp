@@ -59,10 +59,6 @@ at::Tensor read_model_tensor(checkpoint::Reader& reader, const std::string& name
   return t.is_floating_point() ? t.to(dtype).contiguous() : t.contiguous();
 }
 
-}  // namespace
-
-namespace {
-
 // torchtitan's state dict holds a tied embedding table twice (output.weight is tok_embeddings.weight);
 // titan's checkpoint holds it once, as the embedding: the name to add, or "" when the model is untied.
 std::string tied_output_name(const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors) {
@@ -147,17 +143,11 @@ int64_t convert_to_hf(const std::string& step_dir, const std::string& out_dir, a
                     checkpoint::kIndexFile + "), so it cannot be exported");
   }
   checkpoint::HFWriter writer(out_dir, model_spec(model), flavor, dtype);
-  int64_t n = 0;
-  for (const std::string& name : reader.names()) {
-    if (name.rfind(kModelPrefix, 0) != 0) continue;  // optimizer state, ...
-    const std::vector<int64_t> shape = reader.meta(name)->shape;
-    writer.add(name.substr(std::string(kModelPrefix).size()),
-               reader.read(name, std::vector<int64_t>(shape.size(), 0), shape));
-    ++n;
-  }
-  TITAN_USER_CHECK(n > 0, "checkpoint ", step_dir, " holds no model weights (no model.* tensors)");
+  const auto tensors = model_tensors(reader, step_dir);  // optimizer state, ... left out
+  for (const auto& [name, shape] : tensors)
+    writer.add(name, reader.read(kModelPrefix + name, std::vector<int64_t>(shape.size(), 0), shape));
   writer.finish();
-  return n;
+  return static_cast<int64_t>(tensors.size());
 }
 
 std::string convert_from_hf(const std::string& hf_dir, const std::string& out_step_dir, const std::string& model,

@@ -136,9 +136,7 @@ Estimate estimate(const JobConfig& cfg, const EstimateOptions& options) {
     world = p.data_parallel_replicate_degree * std::max<int64_t>(1, p.data_parallel_shard_degree) *
             p.context_parallel_degree * p.tensor_parallel_degree * p.pipeline_parallel_degree;
   }
-  const dist::ParallelDims dims(p.data_parallel_replicate_degree, p.data_parallel_shard_degree,
-                                p.context_parallel_degree, p.tensor_parallel_degree, p.pipeline_parallel_degree, world,
-                                p.expert_parallel_degree);
+  const dist::ParallelDims dims = dist::parallel_dims(p, world);
   check_supported(cfg, world);  // what titan train refuses, the estimate refuses with the same words
 
   // Precision and data parallelism, decided as Trainer::Trainer decides them.

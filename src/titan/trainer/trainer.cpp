@@ -80,10 +80,7 @@ std::string Trainer::restart_note() const {
 // group (through the mesh, the one owner of groups).
 void Trainer::set_up_distributed() {
   env_ = dist::launch_env_from_environment();
-  const auto& p = cfg_.parallelism;
-  dims_ = std::make_unique<dist::ParallelDims>(p.data_parallel_replicate_degree, p.data_parallel_shard_degree,
-                                               p.context_parallel_degree, p.tensor_parallel_degree,
-                                               p.pipeline_parallel_degree, env_.world_size, p.expert_parallel_degree);
+  dims_ = std::make_unique<dist::ParallelDims>(dist::parallel_dims(cfg_.parallelism, env_.world_size));
   check_supported(cfg_, env_.world_size);
   if (torch::cuda::is_available()) {
     const int index = dist::local_device_index(env_, static_cast<int>(torch::cuda::device_count()),

@@ -21,10 +21,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <fstream>
 #include <functional>
-
-#include <cstdint>
 #include <map>
 #include <memory>
 #include <optional>

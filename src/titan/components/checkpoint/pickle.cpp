@@ -438,24 +438,30 @@ const std::vector<Ref>& Value::sequence() const {
 
 Document parse(std::string_view data) { return Parser(data).run(); }
 
+namespace {
+
+// The low `bytes` bytes of `v`, little-endian.
+void append_le(std::string& out, uint64_t v, int bytes) {
+  for (int k = 0; k < bytes; ++k) out += static_cast<char>((v >> (8 * k)) & 0xff);
+}
+
+}  // namespace
+
 Writer::Writer() { out_ += "\x80\x02"; }  // PROTO 2
 void Writer::none() { out_ += 'N'; }
 void Writer::boolean(bool b) { out_ += b ? '\x88' : '\x89'; }
 void Writer::integer(int64_t i) {
   if (i >= INT32_MIN && i <= INT32_MAX) {  // BININT: 4 bytes, little-endian, signed
     out_ += 'J';
-    const auto u = static_cast<uint32_t>(static_cast<int32_t>(i));
-    for (int k = 0; k < 4; ++k) out_ += static_cast<char>((u >> (8 * k)) & 0xff);
+    append_le(out_, static_cast<uint32_t>(static_cast<int32_t>(i)), 4);
     return;
   }
   out_ += "\x8a\x08";  // LONG1 of 8 bytes, little-endian two's complement
-  const auto u = static_cast<uint64_t>(i);
-  for (int k = 0; k < 8; ++k) out_ += static_cast<char>((u >> (8 * k)) & 0xff);
+  append_le(out_, static_cast<uint64_t>(i), 8);
 }
 void Writer::string(std::string_view s) {  // BINUNICODE: 4-byte length, UTF-8
   out_ += 'X';
-  const auto n = static_cast<uint32_t>(s.size());
-  for (int k = 0; k < 4; ++k) out_ += static_cast<char>((n >> (8 * k)) & 0xff);
+  append_le(out_, s.size(), 4);
   out_ += s;
 }
 void Writer::global_(std::string_view module, std::string_view name) {
