@@ -20,8 +20,6 @@ struct Gate {
 
 // clang-format off
 const Gate kGates[] = {
-  {"optimizer.early_step_in_backward", "optimizer steps inside backward", "--optimizer.early_step_in_backward false",
-   [](const JobConfig& c, int64_t) { return c.optimizer.early_step_in_backward; }},
   {"activation_checkpoint.mode", "memory-budget activation checkpointing",
    "--activation_checkpoint.mode selective (every selective_ac_option-th block) or full",
    [](const JobConfig& c, int64_t) { return c.activation_checkpoint.mode == "memory_budget"; }},

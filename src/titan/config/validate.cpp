@@ -59,6 +59,19 @@ void validate_config(const JobConfig& cfg) {
   TITAN_USER_CHECK(o.eps > 0, "optimizer.eps must be positive, got ", o.eps);
   TITAN_USER_CHECK(o.weight_decay >= 0, "optimizer.weight_decay must not be negative, got ", o.weight_decay);
 
+  if (o.early_step_in_backward) {
+    const auto& par = cfg.parallelism;
+    const char* why = "optimizer.early_step_in_backward updates each parameter inside the backward";
+    TITAN_USER_CHECK(par.pipeline_parallel_degree == 1, why, ", which pipeline parallelism runs once per microbatch in "
+                     "its schedule (parallelism.pipeline_parallel_degree = ", par.pipeline_parallel_degree,
+                     "): turn one of them off");
+    TITAN_USER_CHECK(par.expert_parallel_degree == 1, why, "; it does not run with expert parallelism "
+                     "(parallelism.expert_parallel_degree = ", par.expert_parallel_degree, "): turn one of them off");
+    TITAN_USER_CHECK(t.nan_policy != "skip", why, ", before the step's loss and gradient norm are known, so a step "
+                     "cannot be skipped as a whole (training.nan_policy = \"skip\"); use nan_policy = \"stop\", "
+                     "which skips every update from the first non-finite step on and ends the run there");
+  }
+
   const auto& s = cfg.lr_scheduler;
   TITAN_USER_CHECK(s.warmup_steps >= 0, "lr_scheduler.warmup_steps must not be negative, got ", s.warmup_steps);
   if (s.total_steps) positive(*s.total_steps, "lr_scheduler.total_steps");

@@ -4,6 +4,8 @@
 #include "titan/common/tensor_storage.h"
 
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <set>
 
@@ -23,7 +25,55 @@ DataParallel::DataParallel(Group& shard, Group& replicate, DataParallelOptions o
   }
 }
 
-DataParallel::~DataParallel() = default;
+DataParallel::~DataParallel() {
+  for (const at::Tensor& p : hooked_) torch::autograd::impl::set_post_acc_grad_hooks(p, nullptr);
+}
+
+namespace {
+// step_in_backward without data parallelism: a parameter's gradient is final when autograd has
+// accumulated it in the step's last backward.
+struct StepWhenAccumulated : torch::autograd::PostAccumulateGradHook {
+  std::function<void(const at::Tensor&)> on_accumulated;
+  explicit StepWhenAccumulated(std::function<void(const at::Tensor&)> f) : on_accumulated(std::move(f)) {}
+  void operator()(const torch::autograd::Variable& param) override { on_accumulated(param); }
+};
+}  // namespace
+
+void DataParallel::step_in_backward(StepParameters step) {
+  TITAN_ASSERT(finished_ && !step_, "step_in_backward once, after finish");
+  step_ = std::move(step);
+  for (const auto& p : params_)
+    if (sums_.count(p.name)) deferred_.insert(p.local.unsafeGetTensorImpl());
+  auto ready = [this](const std::vector<at::Tensor>& params) { gradients_final(params); };
+  if (fsdp_) fsdp_->set_gradients_ready(ready);
+  if (experts_fsdp_) experts_fsdp_->set_gradients_ready(ready);
+  if (ddp_) ddp_->set_gradients_ready(ready);
+  if (fsdp_ || ddp_) return;
+  for (const auto& p : params_) {
+    if (deferred_.count(p.local.unsafeGetTensorImpl()) || !p.local.requires_grad()) continue;
+    TITAN_ASSERT(!torch::autograd::impl::post_acc_grad_hooks(p.local), "parameter ", p.name,
+                 " already has a post-accumulation hook");
+    torch::autograd::impl::set_post_acc_grad_hooks(p.local, std::make_unique<StepWhenAccumulated>([this](const at::Tensor& t) {
+                                                    if (final_backward_) gradients_final({t});
+                                                  }));
+    hooked_.push_back(p.local);
+  }
+}
+
+void DataParallel::gradients_final(const std::vector<at::Tensor>& params) {
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> now;
+  for (const at::Tensor& p : params) {
+    if (!deferred_.count(p.unsafeGetTensorImpl())) {
+      now.push_back(p);
+    } else if (p.grad().defined()) {  // summed in after_backward: its own copy, so that the rest (FSDP: a flat buffer) can go
+      p.mutable_grad() = p.grad().clone();
+    }
+  }
+  if (now.empty()) return;
+  step_(now);
+  for (const at::Tensor& p : now) const_cast<at::Tensor&>(p).mutable_grad() = at::Tensor();
+}
 
 std::string DataParallel::kind() const {
   if (fsdp_) return replicate_.size() > 1 ? "HSDP" : "FSDP";
@@ -122,6 +172,9 @@ std::vector<std::pair<std::string, at::Tensor>> DataParallel::named_parameters()
 
 void DataParallel::before_backward(bool sync) {
   if (ddp_) ddp_->set_sync(sync);
+  final_backward_ = sync;
+  if (fsdp_) fsdp_->set_final_backward(sync);
+  if (experts_fsdp_) experts_fsdp_->set_final_backward(sync);
 }
 
 void DataParallel::set_gradient_sync(bool sync) {
@@ -142,6 +195,13 @@ void DataParallel::after_backward(bool sync) {
   if (experts_fsdp_) experts_fsdp_->finish_backward();
   if (ddp_ && sync) ddp_->finish_backward();
   if (sync) reduce_partial_sums();
+  if (step_ && sync && !deferred_.empty()) {
+    std::vector<at::Tensor> summed;
+    for (const auto& p : params_)
+      if (deferred_.count(p.local.unsafeGetTensorImpl())) summed.push_back(p.local);
+    step_(summed);
+    for (at::Tensor& p : summed) p.mutable_grad() = at::Tensor();
+  }
 }
 
 void DataParallel::reduce_partial_sums() {

@@ -37,6 +37,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -74,6 +75,16 @@ class DataParallel {
   // as the last micro-batch's backward would have.
   void set_gradient_sync(bool sync);
   void reduce_gradients();
+  // optimizer.early_step_in_backward: `step` updates parameters (as parameters() holds them) whose
+  // gradients for the step are final; their gradients are dropped when it returns. It is called in
+  // the backward of the step's last micro-batch (before_backward(true)), as soon as they are final:
+  // under FSDP and HSDP a unit's shards once its reductions have landed, under DDP a bucket's
+  // parameters once its all-reduce has, without data parallelism each parameter as autograd
+  // accumulates its gradient; parameters with partial gradients (add_grad_sum) in after_backward,
+  // once summed. Every parameter once per step (one that got no gradient, without data
+  // parallelism, not at all). Call after finish(); not with pipeline parallelism.
+  using StepParameters = std::function<void(const std::vector<at::Tensor>& params)>;
+  void step_in_backward(StepParameters step);
   const std::vector<PlacedTensor>& parameters() const { return params_; }
   std::vector<std::pair<std::string, at::Tensor>> named_parameters() const;
 
@@ -84,6 +95,7 @@ class DataParallel {
  private:
   Placement base(const std::string& name, const at::Tensor& local) const;
   void reduce_partial_sums();  // the partial gradients (add_grad_sum) summed over their groups
+  void gradients_final(const std::vector<at::Tensor>& params);  // step_in_backward's part of a ready set
   InitRows init_rows() const;  // FSDP's rows of the local tensors, from init_
   Group& shard_;
   Group& replicate_;
@@ -98,6 +110,10 @@ class DataParallel {
   std::map<std::string, std::vector<Group*>> sums_;  // partial gradients to add over groups
   std::vector<PlacedTensor> params_;
   bool finished_ = false;
+  StepParameters step_;
+  bool final_backward_ = true;
+  std::set<const void*> deferred_;  // step_in_backward: parameters with partial gradients (by TensorImpl)
+  std::vector<at::Tensor> hooked_;  // step_in_backward without data parallelism: the parameters hooked
 };
 
 }  // namespace titan::dist

@@ -17,6 +17,9 @@ struct DDP::Bucket {
   void on_grad_ready() {
     if (!ddp->sync_ || ++ready < params.size()) return;
     all_reduce();
+    if (ddp->gradients_ready_)  // the buckets issued before this one are final
+      for (auto& b : ddp->buckets_)
+        if (b.get() != this) b->finish();
   }
 
   // Flattens the bucket's gradients and issues their all-reduce.
@@ -43,6 +46,7 @@ struct DDP::Bucket {
     flat.reset();
     in_flight = false;
     ready = 0;
+    if (ddp->gradients_ready_) ddp->gradients_ready_(params);
   }
 };
 

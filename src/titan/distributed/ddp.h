@@ -11,6 +11,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -23,6 +24,11 @@ class DDP {
   ~DDP();
   // Whether the next backward all-reduces (false: gradients only accumulate locally).
   void set_sync(bool sync) { sync_ = sync; }
+  // optimizer.early_step_in_backward: `ready` is called with a bucket's parameters once their summed
+  // gradients are written back: during backward, when another bucket issues its all-reduce (so at
+  // most two buckets' reductions are in flight or awaiting it), and in finish_backward for the last.
+  using GradientsReady = std::function<void(const std::vector<at::Tensor>& params)>;
+  void set_gradients_ready(GradientsReady ready) { gradients_ready_ = std::move(ready); }
   // Waits for the all-reduces of the last backward and writes the summed gradients back.
   void finish_backward();
   // All-reduces every bucket's gradients now (missing ones as zeros) and waits: the end of a step
@@ -35,6 +41,7 @@ class DDP {
  private:
   Group& group_;
   bool sync_ = true;
+  GradientsReady gradients_ready_;
   std::vector<at::Tensor> params_;
   std::vector<std::unique_ptr<Bucket>> buckets_;
 };

@@ -84,7 +84,11 @@ struct FSDP::Unit {
   at::Tensor step_scales;
   at::Device device{at::kCPU};  // where the unit computes (the modules' device)
   at::Tensor flat_shard;        // fp32, shard_numel, on the device or (offload) the CPU
-  at::Tensor flat_grad;         // fp32, same layout; allocated at the first reduction
+  // The shards' gradients are views of one fp32 buffer of the same layout (the flat gradient),
+  // allocated by a step's first reduction and not held by the unit: the optimizer's zero_grad (set
+  // to none) frees it, so no gradient memory is held through the next forward (as FSDP2's sharded
+  // gradients).
+  bool final_pending = false;  // a final backward's gradients landed after a host copy still in flight
 
   enum class State { Sharded, Gathering, Unsharded } state = State::Sharded;
   at::Tensor gather_in, gather_out, full_buf;  // pooled (gather_in is flat_shard itself when no cast/copy is needed)
@@ -340,17 +344,31 @@ struct FSDP::Unit {
     accumulate();
   }
 
-  // Adds the reduced shard to the shards' gradients, which are views of flat_grad.
-  void accumulate() {
-    at::NoGradGuard no_grad;
-    bool fresh = true, ours = true;
+  // The flat gradient the shards' gradients view, when they all still view one such buffer (an
+  // earlier reduction of this step made it, and nobody replaced them since); else undefined.
+  at::Tensor flat_grad_of_shards() const {
+    const at::Tensor& first = params.front().shard.grad();
+    if (!first.defined()) return {};
+    const c10::Storage& storage = first.storage();
+    if (storage.nbytes() != static_cast<size_t>(shard_numel) * sizeof(float)) return {};
     for (const auto& p : params) {
       const at::Tensor& g = p.shard.grad();
-      fresh = fresh && !g.defined();
-      ours = ours && g.defined() && flat_grad.defined() &&
-             g.data_ptr() == static_cast<char*>(flat_grad.data_ptr()) + p.offset * flat_grad.element_size();
+      if (!g.defined() || !g.storage().is_alias_of(storage) || g.scalar_type() != at::kFloat || !g.is_contiguous() ||
+          g.storage_offset() != p.offset)
+        return {};
     }
-    if (!flat_grad.defined())  // like the shard: pinned host memory when offloaded from a GPU
+    return at::empty({0}, first.options()).set_(storage, 0, {shard_numel}, {1});
+  }
+
+  // Adds the reduced shard to the shards' gradients, which are views of the flat gradient. After the
+  // step's final backward the gradients are final (gradients_ready).
+  void accumulate() {
+    at::NoGradGuard no_grad;
+    bool fresh = true;
+    for (const auto& p : params) fresh = fresh && !p.shard.grad().defined();
+    at::Tensor flat_grad = fresh ? at::Tensor() : flat_grad_of_shards();
+    const bool ours = flat_grad.defined();
+    if (fresh)  // like the shard: pinned host memory when offloaded from a GPU
       flat_grad = at::empty(flat_shard.sizes(), flat_shard.options().pinned_memory(flat_shard.is_pinned()));
     // Offloaded from a GPU: the reduced shard comes back to pinned host memory without blocking the
     // host inside backward; finish_backward synchronizes once before the optimizer reads it.
@@ -377,6 +395,19 @@ struct FSDP::Unit {
       }
     }
     fsdp->release(rs_out);
+    if (fsdp->gradients_ready_ && fsdp->final_backward_) {
+      if (fsdp->host_copies_pending_)
+        final_pending = true;  // ready once finish_backward has synchronized with the copies
+      else
+        gradients_final();
+    }
+  }
+
+  void gradients_final() {
+    final_pending = false;
+    std::vector<at::Tensor> shards;
+    for (const auto& p : params) shards.push_back(p.shard);
+    fsdp->gradients_ready_(shards);
   }
 };
 
@@ -624,6 +655,8 @@ void FSDP::finish_backward() {
     for (auto& [grad, staged] : host_adds_) grad.add_(staged.to(at::kFloat));
     host_adds_.clear();
     host_copies_pending_ = false;
+    for (auto& u : units_)
+      if (u->final_pending) u->gradients_final();
   }
   // Nothing is in flight: the free buffers go back to the allocator (units kept gathered still hold
   // theirs).

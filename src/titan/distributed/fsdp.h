@@ -8,7 +8,9 @@
 //   flat shard  one fp32 buffer with every parameter's (s, ...) rows one after the other; each
 //               parameter's shard is a leaf tensor over its part (the optimizer steps these).
 //               Padding rows hold zeros and get zero gradients.
-//   flat grad   the same layout for the shards' gradients (the shards' .grad are views of it).
+//   flat grad   the same layout for the shards' gradients (the shards' .grad are views of it),
+//               allocated by a step's first reduction; the unit does not hold it, so zero_grad
+//               (set to none) frees it and no gradient memory is kept through the next forward.
 //   full        the modules' own parameters (R, ...) in param_dtype; their storage points into a
 //               gathered buffer only while the unit is unsharded (its forward and its backward).
 // Before a unit's forward its flat shard is all-gathered (one collective, in param_dtype) and copied
@@ -145,6 +147,14 @@ class FSDP {
     finish_backward();
     sync_gradients_ = sync;
   }
+  // optimizer.early_step_in_backward: `ready` is called with a unit's shards as soon as a backward
+  // marked final (the step's last) has made their gradients final: when the unit's reduce-scatter
+  // (with HSDP, its all-reduce over replicas) has landed, inside the backward or in
+  // finish_backward; with CPU offload from a GPU, in finish_backward once the copies to the host
+  // have completed. Every unit once per final backward, in the order their reductions complete.
+  using GradientsReady = std::function<void(const std::vector<at::Tensor>& shards)>;
+  void set_gradients_ready(GradientsReady ready) { gradients_ready_ = std::move(ready); }
+  void set_final_backward(bool final) { final_backward_ = final; }
   // Most bytes of padded full-size gradients held for reduce-scatters at once so far: one unit's,
   // since a unit's reductions complete before the next unit issues its own.
   int64_t peak_reduction_bytes() const { return peak_reduction_bytes_; }
@@ -176,6 +186,8 @@ class FSDP {
   bool host_copies_pending_ = false;
   std::vector<std::pair<at::Tensor, at::Tensor>> host_adds_;
   bool sync_gradients_ = true;
+  GradientsReady gradients_ready_;
+  bool final_backward_ = true;
   bool rooted_ = false;  // the last unit is the root (the model), whose backward comes last
   std::set<const void*> skipped_;
   int64_t peak_reduction_bytes_ = 0;

@@ -100,20 +100,25 @@ std::vector<std::string> shard_groups(const Placement& p) {
   return out;
 }
 
+// norms: each parameter's gradient norm, taken earlier (fp64 0-dim, undefined where it had no
+// gradient), instead of the gradients.
 at::Tensor total_norm(const std::vector<PlacedTensor>& params, Mesh& mesh, std::vector<at::Tensor>& grads,
-                      const at::Tensor& poison = {}, const std::vector<std::string>& sum_over = {}) {
+                      const at::Tensor& poison = {}, const std::vector<std::string>& sum_over = {},
+                      const std::vector<at::Tensor>* norms = nullptr) {
   // Gradients grouped by the set of groups they are sharded over; each group's sum of squares is
   // all-reduced over those groups (a replicated gradient counts once, as its copies are equal).
   std::map<std::vector<std::string>, std::vector<at::Tensor>> by_groups;
-  for (const auto& p : params) {
-    const at::Tensor g = p.local.grad();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const PlacedTensor& p = params[i];
+    const at::Tensor g = norms ? (*norms)[i] : p.local.grad();
     if (!g.defined()) continue;
     grads.push_back(g);
     by_groups[shard_groups(p.placement)].push_back(g);  // padding gradients are zero
   }
   at::Tensor sum_sq;
   for (auto& [groups, gs] : by_groups) {
-    at::Tensor s = grad_sum_of_squares(gs).to(mesh.device());  // CPU-offloaded gradients, NCCL groups
+    // (the norms: their squares added up as grad_sum_of_squares adds the gradients' norms')
+    at::Tensor s = (norms ? at::stack(gs).square().sum() : grad_sum_of_squares(gs)).to(mesh.device());  // CPU-offloaded gradients, NCCL groups
     if (poison.defined()) s = s + poison.to(s.device(), s.scalar_type());  // 0, or inf: spread by the reductions
     for (const auto& name : groups) mesh[name].all_reduce(s).wait();
     sum_sq = sum_sq.defined() ? sum_sq + s : s;
@@ -139,6 +144,13 @@ at::Tensor clip_grad_norm(const std::vector<PlacedTensor>& params, double max_no
   grads.insert(grads.end(), scaled_too.begin(), scaled_too.end());
   scale_grads_to_norm(grads, total, max_norm);
   return total;
+}
+
+at::Tensor grad_norm_of(const std::vector<PlacedTensor>& params, const std::vector<at::Tensor>& norms, Mesh& mesh,
+                        const at::Tensor& poison, const std::vector<std::string>& sum_over) {
+  TITAN_ASSERT(norms.size() == params.size(), "grad_norm_of: one norm per parameter");
+  std::vector<at::Tensor> unused;
+  return total_norm(params, mesh, unused, poison, sum_over, &norms);
 }
 
 at::Tensor gather_full(const PlacedTensor& t, Mesh& mesh) {

@@ -85,6 +85,13 @@ at::Tensor clip_grad_norm(const std::vector<PlacedTensor>& params, double max_no
                           const at::Tensor& poison = {}, const std::vector<std::string>& sum_over = {},
                           const std::vector<at::Tensor>& scaled_too = {});
 
+// The norm clip_grad_norm measures, from each parameter's gradient norm taken earlier (norms[i] for
+// params[i]: fp64 0-dim, as at::_foreach_norm gives it; undefined where it had no gradient), for
+// gradients the optimizer has already consumed (optimizer.early_step_in_backward). Equal to the
+// norm of the gradients themselves bit for bit.
+at::Tensor grad_norm_of(const std::vector<PlacedTensor>& params, const std::vector<at::Tensor>& norms, Mesh& mesh,
+                        const at::Tensor& poison = {}, const std::vector<std::string>& sum_over = {});
+
 // The full tensor of `t` (unpadded, global shape), all-gathered over its shard groups; collective
 // over those groups (every rank holding a piece must call it in the same order).
 at::Tensor gather_full(const PlacedTensor& t, Mesh& mesh);

@@ -488,7 +488,14 @@ DryRunResult run(const DryRunPlan& plan) {
     if (fresh) r.unit_shard_numel.push_back(0);
     r.unit_shard_numel[it->second] += t.numel();
   }
-  if (ddp) r.ddp_buckets = r.grads;  // every bucket's flat copy is alive until finish_backward
+  // Every bucket's flat copy is alive until finish_backward (not so with early_step_in_backward,
+  // which updates and frees a bucket's parameters' gradients when the next bucket reduces).
+  if (ddp && !plan.early_step) r.ddp_buckets = r.grads;
+  if (plan.early_step) {  // Trainer::set_up_early_step
+    TITAN_ASSERT(!pipelined, "early_step_in_backward under pipeline parallelism");
+    optimizer.create_state();
+    dps.front()->step_in_backward([&](const std::vector<at::Tensor>& ps) { optimizer.step_parameters(ps); });
+  }
   const int64_t held = memory.current();
 
   // ---- three steps of Trainer::train_step; the peak is the largest of the second and third (the
@@ -546,8 +553,12 @@ DryRunResult run(const DryRunPlan& plan) {
       mesh["pp"].all_reduce(loss_sum).wait();  // the last stage's loss, to every stage
     }
     if (cp) mesh["cp"].all_reduce(loss_sum).wait();  // each cp rank's loss covers its part of the sequences
-    clip_grad_norm(params, plan.max_norm, mesh, pipelined ? std::vector<std::string>{"pp"} : std::vector<std::string>{});
-    optimizer.step();
+    if (plan.early_step) {  // updated in backward; the norm from the gradients' norms (scalars)
+      optimizer.end_step();
+    } else {
+      clip_grad_norm(params, plan.max_norm, mesh, pipelined ? std::vector<std::string>{"pp"} : std::vector<std::string>{});
+      optimizer.step();
+    }
     if (plan.float8_options.precompute_float8_dynamic_scale_for_fsdp)  // as the trainer
       for (auto& dp : dps)
         if (dp->fsdp()) dp->fsdp()->precompute_float8_scales();
@@ -566,7 +577,7 @@ DryRunResult run(const DryRunPlan& plan) {
   }
   // Alive after a step beyond the parameters: the optimizer state (created at the first step), the
   // gradients, and what is kept across steps (FSDP's buffer pool; model caches such as the RoPE table).
-  r.buffers = std::max<int64_t>(0, memory.current() - held - r.optimizer - r.grads);
+  r.buffers = std::max<int64_t>(0, memory.current() - held - (plan.early_step ? 0 : r.optimizer + r.grads));
   r.bytes = mesh.bytes;
   r.calls = mesh.calls;
   return r;

@@ -72,6 +72,7 @@ struct DryRunPlan {
   bool moe_force_load_balance = false;          // debug.moe_force_load_balance
   std::string optimizer = "AdamW", optimizer_implementation = "fused";
   double max_norm = 1.0;
+  bool early_step = false;  // optimizer.early_step_in_backward (no pipeline parallelism)
   int64_t ddp_bucket_bytes = 25 << 20;  // dist::DDP's default
   // Pipeline parallelism (pp > 1): this rank is member pp_rank of the pp group and runs the stages
   // and actions `pipeline` gives it; each microbatch holds pipeline.microbatch_size sequences.

@@ -198,6 +198,7 @@ Estimate estimate(const JobConfig& cfg, const EstimateOptions& options) {
   plan.optimizer = cfg.optimizer.name;
   plan.optimizer_implementation = cfg.optimizer.implementation;
   plan.max_norm = tr.max_norm;
+  plan.early_step = cfg.optimizer.early_step_in_backward;
   // One dry run per pipeline rank (one without pipeline parallelism); the worst has the largest peak.
   auto dry_run_ranks = [](DryRunPlan pl) {
     std::vector<DryRunResult> out;
@@ -236,11 +237,13 @@ Estimate estimate(const JobConfig& cfg, const EstimateOptions& options) {
   e.params = r.params;
   e.grads = r.grads;
   e.optimizer = r.optimizer;
-  e.grads_kept = use_fsdp;
+  e.fsdp = use_fsdp;
+  e.early_step = cfg.optimizer.early_step_in_backward;
   e.buffers = r.buffers;
   e.ddp_buckets = r.ddp_buckets;
   const int64_t peak = peak_of(r);
-  const int64_t held = r.params + r.optimizer + r.buffers + (e.grads_kept ? r.grads : 0);
+  // (gradients are freed by the optimizer's zero_grad at each step's start: none alive in forward)
+  const int64_t held = r.params + r.optimizer + r.buffers;
   e.activations = r.end_of_forward - held;
   e.backward = peak - r.end_of_forward;
   e.peak_device = peak;
@@ -316,8 +319,7 @@ Estimate estimate(const JobConfig& cfg, const EstimateOptions& options) {
       pr.in_flight = most_in_flight(pl.order.at(i));
       pr.params = ranks[i].params;
       pr.peak = peak_of(ranks[i]) - offloaded;
-      pr.activations = ranks[i].end_of_forward - (ranks[i].params + ranks[i].optimizer + ranks[i].buffers +
-                                                  (e.grads_kept ? ranks[i].grads : 0));
+      pr.activations = ranks[i].end_of_forward - (ranks[i].params + ranks[i].optimizer + ranks[i].buffers);
       std::vector<std::string> modules;
       for (int s : pr.stages) modules.insert(modules.end(), pl.stage_modules[s].begin(), pl.stage_modules[s].end());
       pr.flops_per_step = flops_per_token_of(*whole, modules, tr.seq_len) * rank_tokens;
@@ -367,25 +369,26 @@ std::string format_estimate(const Estimate& e) {
   const std::string shards = e.shard_degree > 1 ? " (shards over " + std::to_string(e.shard_degree) + " ranks" + where + ")"
                              : host              ? " (host)"
                                                  : "";
-  row("parameters", gib(e.params), std::string(e.grads_kept ? "float32" : e.param_dtype) + shards);
+  row("parameters", gib(e.params), std::string(e.fsdp ? "float32" : e.param_dtype) + shards);
   row("gradients", gib(e.grads),
-      e.grads_kept ? "float32" + shards + ", kept between steps"
-                   : e.param_dtype + std::string(", produced by backward (within the backward row)"));
+      (e.fsdp ? "float32" + shards + ", from each unit's reduction in backward" : e.param_dtype + ", from backward") +
+          std::string(e.early_step ? " until its update there (early_step_in_backward; within the backward row)"
+                                   : " until the next step's zero_grad (within the backward row)"));
   row("optimizer state", gib(e.optimizer), "exp_avg, exp_avg_sq and step per parameter" + where);
   row("buffers", gib(e.buffers),
-      e.grads_kept ? "kept across steps: FSDP's pooled communication buffers, RoPE table"
+      e.fsdp ? "kept across steps: FSDP's pooled communication buffers, RoPE table"
                    : "kept across steps: RoPE table");
   if (e.ddp_buckets > 0)
     row("DDP buckets", gib(e.ddp_buckets), "25 MB buckets, all in flight at the end of backward (within the backward row)");
   if (e.pp > 1) {
     row("activations", gib(e.activations),
         std::string("alive before the first backward: saved for the microbatches in flight, the batch") +
-            (e.grads_kept ? ", FSDP's units gathered for the step" : ""));
+            (e.fsdp ? ", FSDP's units gathered for the step" : ""));
     row("backward", "+" + gib(e.backward), "over that at the peak: gradients, recomputation, temporaries");
   } else {
     row("activations", gib(e.activations),
         std::string("alive at the end of forward: saved for backward, the loss's logits, the batch") +
-            (e.grads_kept ? ", FSDP's units still gathered" : ""));
+            (e.fsdp ? ", FSDP's units still gathered" : ""));
     row("backward", "+" + gib(e.backward), "over the end of forward at the peak: gradients, recomputation, temporaries");
   }
   row("peak", gib(e.peak_device), (e.device == "cpu" ? "CPU, the log line's memory figure: " : "device, allocated: ") +

@@ -66,7 +66,8 @@ struct Estimate {
   // Bytes per rank. params, grads and optimizer are where they are held: the host when offloaded
   // to a GPU's CPU, else the device.
   int64_t params = 0, grads = 0, optimizer = 0;
-  bool grads_kept = false;   // FSDP keeps its gradient shards between steps; else they are freed at each step's start
+  bool fsdp = false;         // FSDP shards the state (fp32 shards; gradient shards from its reductions)
+  bool early_step = false;   // optimizer.early_step_in_backward: each gradient freed by its update in backward
   int64_t buffers = 0;       // kept across steps: FSDP's communication buffer pool, model caches (RoPE table)
   int64_t ddp_buckets = 0;   // DDP's flattened gradient buckets, alive together at the end of backward
   int64_t activations = 0;   // alive at the end of forward (with the loss's saved logits and the batch)

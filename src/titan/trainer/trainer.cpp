@@ -31,6 +31,7 @@
 #include <iterator>
 #include <limits>
 #include <sstream>
+#include <unordered_map>
 
 #include <time.h>    // clock_gettime(CLOCK_BOOTTIME)
 #include <stdlib.h>  // setenv
@@ -181,6 +182,7 @@ Trainer::Trainer(JobConfig cfg, const std::function<void()>& preflight) : cfg_(s
 
   // ---- optimizer and learning-rate schedule
   optimizer_ = std::make_unique<Optimizer>(named, optimizer_options(cfg_.optimizer));
+  if (cfg_.optimizer.early_step_in_backward) set_up_early_step();
   lr_schedule_ = std::make_unique<LRSchedule>(lr_schedule_options(cfg_.lr_scheduler),
                                               cfg_.lr_scheduler.total_steps.value_or(tr.steps));
 
@@ -551,6 +553,10 @@ at::Tensor Trainer::forward_backward(int64_t step, double global_tokens) {
       loss = loss_of(logits_BSV, batch.labels, step, global_tokens);
     }
     const bool last = micro == grad_accum_steps_ - 1;  // its backward completes the reductions
+    if (early_step_ && last) {
+      const at::Tensor bad_loss = at::logical_not(at::isfinite(loss_sum + loss.detach()));
+      early_skip_ = stopped_.defined() ? at::logical_or(stopped_, bad_loss) : bad_loss;
+    }
     {
       TraceRange range(mem::Phase::Backward, "backward");
       data_parallel_[0]->before_backward(last);
@@ -617,10 +623,14 @@ Trainer::StepOnDevice Trainer::run_step() {
   std::vector<at::Tensor> copies;
   for (const SharedGradient& s : shared_gradients_)
     if (!s.primary && params_[s.param].local.grad().defined()) copies.push_back(params_[s.param].local.grad());
-  at::Tensor grad_norm = dist::clip_grad_norm(shared_gradients_.empty() ? params_ : norm_params_, tr.max_norm, *mesh_,
-                                              bad_loss,
-                                              pipeline_ ? std::vector<std::string>{"pp"} : std::vector<std::string>{},
-                                              copies);
+  at::Tensor grad_norm;
+  if (early_step_) {  // the gradients are gone (max_norm is 0: nothing to clip): the norm from theirs
+    grad_norm = dist::grad_norm_of(params_, early_norms_, *mesh_, bad_loss);
+    std::fill(early_norms_.begin(), early_norms_.end(), at::Tensor());
+  } else {
+    grad_norm = dist::clip_grad_norm(shared_gradients_.empty() ? params_ : norm_params_, tr.max_norm, *mesh_, bad_loss,
+                                     pipeline_ ? std::vector<std::string>{"pp"} : std::vector<std::string>{}, copies);
+  }
   // Global average loss (sum over ranks) and the largest local average.
   at::Tensor local_avg = loss_sum * (global_tokens / local_tokens);
   (*mesh_)["dp"].all_reduce(loss_sum).wait();
@@ -635,7 +645,10 @@ Trainer::StepOnDevice Trainer::run_step() {
     nonfinite = stopped_;
   }
   fault::point("optimizer", step);
-  optimizer_->step(nonfinite.to(at::kFloat));
+  if (early_step_)
+    optimizer_->end_step();  // every parameter was updated in backward
+  else
+    optimizer_->step(nonfinite.to(at::kFloat));
   if (precompute_float8_scales_)  // the next step's float8 all-gathers cast with these scales
     for (const auto& dp : data_parallel_)
       if (dp->fsdp()) dp->fsdp()->precompute_float8_scales();
@@ -649,6 +662,35 @@ Trainer::StepOnDevice Trainer::run_step() {
     for (const at::Tensor& v : moe_load.to(loss_sum.device(), at::kDouble).unbind()) values.push_back(v);
   r.values = at::stack(values);
   return r;
+}
+
+void Trainer::set_up_early_step() {
+  // (config validation refused what cannot step in backward: clipping, nan_policy skip, pipeline
+  // and expert parallelism)
+  TITAN_ASSERT(data_parallel_.size() == 1 && !pipeline_, "early_step_in_backward with pipeline parallelism");
+  early_step_ = true;
+  optimizer_->create_state();  // not in the first backward, beside its activations
+  log_warning("optimizer.early_step_in_backward: every parameter is updated inside the backward as soon as its "
+              "gradient is final, and the gradient freed; gradients are not clipped (training.max_norm has no effect: the global norm is known only after "
+              "every update); the logged grad_norm is the norm of the gradients the updates used");
+  early_norms_.assign(params_.size(), at::Tensor());
+  std::unordered_map<const void*, size_t> index;
+  for (size_t i = 0; i < params_.size(); ++i) index.emplace(params_[i].local.unsafeGetTensorImpl(), i);
+  data_parallel_.front()->step_in_backward([this, index = std::move(index)](const std::vector<at::Tensor>& params) {
+    std::vector<at::Tensor> stepped, grads;
+    for (const at::Tensor& p : params)
+      if (p.grad().defined()) {
+        stepped.push_back(p);
+        grads.push_back(p.grad());
+      }
+    if (stepped.empty()) return;
+    // Norms as the gradient norm takes them (fp64), kept for it; one non-finite one skips the lot.
+    const std::vector<at::Tensor> norms = at::_foreach_norm(grads, 2, at::kDouble);
+    for (size_t k = 0; k < stepped.size(); ++k) early_norms_[index.at(stepped[k].unsafeGetTensorImpl())] = norms[k];
+    const at::Tensor bad_norm = at::logical_not(at::isfinite(at::stack(norms).sum()));
+    const at::Tensor skip = early_skip_.defined() ? at::logical_or(early_skip_.to(bad_norm.device()), bad_norm) : bad_norm;
+    optimizer_->step_parameters(stepped, skip.to(at::kFloat));
+  });
 }
 
 void Trainer::set_moe_load(metrics::StepStats& s, const StepResult& r) {

@@ -271,11 +271,20 @@ class Trainer {
   int64_t lr_step_ = 0;  // the learning-rate schedule's step: step_, unless a resume restored them apart
   int64_t ntokens_seen_ = 0;
   double data_seconds_ = 0;  // time spent waiting for batches since the last log
-  bool timeout_set_ = false;
-  int64_t skipped_steps_ = 0;
+  bool timeout_set_ = false;  // comm.train_timeout_seconds applied (after this run's first step)
+  int64_t skipped_steps_ = 0;  // steps whose update a non-finite loss or gradient norm skipped
   at::Tensor stopped_;  // nan_policy stop: 1 once a step was not finite; every later update is skipped too
   int64_t host_reads_outside_log_steps_ = -1;
-  std::function<void(int64_t)> step_callback_;  // steps whose update a non-finite loss or gradient norm skipped  // comm.train_timeout_seconds applied (after this run's first step)
+  std::function<void(int64_t)> step_callback_;
+  // optimizer.early_step_in_backward: every parameter is updated inside the step's last backward as
+  // soon as its gradient is final (DataParallel::step_in_backward), and its gradient freed. An
+  // update is skipped (on the device) when early_skip_ says so (an earlier step stopped the run, or
+  // this rank's loss is not finite) or the gradients updated together have a non-finite norm. The
+  // norms taken there (by index in params_) make the step's gradient norm.
+  void set_up_early_step();
+  bool early_step_ = false;
+  at::Tensor early_skip_;
+  std::vector<at::Tensor> early_norms_;
 };
 
 // `titan train`: trains with `cfg`, printing torchtitan's log lines. Returns the process exit code.

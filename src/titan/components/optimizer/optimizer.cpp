@@ -31,6 +31,7 @@ Optimizer::Optimizer(std::vector<std::pair<std::string, at::Tensor>> named_param
     ParamState s;
     s.name = name;
     s.param = p;
+    index_.emplace(p.unsafeGetTensorImpl(), params_.size());
     params_.push_back(std::move(s));
   }
 }
@@ -52,23 +53,39 @@ void Optimizer::zero_grad() {
 }
 
 void Optimizer::step(const std::optional<at::Tensor>& skip) {
+  std::vector<ParamState*> all;
+  for (auto& s : params_) all.push_back(&s);
+  update(all, skip);
+  ++steps_;
+}
+
+void Optimizer::step_parameters(const std::vector<at::Tensor>& params, const std::optional<at::Tensor>& skip) {
+  std::vector<ParamState*> states;
+  for (const at::Tensor& p : params) {
+    auto it = index_.find(p.unsafeGetTensorImpl());
+    TITAN_ASSERT(it != index_.end(), "step_parameters: a tensor that is not one of the optimizer's parameters");
+    states.push_back(&params_[it->second]);
+  }
+  update(states, skip);
+}
+
+void Optimizer::update(const std::vector<ParamState*>& states, const std::optional<at::Tensor>& skip) {
   at::NoGradGuard no_grad;
   ensure_state();
-  ++steps_;
   if (opts_.implementation == "for-loop") {
     if (skip && skip->item<float>() != 0) return;  // this implementation reads the step on the host anyway
-    for (auto& s : params_)
-      if (s.param.grad().defined()) step_for_loop(s);
+    for (ParamState* s : states)
+      if (s->param.grad().defined()) step_for_loop(*s);
     return;
   }
   // The fused kernels take lists whose tensors share device and dtype.
   std::map<std::pair<std::string, at::ScalarType>, std::vector<ParamState*>> groups;
-  for (auto& s : params_)
-    if (s.param.grad().defined()) groups[{s.param.device().str(), s.param.scalar_type()}].push_back(&s);
+  for (ParamState* s : states)
+    if (s->param.grad().defined()) groups[{s->param.device().str(), s->param.scalar_type()}].push_back(s);
   for (auto& [key, group] : groups) step_fused(group, skip);
 }
 
-void Optimizer::step_fused(std::vector<ParamState*>& group, const std::optional<at::Tensor>& skip) {
+void Optimizer::step_fused(const std::vector<ParamState*>& group, const std::optional<at::Tensor>& skip) {
   std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
   for (auto* s : group) {
     params.push_back(s->param);

@@ -14,6 +14,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -42,6 +43,15 @@ class Optimizer {
   // fused kernels read it on the device, so deciding to skip needs no host synchronization.
   void step(const std::optional<at::Tensor>& skip = std::nullopt);
   void zero_grad();  // drops the gradients (set to undefined), like set_to_none=True
+  // optimizer.early_step_in_backward: the update of step() for `params` only (each one of this
+  // optimizer's parameters, by identity; those without a gradient are left alone), inside the
+  // backward as their gradients become final. skip as for step(). A training step's calls together
+  // update each parameter once; end_step() then counts the step.
+  void step_parameters(const std::vector<at::Tensor>& params, const std::optional<at::Tensor>& skip = std::nullopt);
+  void end_step() { ++steps_; }
+  // Creates the state now (zeros) rather than at the first update: early_step_in_backward's first
+  // updates run inside a backward, where the activations are alive.
+  void create_state() const { ensure_state(); }
 
   double lr() const { return lr_; }
   void set_lr(double lr) { lr_ = lr; }
@@ -60,7 +70,8 @@ class Optimizer {
     at::Tensor param, exp_avg, exp_avg_sq, step;  // step: fp32 scalar on the parameter's device
   };
   void ensure_state() const;
-  void step_fused(std::vector<ParamState*>& group, const std::optional<at::Tensor>& skip);
+  void update(const std::vector<ParamState*>& states, const std::optional<at::Tensor>& skip);
+  void step_fused(const std::vector<ParamState*>& group, const std::optional<at::Tensor>& skip);
   void step_for_loop(ParamState& s);
 
   OptimizerOptions opts_;
@@ -69,6 +80,7 @@ class Optimizer {
   bool decoupled_;
   mutable bool state_ready_ = false;
   mutable std::vector<ParamState> params_;
+  std::unordered_map<const void*, size_t> index_;  // parameter (TensorImpl) -> its entry in params_
 };
 
 // Clips gradients in place so that their global L2 norm is at most max_norm (like
