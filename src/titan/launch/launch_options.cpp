@@ -75,7 +75,9 @@ std::string launch_help() {
          "options (torchrun's spellings with underscores are accepted too):\n"
          "  --nproc-per-node N        workers on this node, usually its number of GPUs (required)\n"
          "  --nnodes M                nodes in the job (default 1); run one launcher per node\n"
-         "  --node-rank K             this node's index, 0..M-1 (default 0)\n"
+         "  --node-rank K             this node's index, 0..M-1 (default with --nnodes 1: 0; with more nodes:\n"
+         "                            assigned at the rendezvous, node 0 being the launcher on the host of\n"
+         "                            --master-addr/--rdzv-endpoint, which hosts the store)\n"
          "  --master-addr A           host of node 0, reachable from every node (default 127.0.0.1)\n"
          "  --master-port P           free TCP port on node 0 (default 29500; 0: any free port, one node only)\n"
          "  --standalone              one node on localhost with a free port\n"
@@ -89,9 +91,9 @@ std::string launch_help() {
          "                            after SIGTERM or SIGUSR1 to the launcher (forwarded to the workers,\n"
          "                            which save a checkpoint and exit 75) or the timeout, wait up to P seconds\n"
          "                            before SIGKILL (default 120); a second signal kills the workers at once\n"
-         "  --rdzv-endpoint HOST[:PORT]  torchrun's spelling of --master-addr/--master-port (port default 29400);\n"
-         "                            with --nnodes > 1 each node also needs --node-rank. --rdzv-backend c10d|static\n"
-         "                            and --rdzv-id ID (the workers' TORCHELASTIC_RUN_ID) are accepted\n"
+         "  --rdzv-endpoint HOST[:PORT]  torchrun's spelling of --master-addr/--master-port (port default 29400).\n"
+         "                            --rdzv-backend c10d|static (static: every node gives --node-rank) and\n"
+         "                            --rdzv-id ID (the workers' TORCHELASTIC_RUN_ID) are accepted\n"
          "  --role NAME               the workers' ROLE_NAME (default \"default\")\n"
          "  --log-dir DIR             also write each worker's stdout and stderr (every line, shown or not) to\n"
          "                            DIR/<rdzv id>_<unique>/attempt_<n>/<local rank>/stdout.log and stderr.log\n"
@@ -109,7 +111,7 @@ LaunchOptions parse_launch_options(const std::vector<std::string>& args) {
   LaunchOptions o;
   bool standalone = false, has_filter = false, has_addr = false, has_port = false, has_node_rank = false;
   bool has_tee = false, has_redirects = false;
-  std::string rdzv_endpoint;
+  std::string rdzv_endpoint, rdzv_backend = "c10d";
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--") {
@@ -170,6 +172,7 @@ LaunchOptions parse_launch_options(const std::vector<std::string>& args) {
     } else if (name == "--rdzv-backend") {
       TITAN_USER_CHECK(value == "c10d" || value == "static", "--rdzv-backend ", value, " is not supported: titan "
                        "launch rendezvouses through a TCP store on node 0 (c10d or static); etcd is not supported");
+      rdzv_backend = value;
     } else if (name == "--rdzv-endpoint") {
       TITAN_USER_CHECK(!value.empty(), "--rdzv-endpoint is empty: give HOST:PORT of node 0");
       rdzv_endpoint = value;
@@ -218,9 +221,14 @@ LaunchOptions parse_launch_options(const std::vector<std::string>& args) {
     const bool localhost = host == "localhost" || host == "127.0.0.1" || host == "::1";
     TITAN_USER_CHECK(rdzv_port != 0 || (o.nnodes == 1 && localhost), "--rdzv-endpoint ", rdzv_endpoint,
                      ": port 0 (any free port) works for one node on localhost only");
-    TITAN_USER_CHECK(has_node_rank || o.nnodes == 1, "--rdzv-endpoint with --nnodes ", o.nnodes, " needs --node-rank "
-                     "K on each node: titan launch numbers the nodes as given (node 0 hosts the store at the "
-                     "endpoint's address); under SLURM, --node-rank $SLURM_NODEID");
+  }
+  // Without --node-rank the nodes are numbered at the rendezvous (torchrun's c10d backend): the
+  // launcher on the meeting host is node 0 and hosts the store, the others take 1..M-1 as they join.
+  if (o.nnodes > 1 && !has_node_rank) {
+    TITAN_USER_CHECK(rdzv_backend != "static", "--rdzv-backend static with --nnodes ", o.nnodes, " needs --node-rank K "
+                     "on each node (under SLURM, --node-rank $SLURM_NODEID); or use --rdzv-backend c10d, which "
+                     "numbers the nodes as they join");
+    o.node_rank = -1;
   }
   // Files: the streams --tee and --redirects name (under a temporary folder without --log-dir, as
   // torchrun's); --log-dir alone: both streams.

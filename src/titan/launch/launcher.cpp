@@ -8,6 +8,8 @@
 #include "titan/distributed/process_group.h"
 
 #include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netdb.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -28,6 +30,7 @@
 #include <deque>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <map>
 #include <thread>
 
@@ -362,20 +365,109 @@ std::string remote_failure(c10d::Store* store, int attempt) {
   }
 }
 
+// Whether `host` names this machine: localhost, its host name, or an address of one of its
+// interfaces (torchrun's c10d rendezvous asks the same to decide who hosts the store).
+bool names_this_machine(const std::string& host) {
+  if (host == "localhost") return true;
+  char name[HOST_NAME_MAX + 1] = {};
+  if (gethostname(name, sizeof name) == 0) {
+    const std::string mine = name;
+    if (host == mine || host == mine.substr(0, mine.find('.')) || mine == host.substr(0, host.find('.'))) return true;
+  }
+  std::vector<std::array<unsigned char, 16>> addresses;  // IPv4 in the first 4 bytes, IPv6 in all 16
+  auto bytes_of = [](const sockaddr* sa) -> std::optional<std::array<unsigned char, 16>> {
+    std::array<unsigned char, 16> b{};
+    if (sa && sa->sa_family == AF_INET) {
+      std::memcpy(b.data(), &reinterpret_cast<const sockaddr_in*>(sa)->sin_addr, 4);
+      return b;
+    }
+    if (sa && sa->sa_family == AF_INET6) {
+      std::memcpy(b.data(), &reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr, 16);
+      return b;
+    }
+    return std::nullopt;
+  };
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0) return false;
+  std::vector<std::pair<int, std::array<unsigned char, 16>>> wanted;
+  for (addrinfo* a = found; a; a = a->ai_next) {
+    if (a->ai_family == AF_INET && reinterpret_cast<const unsigned char*>(
+                                       &reinterpret_cast<const sockaddr_in*>(a->ai_addr)->sin_addr)[0] == 127) {
+      freeaddrinfo(found);
+      return true;  // a loopback address
+    }
+    if (auto b = bytes_of(a->ai_addr)) wanted.emplace_back(a->ai_family, *b);
+  }
+  freeaddrinfo(found);
+  ifaddrs* interfaces = nullptr;
+  if (getifaddrs(&interfaces) != 0) return false;
+  bool local = false;
+  for (ifaddrs* i = interfaces; i && !local; i = i->ifa_next) {
+    const auto b = bytes_of(i->ifa_addr);
+    if (!b) continue;
+    for (const auto& [family, w] : wanted) local = local || (family == i->ifa_addr->sa_family && w == *b);
+  }
+  freeifaddrs(interfaces);
+  return local;
+}
+
+// Numbers this node at the rendezvous when --node-rank was not given (torchrun's c10d backend): the
+// launcher on the meeting host hosts the store and is node 0 (MASTER_ADDR, rank 0's host, stays
+// that host); every other launcher connects and takes the next number. Returns the store (the
+// host's, or a connection to it).
+c10::intrusive_ptr<c10d::Store> join_rendezvous(LaunchOptions& o) {
+  const std::string where = o.master_addr + ":" + std::to_string(o.master_port);
+  c10::intrusive_ptr<c10d::Store> store;
+  if (names_this_machine(o.master_addr)) {
+    try {
+      store = make_tcp_store(o.master_addr, static_cast<uint16_t>(o.master_port), /*is_server=*/true,
+                             std::chrono::seconds(900));
+      o.node_rank = 0;
+    } catch (const std::exception&) {
+      // The port is taken: another launcher on this machine hosts the store (or something else
+      // holds the port, which connecting says).
+    }
+  }
+  if (!store) {
+    try {
+      store = make_tcp_store(o.master_addr, static_cast<uint16_t>(o.master_port), /*is_server=*/false,
+                             std::chrono::seconds(900));
+    } catch (const std::exception& e) {
+      throw UserError(detail::concat("cannot join the rendezvous at ", where, " (", e.what(), "): the launcher on ",
+                                     o.master_addr, " hosts it and numbers the nodes; start it there, or give each "
+                                     "node --node-rank K"));
+    }
+    const int64_t rank = store->add("/launch/nodes_joined", 1);
+    TITAN_USER_CHECK(rank < o.nnodes, "more launchers than --nnodes ", o.nnodes, " joined the rendezvous at ", where,
+                     ": this one would be node ", rank, "; start one launcher per node, or raise --nnodes");
+    o.node_rank = static_cast<int>(rank);
+  }
+  say("node " + std::to_string(o.node_rank) + " of " + std::to_string(o.nnodes) + " (numbered at the rendezvous at " +
+      where + (o.node_rank == 0 ? ", which this launcher hosts)" : ")"));
+  return store;
+}
+
 }  // namespace
 
-int launch_workers(const LaunchOptions& o) {
+int launch_workers(const LaunchOptions& options) {
   const std::string exe = self_exe();
+  LaunchOptions o = options;
   const int world_size = o.nproc_per_node * o.nnodes;
-
 
   // The rendezvous store lives in node 0's launcher, as torchrun's agent store does: it outlives
   // workers (a stopped or restarted rank 0 does not take it along), and restarted workers' keys are
   // apart from the previous attempt's (TORCHELASTIC_RESTART_COUNT, see connect_store). The other
-  // nodes' launchers connect to it to restart together; without restarts they do not need it.
+  // nodes' launchers connect to it to number themselves (without --node-rank) and to restart
+  // together; given their number and no restarts, they do not need it.
   c10::intrusive_ptr<c10d::Store> store;
+  if (o.node_rank < 0) store = join_rendezvous(o);
   int port = o.master_port;
-  if (o.node_rank == 0) {
+  if (store) {
+    if (o.node_rank == 0) port = store_port(store);
+  } else if (o.node_rank == 0) {
     store = make_tcp_store(o.master_addr, static_cast<uint16_t>(o.master_port), /*is_server=*/true,
                            std::chrono::seconds(900));
     port = store_port(store);

@@ -1,6 +1,6 @@
 // `titan launch`: starts the workers of one node, like torchrun.
 //
-//   titan launch --nproc-per-node N [--nnodes M --node-rank K --master-addr A --master-port P]
+//   titan launch --nproc-per-node N [--nnodes M [--node-rank K] --master-addr A --master-port P]
 //                [--standalone] [--local-ranks-filter 0,1] [--timeout-seconds S] [--grace-seconds G]
 //                [--max-restarts N]
 //                -- train --job.config_file F ...
@@ -29,7 +29,10 @@ namespace titan::dist {
 struct LaunchOptions {
   int nproc_per_node = 0;                  // workers on this node (required)
   int nnodes = 1;                          // nodes in the job
-  int node_rank = 0;                       // this node's index, 0 <= node_rank < nnodes
+  // This node's index, 0 <= node_rank < nnodes; -1 (several nodes, no --node-rank): assigned at the
+  // rendezvous (launch_workers: the launcher on master_addr's host is node 0 and hosts the store, the
+  // others number themselves 1.. in the order they reach it, as torchrun's c10d rendezvous does).
+  int node_rank = 0;
   std::string master_addr = "127.0.0.1";   // host of rank 0 (node 0)
   int master_port = 29500;                 // 0: pick a free port (single node only)
   std::vector<int> local_ranks_filter;     // local ranks whose output is shown; empty: all

@@ -15,7 +15,10 @@
 namespace titan::test {
 
 inline std::string fixture(const std::string& name) {
-  return std::string(TITAN_SOURCE_DIR) + "/tests/unit/config/fixtures/" + name;
+  // (appended in place: GCC 12 misreads `std::string(dir) + "literal" + name` here as out of bounds)
+  std::string path = TITAN_SOURCE_DIR;
+  path.append("/tests/unit/config/fixtures/").append(name);
+  return path;
 }
 
 inline std::string read_text(const std::string& path) {

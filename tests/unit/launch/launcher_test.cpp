@@ -550,8 +550,9 @@ TEST(LaunchOptions, Errors) {
       {{"--nproc-per-node", "2", "--frobnicate", "--", "train"}, "unknown option '--frobnicate'"},
       {{"--nproc-per-node", "2", "--rdzv-backend", "etcd", "--", "train"}, "--rdzv-backend etcd is not supported"},
       {{"--nproc-per-node", "2", "--rdzv-conf", "x=1", "--", "train"}, "unknown option '--rdzv-conf'"},
-      {{"--nproc-per-node", "2", "--nnodes", "2", "--rdzv-endpoint", "h0:29400", "--", "train"},
-       "--rdzv-endpoint with --nnodes 2 needs --node-rank K on each node"},
+      {{"--nproc-per-node", "2", "--nnodes", "2", "--rdzv-backend", "static", "--rdzv-endpoint", "h0:29400", "--",
+        "train"},
+       "--rdzv-backend static with --nnodes 2 needs --node-rank K on each node"},
       {{"--nproc-per-node", "2", "--rdzv-endpoint", "h0:29400", "--master-addr", "h1", "--", "train"},
        "name different places to meet"},
       {{"--nproc-per-node", "2", "--rdzv-endpoint", "h0:0", "--", "train"}, "port 0 (any free port) works for one "
@@ -572,6 +573,52 @@ TEST(LaunchOptions, Errors) {
   }
 }
 
+// Without --node-rank (torchrun's usual multi-node command: --nnodes, --rdzv-backend c10d,
+// --rdzv-endpoint) the nodes are numbered at the rendezvous: the launcher on the endpoint's host
+// hosts the store and is node 0, the others number themselves as they join. Two launchers on this
+// machine (the first to bind the port hosts it) give ranks 0..3, each node its own two; a third
+// launcher for a job of two nodes is refused with what to do, and the job of the first two runs.
+TEST(Launcher, NodesWithoutNodeRankAreNumberedAtTheRendezvous) {
+  const int sock = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(bind(sock, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(getsockname(sock, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  close(sock);
+  const std::string endpoint = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  for (const int launchers : {2, 3}) {
+    SCOPED_TRACE(std::to_string(launchers) + " launchers");
+    const std::vector<std::string> argv = {kTitan, "launch", "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend",
+                                           "c10d", "--rdzv-endpoint", endpoint, "--", "debug-worker", "--print-env",
+                                           "--sleep-ms", "2000"};
+    const auto results = test::run_processes(std::vector<std::vector<std::string>>(launchers, argv),
+                                             std::vector<std::map<std::string, std::string>>(launchers), 60s);
+    std::map<int, std::string> group;  // global rank -> its node, over every launcher's output
+    int hosts = 0, refused = 0;
+    for (const auto& r : results) {
+      if (r.exit_code != 0) {
+        ++refused;
+        EXPECT_NE(r.output.find("more launchers than --nnodes 2 joined the rendezvous at " + endpoint), std::string::npos)
+            << r.output;
+        continue;
+      }
+      hosts += r.output.find("node 0 of 2 (numbered at the rendezvous at " + endpoint + ", which this launcher hosts)") !=
+               std::string::npos;
+      for (const auto& [rank, node] : values(r.output, "env GROUP_RANK")) {
+        EXPECT_EQ(group.count(rank), 0u) << "rank " << rank << " twice";
+        group[rank] = node;
+        EXPECT_EQ(values(r.output, "env MASTER_ADDR").at(rank), "127.0.0.1");
+      }
+    }
+    EXPECT_EQ(hosts, 1);
+    EXPECT_EQ(refused, launchers - 2);
+    const std::map<int, std::string> expected = {{0, "0"}, {1, "0"}, {2, "1"}, {3, "1"}};
+    EXPECT_EQ(group, expected);
+  }
+}
+
 // torchrun's rendezvous and logging options, as its multi-node commands spell them.
 TEST(LaunchOptions, TorchrunRendezvousAndLogOptions) {
   auto o = parse_launch_options({"--nnodes=2", "--nproc_per_node=8", "--rdzv_id", "101", "--rdzv_backend", "c10d",
@@ -585,6 +632,8 @@ TEST(LaunchOptions, TorchrunRendezvousAndLogOptions) {
   o = parse_launch_options({"--nnodes", "2", "--node-rank", "0", "--nproc-per-node", "2", "--rdzv-endpoint", "h0",
                             "--", "train"});
   EXPECT_EQ(o.master_port, 29400);  // torchrun's c10d default
+  o = parse_launch_options({"--nnodes", "2", "--nproc-per-node", "2", "--rdzv-endpoint", "h0", "--", "train"});
+  EXPECT_EQ(o.node_rank, -1);  // numbered at the rendezvous
   o = parse_launch_options({"--nproc-per-node", "2", "--rdzv-backend", "static", "--rdzv-endpoint", "[fe80::1]:1234",
                             "--master-port", "1234", "--", "train"});
   EXPECT_EQ(o.master_addr, "fe80::1");
