@@ -69,7 +69,8 @@ void validate_config(const JobConfig& cfg) {
                      "(parallelism.expert_parallel_degree = ", par.expert_parallel_degree, "): turn one of them off");
     TITAN_USER_CHECK(t.nan_policy != "skip", why, ", before the step's loss and gradient norm are known, so a step "
                      "cannot be skipped as a whole (training.nan_policy = \"skip\"); use nan_policy = \"stop\", "
-                     "which skips every update from the first non-finite step on and ends the run there");
+                     "which ends the run at the first non-finite step, saving nothing after it (that step skips "
+                     "every update whose gradients, or this rank's loss, are not finite; later steps skip all)");
   }
 
   const auto& s = cfg.lr_scheduler;

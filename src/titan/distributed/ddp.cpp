@@ -17,9 +17,9 @@ struct DDP::Bucket {
   void on_grad_ready() {
     if (!ddp->sync_ || ++ready < params.size()) return;
     all_reduce();
-    if (ddp->gradients_ready_)  // the buckets issued before this one are final
+    if (ddp->gradients_ready_)  // the buckets issued before this one are final (the others still fill)
       for (auto& b : ddp->buckets_)
-        if (b.get() != this) b->finish();
+        if (b.get() != this && b->in_flight) b->finish();
   }
 
   // Flattens the bucket's gradients and issues their all-reduce.

@@ -332,22 +332,25 @@ int64_t nbytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.
 
 // dist::clip_grad_norm over the dry run's groups: the sum of squares of the gradients sharded over
 // the same groups is all-reduced over those groups (placement.cpp), the total (fp64) over the
-// `sum_over` groups (pp: every stage's gradients), then every gradient is scaled.
+// `sum_over` groups (pp: every stage's gradients), then every gradient is scaled. consumed: the
+// gradients are gone (early_step_in_backward): the norm comes from their norms (dist::grad_norm_of),
+// with the same all-reduces.
 void clip_grad_norm(const std::vector<dist::PlacedTensor>& params, double max_norm, DryMesh& mesh,
-                    const std::vector<std::string>& sum_over) {
+                    const std::vector<std::string>& sum_over, bool consumed = false) {
   std::map<std::vector<std::string>, std::vector<at::Tensor>> by_groups;
   std::vector<at::Tensor> grads;
   for (const auto& p : params) {
     const at::Tensor g = p.local.grad();
-    if (!g.defined()) continue;
-    grads.push_back(g);
+    if (!g.defined() && !consumed) continue;
+    if (g.defined()) grads.push_back(g);
     std::set<std::string> names;
     for (const auto& s : p.placement.shards) names.insert(s.mesh_dim);
     by_groups[{names.begin(), names.end()}].push_back(g);
   }
   at::Tensor sum_sq;
   for (auto& [names, gs] : by_groups) {
-    at::Tensor s = grad_sum_of_squares(gs);
+    at::Tensor s = consumed ? at::zeros({}, at::TensorOptions().device(at::kMeta).dtype(at::kDouble))
+                            : grad_sum_of_squares(gs);
     for (const auto& name : names) mesh[name].all_reduce(s).wait();
     sum_sq = sum_sq.defined() ? sum_sq + s : s;
   }
@@ -554,6 +557,7 @@ DryRunResult run(const DryRunPlan& plan) {
     }
     if (cp) mesh["cp"].all_reduce(loss_sum).wait();  // each cp rank's loss covers its part of the sequences
     if (plan.early_step) {  // updated in backward; the norm from the gradients' norms (scalars)
+      clip_grad_norm(params, 0, mesh, {}, /*consumed=*/true);
       optimizer.end_step();
     } else {
       clip_grad_norm(params, plan.max_norm, mesh, pipelined ? std::vector<std::string>{"pp"} : std::vector<std::string>{});

@@ -624,7 +624,7 @@ Trainer::StepOnDevice Trainer::run_step() {
   for (const SharedGradient& s : shared_gradients_)
     if (!s.primary && params_[s.param].local.grad().defined()) copies.push_back(params_[s.param].local.grad());
   at::Tensor grad_norm;
-  if (early_step_) {  // the gradients are gone (max_norm is 0: nothing to clip): the norm from theirs
+  if (early_step_) {  // the gradients are gone (and not clipped: max_norm has no effect): the norm from theirs
     grad_norm = dist::grad_norm_of(params_, early_norms_, *mesh_, bad_loss);
     std::fill(early_norms_.begin(), early_norms_.end(), at::Tensor());
   } else {
@@ -665,8 +665,8 @@ Trainer::StepOnDevice Trainer::run_step() {
 }
 
 void Trainer::set_up_early_step() {
-  // (config validation refused what cannot step in backward: clipping, nan_policy skip, pipeline
-  // and expert parallelism)
+  // (config validation refused what cannot step in backward: nan_policy skip, pipeline and expert
+  // parallelism; clipping is off, with a warning)
   TITAN_ASSERT(data_parallel_.size() == 1 && !pipeline_, "early_step_in_backward with pipeline parallelism");
   early_step_ = true;
   optimizer_->create_state();  // not in the first backward, beside its activations
