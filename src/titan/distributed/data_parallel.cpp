@@ -72,7 +72,7 @@ void DataParallel::gradients_final(const std::vector<at::Tensor>& params) {
   }
   if (now.empty()) return;
   step_(now);
-  for (const at::Tensor& p : now) const_cast<at::Tensor&>(p).mutable_grad() = at::Tensor();
+  for (const at::Tensor& p : now) p.mutable_grad() = at::Tensor();  // (the gradient, not the parameter)
 }
 
 std::string DataParallel::kind() const {

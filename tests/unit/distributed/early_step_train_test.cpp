@@ -166,6 +166,40 @@ TEST(EarlyStepInBackward, ANonFiniteLossUpdatesNothingAndStops) {
   for (const auto& [name, w] : before) EXPECT_TRUE(at::equal(after.at(name), w)) << name;
 }
 
+// The optimizer state is the usual one: a run saved at step 2 with the option resumes with or without
+// it into exactly the weights of 4 uninterrupted steps (no clipping on either side).
+TEST(EarlyStepInBackward, ACheckpointResumesTheSameWithAndWithoutIt) {
+  std::map<std::string, at::Tensor> straight;
+  {
+    test::TempDir dir;
+    Trainer t(one_process(dir, {"--optimizer.early_step_in_backward", "--training.steps", "4"}));
+    t.train();
+    straight = t.full_parameters();
+  }
+  for (const bool early_after : {true, false}) {
+    SCOPED_TRACE(early_after ? "resumed with it" : "resumed without it");
+    test::TempDir dir;
+    const std::vector<std::string> save = {"--checkpoint.enable", "--checkpoint.interval", "2",
+                                           "--checkpoint.last_save_model_only", "false"};
+    {
+      std::vector<std::string> a = save;
+      a.insert(a.end(), {"--optimizer.early_step_in_backward", "--training.steps", "2"});
+      Trainer t(one_process(dir, a));
+      t.train();
+      t.wait_for_checkpoint();
+    }
+    std::vector<std::string> a = save;
+    a.insert(a.end(), {"--training.steps", "4"});
+    if (early_after) a.push_back("--optimizer.early_step_in_backward");
+    Trainer t(one_process(dir, a));
+    EXPECT_EQ(t.step(), 2);  // resumed
+    t.train();
+    const std::map<std::string, at::Tensor> resumed = t.full_parameters();
+    ASSERT_EQ(resumed.size(), straight.size());
+    for (const auto& [name, w] : straight) EXPECT_TRUE(at::equal(resumed.at(name), w)) << name;
+  }
+}
+
 TEST(EarlyStepInBackward, WhatCannotStepInBackwardIsAClearError) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"--training.nan_policy", "skip"}, "use nan_policy = \"stop\""},
