@@ -671,8 +671,9 @@ void Trainer::set_up_early_step() {
   early_step_ = true;
   optimizer_->create_state();  // not in the first backward, beside its activations
   log_warning("optimizer.early_step_in_backward: every parameter is updated inside the backward as soon as its "
-              "gradient is final, and the gradient freed; gradients are not clipped (training.max_norm has no effect: the global norm is known only after "
-              "every update); the logged grad_norm is the norm of the gradients the updates used");
+              "gradient is final, and the gradient freed; gradients are not clipped (training.max_norm has no "
+              "effect: the global norm is known only after every update); the logged grad_norm is the norm of the "
+              "gradients the updates used");
   early_norms_.assign(params_.size(), at::Tensor());
   std::unordered_map<const void*, size_t> index;
   for (size_t i = 0; i < params_.size(); ++i) index.emplace(params_[i].local.unsafeGetTensorImpl(), i);
