@@ -372,9 +372,9 @@ bool names_this_machine(const std::string& host) {
   char name[HOST_NAME_MAX + 1] = {};
   if (gethostname(name, sizeof name) == 0) {
     const std::string mine = name;
-    if (host == mine || host == mine.substr(0, mine.find('.')) || mine == host.substr(0, host.find('.'))) return true;
+    if (host == mine || host == mine.substr(0, mine.find('.'))) return true;
   }
-  std::vector<std::array<unsigned char, 16>> addresses;  // IPv4 in the first 4 bytes, IPv6 in all 16
+  // An address's bytes: IPv4 in the first 4, IPv6 in all 16.
   auto bytes_of = [](const sockaddr* sa) -> std::optional<std::array<unsigned char, 16>> {
     std::array<unsigned char, 16> b{};
     if (sa && sa->sa_family == AF_INET) {
@@ -419,28 +419,36 @@ bool names_this_machine(const std::string& host) {
 // that host); every other launcher connects and takes the next number. Returns the store (the
 // host's, or a connection to it).
 c10::intrusive_ptr<c10d::Store> join_rendezvous(LaunchOptions& o) {
-  const std::string where = o.master_addr + ":" + std::to_string(o.master_port);
+  const bool ipv6 = o.master_addr.find(':') != std::string::npos;
+  const std::string where = (ipv6 ? "[" + o.master_addr + "]" : o.master_addr) + ":" + std::to_string(o.master_port);
   c10::intrusive_ptr<c10d::Store> store;
+  std::string bind_error;
   if (names_this_machine(o.master_addr)) {
     try {
       store = make_tcp_store(o.master_addr, static_cast<uint16_t>(o.master_port), /*is_server=*/true,
                              std::chrono::seconds(900));
       o.node_rank = 0;
-    } catch (const std::exception&) {
-      // The port is taken: another launcher on this machine hosts the store (or something else
-      // holds the port, which connecting says).
+    } catch (const std::exception& e) {
+      // The port is taken: another launcher on this machine hosts the store, or something else
+      // holds the port (then connecting fails, and the error says why this launcher did not host).
+      bind_error = e.what();
     }
   }
   if (!store) {
+    say("waiting for the rendezvous at " + where + " (the launcher on its host numbers the nodes)");
     try {
       store = make_tcp_store(o.master_addr, static_cast<uint16_t>(o.master_port), /*is_server=*/false,
                              std::chrono::seconds(900));
     } catch (const std::exception& e) {
-      throw UserError(detail::concat("cannot join the rendezvous at ", where, " (", e.what(), "): the launcher on ",
-                                     o.master_addr, " hosts it and numbers the nodes; start it there, or give each "
-                                     "node --node-rank K"));
+      throw UserError(detail::concat(
+          "cannot join the rendezvous at ", where, ": ", e.what(),
+          bind_error.empty() ? "\nThe launcher on " + o.master_addr + " hosts it and numbers the nodes: start it there"
+                             : "\nThis machine is the endpoint's host but could not host the store there (" +
+                                   bind_error + "): free the port or choose another",
+          "; or give every node --node-rank K"));
     }
-    const int64_t rank = store->add("/launch/nodes_joined", 1);
+    // (per --rdzv-id: a launcher of another job meeting at the same place does not take a number here)
+    const int64_t rank = store->add("/launch/" + o.run_id + "/nodes_joined", 1);
     TITAN_USER_CHECK(rank < o.nnodes, "more launchers than --nnodes ", o.nnodes, " joined the rendezvous at ", where,
                      ": this one would be node ", rank, "; start one launcher per node, or raise --nnodes");
     o.node_rank = static_cast<int>(rank);

@@ -588,7 +588,7 @@ TEST(Launcher, NodesWithoutNodeRankAreNumberedAtTheRendezvous) {
     SCOPED_TRACE(std::to_string(launchers) + " launchers");
     const std::vector<std::string> argv = {kTitan, "launch", "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend",
                                            "c10d", "--rdzv-endpoint", endpoint, "--", "debug-worker", "--print-env",
-                                           "--sleep-ms", "2000"};
+                                           "--sleep-ms", "5000"};  // the host outlives every late joiner
     const auto results = test::run_processes(std::vector<std::vector<std::string>>(launchers, argv),
                                              std::vector<std::map<std::string, std::string>>(launchers), 60s);
     std::map<int, std::string> group;  // global rank -> its node, over every launcher's output
