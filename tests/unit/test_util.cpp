@@ -15,7 +15,10 @@
 #include <stdexcept>
 #include <thread>
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -197,6 +200,20 @@ double relative_error(const at::Tensor& actual, const at::Tensor& expected) {
 std::map<std::string, WorkerFn>& workers() {
   static std::map<std::string, WorkerFn> table;
   return table;
+}
+
+int free_loopback_port() {
+  const int sock = socket(AF_INET, SOCK_STREAM, 0);
+  if (sock < 0) throw std::runtime_error(std::string("socket: ") + std::strerror(errno));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  const bool ok = bind(sock, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+                  getsockname(sock, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  close(sock);
+  if (!ok) throw std::runtime_error(std::string("no free port on 127.0.0.1: ") + std::strerror(errno));
+  return ntohs(addr.sin_port);
 }
 
 }  // namespace titan::test

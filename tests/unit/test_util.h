@@ -41,6 +41,9 @@ struct ProcessResult {
 ProcessResult run_process(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env = {},
                           std::chrono::seconds timeout = std::chrono::seconds(300));
 
+// A TCP port of 127.0.0.1 that was free a moment ago (for a store a test's processes meet at).
+int free_loopback_port();
+
 // Runs several processes at once (argvs[i] with envs[i] added) and waits for all of them.
 std::vector<ProcessResult> run_processes(const std::vector<std::vector<std::string>>& argvs,
                                          const std::vector<std::map<std::string, std::string>>& envs,

@@ -139,17 +139,19 @@ TEST(EarlyStepInBackward, OneProcessPeakFallsByMostOfTheGradients) {
   EXPECT_GE(usual - early, grads * 3 / 4);
 }
 
+// The full weights after `steps` uninterrupted steps with the option, in one process.
+std::map<std::string, at::Tensor> early_step_weights_after(int steps) {
+  test::TempDir dir;
+  Trainer t(one_process(dir, {"--optimizer.early_step_in_backward", "--training.steps", std::to_string(steps)}));
+  t.train();
+  return t.full_parameters();
+}
+
 // nan_policy stop: the step whose loss is NaN updates nothing (each update is skipped on the
 // device), nor does any later one, and the run ends at the next read (here the last step, 6) with
 // the model of the step before.
 TEST(EarlyStepInBackward, ANonFiniteLossUpdatesNothingAndStops) {
-  std::map<std::string, at::Tensor> before;
-  {
-    test::TempDir dir;
-    Trainer t(one_process(dir, {"--optimizer.early_step_in_backward", "--training.steps", "3"}));
-    t.train();
-    before = t.full_parameters();
-  }
+  const std::map<std::string, at::Tensor> before = early_step_weights_after(3);
   test::TempDir dir;
   ::setenv("TITAN_FAULT_INJECT", "action=nan,step=4", 1);
   Trainer t(one_process(dir, {"--optimizer.early_step_in_backward", "--training.steps", "6"}));
@@ -169,13 +171,7 @@ TEST(EarlyStepInBackward, ANonFiniteLossUpdatesNothingAndStops) {
 // The optimizer state is the usual one: a run saved at step 2 with the option resumes with or without
 // it into exactly the weights of 4 uninterrupted steps (no clipping on either side).
 TEST(EarlyStepInBackward, ACheckpointResumesTheSameWithAndWithoutIt) {
-  std::map<std::string, at::Tensor> straight;
-  {
-    test::TempDir dir;
-    Trainer t(one_process(dir, {"--optimizer.early_step_in_backward", "--training.steps", "4"}));
-    t.train();
-    straight = t.full_parameters();
-  }
+  const std::map<std::string, at::Tensor> straight = early_step_weights_after(4);
   for (const bool early_after : {true, false}) {
     SCOPED_TRACE(early_after ? "resumed with it" : "resumed without it");
     test::TempDir dir;

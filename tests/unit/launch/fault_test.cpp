@@ -132,18 +132,6 @@ bool anything_left_running(const std::string& marker) {
   return false;
 }
 
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
 void expect_same_job(const JobRun& run, const std::string& what) {
   const JobRun& ref = uninterrupted();
   ASSERT_EQ(ref.result.exit_code, 0) << ref.result.output;
@@ -221,7 +209,7 @@ TEST(FaultInjection, WithoutALauncherTheSurvivorExitsOnItsOwn) {
            {1, "backward", 4}, {0, "checkpoint_data", 3}}) {
     SCOPED_TRACE("rank " + std::to_string(victim) + " killed at " + point);
     test::TempDir dir;
-    const std::string port = std::to_string(free_port());
+    const std::string port = std::to_string(test::free_loopback_port());
     std::vector<std::vector<std::string>> argvs;
     std::vector<std::map<std::string, std::string>> envs;
     for (int rank = 0; rank < 2; ++rank) {
@@ -253,7 +241,7 @@ TEST(FaultInjection, ARankKilledDuringASaveEndsTheJobInBoundedTimeNamingItAndThe
   for (const std::string mode : {"disabled", "async"}) {
     SCOPED_TRACE(mode);
     test::TempDir dir;
-    const std::string port = std::to_string(free_port());
+    const std::string port = std::to_string(test::free_loopback_port());
     std::vector<std::vector<std::string>> argvs;
     std::vector<std::map<std::string, std::string>> envs;
     for (int rank = 0; rank < 2; ++rank) {
@@ -354,7 +342,7 @@ TEST(FaultInjection, TorchrunMaxRestartsResumes) {
 // workers through the store of node 0's launcher, and the job completes like the uninterrupted one.
 TEST(FaultInjection, TwoNodesRestartTogether) {
   test::TempDir dir;
-  const std::string port = std::to_string(free_port());
+  const std::string port = std::to_string(test::free_loopback_port());
   std::vector<std::vector<std::string>> argvs;
   for (int node = 0; node < 2; ++node) {
     std::vector<std::string> argv = {kTitan, "launch", "--nnodes", "2", "--node-rank", std::to_string(node),

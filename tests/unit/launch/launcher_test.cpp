@@ -54,19 +54,6 @@ std::map<int, std::string> values(const std::string& output, const std::string& 
   return out;
 }
 
-// A port of 127.0.0.1 that was free a moment ago.
-int free_loopback_port() {
-  const int sock = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  EXPECT_EQ(bind(sock, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  EXPECT_EQ(getsockname(sock, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-  close(sock);
-  return ntohs(addr.sin_port);
-}
-
 int count_lines_with(const std::string& output, const std::string& prefix) {
   std::istringstream in(output);
   std::string l;
@@ -464,7 +451,7 @@ TEST(Launcher, TorchrunEnvironmentIsReadTheSameWay) {
 // check, not a backend's store key.
 TEST(Launcher, ARankWhosePeersNeverStartSaysSo) {
   test::TempDir dir;
-  const std::string port = std::to_string(free_loopback_port());  // for the store rank 0 hosts
+  const std::string port = std::to_string(test::free_loopback_port());  // for the store rank 0 hosts
   const auto start = Clock::now();
   auto r = test::run_process({kTitan, "train", "--job.config_file", std::string(TITAN_SOURCE_DIR) + "/configs/llama3_debugmodel.toml",
                               "--job.dump_folder", dir.path(), "--comm.init_timeout_seconds", "3"},
@@ -583,7 +570,7 @@ TEST(LaunchOptions, Errors) {
 // machine (the first to bind the port hosts it) give ranks 0..3, each node its own two; a third
 // launcher for a job of two nodes is refused with what to do, and the job of the first two runs.
 TEST(Launcher, NodesWithoutNodeRankAreNumberedAtTheRendezvous) {
-  const std::string endpoint = "127.0.0.1:" + std::to_string(free_loopback_port());
+  const std::string endpoint = "127.0.0.1:" + std::to_string(test::free_loopback_port());
   for (const int launchers : {2, 3}) {
     SCOPED_TRACE(std::to_string(launchers) + " launchers");
     const std::vector<std::string> argv = {kTitan, "launch", "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend",
