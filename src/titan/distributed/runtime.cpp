@@ -8,9 +8,12 @@
 #include <cctype>
 #include <cerrno>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <optional>
+
+#include <unistd.h>
 
 namespace titan::dist {
 
@@ -305,11 +308,46 @@ c10::intrusive_ptr<c10d::Store> connect_store(const LaunchEnv& env, std::chrono:
 
 void wait_for_every_rank(const c10::intrusive_ptr<c10d::Store>& store, const LaunchEnv& env,
                          std::chrono::milliseconds timeout) {
-  const std::string count_key = "titan/ranks_started", all_key = "titan/every_rank_started";
+  const std::string count_key = "titan/ranks_started", all_key = "titan/every_rank_started",
+                    refused_key = "titan/start_refused";
+  auto bytes = [](const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); };
+  auto text = [](const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); };
+  // The job is one world only if every rank agrees on its size and no rank starts twice: launchers
+  // given different --nnodes / --nproc-per-node, or two given the same --node-rank, would otherwise
+  // wait for each other until the timeout, or worse, build a process group of the wrong ranks.
+  std::string problem;
+  const std::string world = std::to_string(env.world_size);
+  if (const std::string theirs = text(store->compareSet("titan/world_size", {}, bytes(world))); theirs != world) {
+    problem = detail::concat(
+        "this rank (", describe(env), ") was started with WORLD_SIZE ", world, " but ranks of the same job with ",
+        theirs, ": every launcher of a job must be given the same --nnodes and --nproc-per-node (srun: the same "
+        "--ntasks), and jobs sharing a machine need their own MASTER_PORT");
+  } else {
+    char host[HOST_NAME_MAX + 1] = {};
+    if (gethostname(host, sizeof host) != 0) std::snprintf(host, sizeof host, "?");
+    const std::string me = detail::concat(host, " (pid ", getpid(), ")");
+    const std::string owner = text(store->compareSet("titan/rank_" + std::to_string(env.rank), {}, bytes(me)));
+    if (owner != me)
+      problem = detail::concat(
+          "rank ", env.rank, " of ", env.world_size, " was started twice: on ", owner, " and on ", me,
+          ". Two launchers were given the same --node-rank (give each node its own, 0 to --nnodes - 1, or give "
+          "none at all and let the rendezvous number them), or two jobs share MASTER_ADDR:MASTER_PORT (give each "
+          "its own port)");
+  }
+  if (!problem.empty()) {
+    // Every rank of the job learns it at once: the first problem is recorded, then the ranks waiting
+    // below are woken (they read the record before going on).
+    store->compareSet(refused_key, {}, bytes(problem));
+    store->set(all_key, std::vector<uint8_t>{1});
+    throw UserError(problem);
+  }
   if (store->add(count_key, 1) == env.world_size) store->set(all_key, std::vector<uint8_t>{1});
   const auto start = std::chrono::steady_clock::now();
   try {
     store->wait({all_key}, timeout);
+    if (store->check({refused_key}))
+      throw UserError(detail::concat("the job cannot start (this is ", describe(env), "): another rank found: ",
+                                     text(store->get(refused_key))));
   } catch (const c10::Error& e) {
     const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
     int64_t started = -1;

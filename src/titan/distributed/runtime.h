@@ -46,7 +46,11 @@ c10::intrusive_ptr<c10d::Store> connect_store(const LaunchEnv& env, std::chrono:
 // itself in on the store and the one that completes the count tells the others (two store operations
 // per rank, no polling). Throws UserError naming how many ranks came and what to check when some
 // did not: a rank that never started, or launch variables (RANK, WORLD_SIZE) left in the environment
-// of a process that was not meant to be part of a job.
+// of a process that was not meant to be part of a job. Before counting itself in, each rank checks
+// that the job is one world: its WORLD_SIZE is the one the first rank recorded, and no other process
+// claimed its rank (launchers given different --nnodes / --nproc-per-node, or the same --node-rank,
+// two jobs on one port). A rank that finds otherwise records why and wakes the others: every rank
+// ends at once with that message (two more store operations per rank).
 void wait_for_every_rank(const c10::intrusive_ptr<c10d::Store>& store, const LaunchEnv& env,
                          std::chrono::milliseconds timeout);
 

@@ -602,6 +602,61 @@ TEST(Launcher, NodesWithoutNodeRankAreNumberedAtTheRendezvous) {
   }
 }
 
+// Launchers of one job that disagree (different --nproc-per-node, two given the same --node-rank)
+// end within moments, each with why, rather than waiting for each other until comm.init_timeout_seconds
+// or building a process group of the wrong ranks.
+TEST(Launcher, LaunchersThatDisagreeEndAtOnceWithWhy) {
+  test::TempDir dir;
+  struct Case {
+    std::string name;
+    std::vector<std::vector<std::string>> launchers;  // each: its own arguments
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {"another --nproc-per-node",
+       {{"--node-rank", "0", "--nproc-per-node", "1"}, {"--node-rank", "1", "--nproc-per-node", "2"}},
+       "was started with WORLD_SIZE "},
+      {"one --node-rank twice",
+       {{"--node-rank", "0", "--nproc-per-node", "1"}, {"--node-rank", "1", "--nproc-per-node", "1"},
+        {"--node-rank", "1", "--nproc-per-node", "1"}},
+       "rank 1 of 2 was started twice: on "},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string port = std::to_string(test::free_loopback_port());
+    std::vector<std::vector<std::string>> argvs;
+    for (size_t i = 0; i < c.launchers.size(); ++i) {
+      std::vector<std::string> argv = {kTitan, "launch", "--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port",
+                                       port};
+      argv.insert(argv.end(), c.launchers[i].begin(), c.launchers[i].end());
+      argv.insert(argv.end(), {"--", "train", "--job.config_file",
+                               std::string(TITAN_SOURCE_DIR) + "/configs/llama3_debugmodel.toml", "--job.dump_folder",
+                               dir.path() + "/" + std::to_string(i), "--comm.init_timeout_seconds", "300",
+                               "--training.steps", "1"});
+      argvs.push_back(argv);
+    }
+    const auto start = Clock::now();
+    const auto results =
+        test::run_processes(argvs, std::vector<std::map<std::string, std::string>>(argvs.size()), 120s);
+    int said = 0, failed = 0;
+    for (const auto& r : results) {
+      EXPECT_FALSE(r.timed_out) << r.output;
+      said += r.output.find(c.expected) != std::string::npos;
+      failed += r.exit_code != 0;
+    }
+    EXPECT_GE(said, 1);
+    EXPECT_GE(failed, 1);
+    EXPECT_LT(Clock::now() - start, 90s);  // not comm.init_timeout_seconds
+    if (c.name == "another --nproc-per-node") {
+      EXPECT_EQ(failed, 2);  // nobody trains: the job is not one world
+      for (const auto& r : results)
+        EXPECT_NE(r.output.find("every launcher of a job must be given the same --nnodes and --nproc-per-node"),
+                  std::string::npos)
+            << r.output;
+    }
+  }
+}
+
 // torchrun's rendezvous and logging options, as its multi-node commands spell them.
 TEST(LaunchOptions, TorchrunRendezvousAndLogOptions) {
   auto o = parse_launch_options({"--nnodes=2", "--nproc_per_node=8", "--rdzv_id", "101", "--rdzv_backend", "c10d",

@@ -12,6 +12,10 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <thread>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 namespace titan::dist {
 namespace {
@@ -291,6 +295,80 @@ TEST(FlightRecorder, SetsLibTorchsEnvironment) {
     if (saved[n]) ::setenv(n, saved[n]->c_str(), 1);
     else ::unsetenv(n);
   }
+}
+
+
+// wait_for_every_rank: the ranks of one world meet; a rank whose WORLD_SIZE differs from the job's, or
+// whose rank another process holds, ends with why, and every rank waiting with it ends at once with
+// that message instead of at the timeout.
+LaunchEnv rank_env(int rank, int world_size) {
+  LaunchEnv e;
+  e.rank = rank;
+  e.world_size = e.local_world_size = world_size;
+  e.local_rank = rank;
+  e.source = "torchrun";
+  return e;
+}
+
+// The UserError message of one rank's wait ("" when it returns), and how long it took.
+std::pair<std::string, double> wait_as(const c10::intrusive_ptr<c10d::Store>& store, const LaunchEnv& env,
+                                       std::chrono::milliseconds timeout) {
+  const auto start = std::chrono::steady_clock::now();
+  std::string msg;
+  try {
+    wait_for_every_rank(store, env, timeout);
+  } catch (const UserError& e) {
+    msg = e.what();
+  }
+  return {msg, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()};
+}
+
+TEST(EveryRankStarted, OneWorldMeets) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::pair<std::string, double>> results(3);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 3; ++r)
+    ranks.emplace_back([&, r] { results[r] = wait_as(store, rank_env(r, 3), std::chrono::seconds(60)); });
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(results[r].first, "") << "rank " << r;
+}
+
+TEST(EveryRankStarted, AnotherWorldSizeEndsEveryRankAtOnce) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::pair<std::string, double> first;
+  std::thread rank0([&] { first = wait_as(store, rank_env(0, 4), std::chrono::seconds(120)); });
+  while (!store->check({"titan/ranks_started"})) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const auto [msg, seconds] = wait_as(store, rank_env(1, 2), std::chrono::seconds(120));
+  rank0.join();
+  EXPECT_NE(msg.find("this rank (rank 1/2 (local 1/2, node 0) master 127.0.0.1:29500 [torchrun]) was started with "
+                     "WORLD_SIZE 2 but ranks of the same job with 4: every launcher of a job must be given the same "
+                     "--nnodes and --nproc-per-node"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(first.first.find("the job cannot start (this is rank 0/4 (local 0/4, node 0) master 127.0.0.1:29500 "
+                             "[torchrun]): another rank found: " + msg),
+            std::string::npos)
+      << first.first;
+  EXPECT_LT(first.second, 30.0);  // woken, not timed out
+  // A rank that comes later still learns it.
+  EXPECT_NE(wait_as(store, rank_env(2, 4), std::chrono::seconds(120)).first.find("another rank found: " + msg),
+            std::string::npos);
+}
+
+TEST(EveryRankStarted, ARankStartedTwiceEndsEveryRankAtOnce) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  // Rank 1 already held by another process (another launcher given the same --node-rank).
+  const std::string other = "node7 (pid 4242)";
+  store->set("titan/rank_1", std::vector<uint8_t>(other.begin(), other.end()));
+  std::pair<std::string, double> first;
+  std::thread rank0([&] { first = wait_as(store, rank_env(0, 3), std::chrono::seconds(120)); });
+  while (!store->check({"titan/ranks_started"})) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const auto [msg, seconds] = wait_as(store, rank_env(1, 3), std::chrono::seconds(120));
+  rank0.join();
+  EXPECT_NE(msg.find("rank 1 of 3 was started twice: on node7 (pid 4242) and on "), std::string::npos) << msg;
+  EXPECT_NE(msg.find("Two launchers were given the same --node-rank"), std::string::npos) << msg;
+  EXPECT_NE(first.first.find("another rank found: " + msg), std::string::npos) << first.first;
+  EXPECT_LT(first.second, 30.0);
 }
 
 }  // namespace
