@@ -4,6 +4,8 @@
 #include "titan/components/checkpoint/checkpoint.h"
 #include "titan/components/checkpoint/dcp.h"
 #include "titan/components/checkpoint/hf.h"
+#include "titan/components/checkpoint/pickle.h"
+#include "titan/components/optimizer/lr_scheduler.h"
 #include "titan/config/job_config.h"
 #include "titan/models/model.h"
 #include "titan/models/registry.h"
@@ -15,6 +17,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <initializer_list>
 #include <iterator>
 #include <iostream>
 
@@ -72,15 +76,178 @@ std::string tied_output_name(const std::vector<std::pair<std::string, std::vecto
 
 }  // namespace
 
-int64_t convert_to_dcp(const std::string& step_dir, const std::string& out_dir, at::ScalarType dtype) {
+namespace {
+
+// What torchtitan's optimizer parameter groups and LambdaLR schedule hold after `step` steps of a run
+// with these settings.
+struct OptimizerSettings {
+  std::string name = "AdamW", implementation = "fused";
+  double lr = 0, beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0;
+  double lr_now = 0;  // the learning rate of the next step (the schedule's, after `lr_step` steps)
+  int64_t lr_step = 0;
+};
+
+OptimizerSettings optimizer_settings(const nlohmann::json& state, const std::function<JobConfig()>& run_config,
+                                     const std::string& step_dir) {
+  OptimizerSettings s;
+  TITAN_USER_CHECK(state.contains("lr_scheduler") && state["lr_scheduler"].contains("step"), "checkpoint ", step_dir,
+                   " records no learning-rate schedule step: export the model alone with --model-only");
+  s.lr_step = state["lr_scheduler"]["step"].get<int64_t>();
+  if (state.contains("optimizer") && state["lr_scheduler"].contains("lr")) {  // recorded by the saving run
+    const nlohmann::json& o = state["optimizer"];
+    s.name = o.at("name").get<std::string>();
+    s.implementation = o.at("implementation").get<std::string>();
+    s.lr = o.at("lr").get<double>();
+    s.beta1 = o.at("beta1").get<double>();
+    s.beta2 = o.at("beta2").get<double>();
+    s.eps = o.at("eps").get<double>();
+    s.weight_decay = o.at("weight_decay").get<double>();
+    s.lr_now = state["lr_scheduler"]["lr"].get<double>();
+    return s;
+  }
+  // A checkpoint of an earlier titan: the settings of the run's configuration.
+  const JobConfig cfg = run_config();
+  const auto& o = cfg.optimizer;
+  s = {o.name, o.implementation, o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, 0, s.lr_step};
+  const LRSchedule schedule(lr_schedule_options(cfg.lr_scheduler),
+                            cfg.lr_scheduler.total_steps.value_or(cfg.training.steps));
+  s.lr_now = o.lr * schedule.factor(s.lr_step);
+  return s;
+}
+
+void write_floats(pickle::Writer& w, std::initializer_list<double> values, bool as_tuple) {
+  if (!as_tuple) w.empty_list();
+  w.mark();
+  for (double v : values) w.real(v);
+  if (as_tuple)
+    w.tuple();
+  else
+    w.appends();
+}
+
+// The optimizer's state (torchtitan's flattened "optimizer.state.<param>.*" and
+// "optimizer.param_groups.<param>.*"), the schedule ("lr_scheduler.*", LambdaLR's state dict) and
+// "train_state.*" of a titan checkpoint. Every key a recent PyTorch's AdamW / Adam and LambdaLR state
+// dicts hold is written: torch.distributed.checkpoint.load fails on a key the folder lacks and
+// ignores those it does not ask for. Returns the number of entries.
+int64_t write_training_state(checkpoint::Reader& reader, checkpoint::DcpWriter& writer,
+                             const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors,
+                             const std::string& tied, const OptimizerSettings& s, const nlohmann::json& state) {
+  int64_t n = 0;
+  auto group = [&](const std::string& param) {
+    auto add = [&](const std::string& key, const std::function<void(pickle::Writer&)>& value) {
+      writer.add_object({"optimizer", "param_groups." + param + "." + key}, value);
+      ++n;
+    };
+    add("lr", [&](pickle::Writer& w) { w.real(s.lr_now); });
+    add("betas", [&](pickle::Writer& w) { write_floats(w, {s.beta1, s.beta2}, /*as_tuple=*/true); });
+    add("eps", [&](pickle::Writer& w) { w.real(s.eps); });
+    add("weight_decay", [&](pickle::Writer& w) { w.real(s.weight_decay); });
+    for (const char* off : {"amsgrad", "maximize", "capturable", "differentiable"})
+      add(off, [](pickle::Writer& w) { w.boolean(false); });
+    // As torchtitan builds the optimizer from its implementation setting.
+    add("foreach", [&](pickle::Writer& w) { w.boolean(s.implementation == "foreach"); });
+    add("fused", [&](pickle::Writer& w) { w.boolean(s.implementation == "fused"); });
+    add("decoupled_weight_decay", [&](pickle::Writer& w) { w.boolean(s.name == "AdamW"); });
+    add("initial_lr", [&](pickle::Writer& w) { w.real(s.lr); });
+  };
+  int64_t with_state = 0;
+  for (const auto& [name, shape] : tensors) {
+    const std::string prefix = "optimizer." + name + ".";
+    if (!reader.meta(prefix + "exp_avg")) continue;  // a buffer (no optimizer state)
+    ++with_state;
+    for (const char* moment : {"exp_avg", "exp_avg_sq"}) {
+      const auto meta = reader.meta(prefix + moment);
+      TITAN_USER_CHECK(meta && meta->shape == shape, "checkpoint ", reader.describe(), ": ", prefix, moment,
+                       " is missing or not of its parameter's shape");
+      writer.add({"optimizer", "state." + name + "." + moment},
+                 reader.read(prefix + moment, std::vector<int64_t>(shape.size(), 0), shape).to(at::kFloat));
+      ++n;
+    }
+    const auto step_meta = reader.meta(prefix + "step");
+    TITAN_USER_CHECK(step_meta.has_value(), "checkpoint ", reader.describe(), " holds no ", prefix, "step");
+    // PyTorch's AdamW keeps its step count as a 0-d float32 tensor.
+    writer.add({"optimizer", "state." + name + ".step"},
+               reader.read(prefix + "step", std::vector<int64_t>(step_meta->shape.size(), 0), step_meta->shape)
+                   .to(at::kFloat)
+                   .reshape({}));
+    ++n;
+    group(name);
+  }
+  TITAN_USER_CHECK(with_state > 0, "checkpoint ", reader.describe(),
+                   " lists the optimizer but holds no optimizer state: export the model alone with --model-only");
+  if (!tied.empty() && reader.meta("optimizer.tok_embeddings.weight.exp_avg")) {
+    // A tied output projection is the embedding's parameter under its second name, as for the model.
+    for (const char* k : {"exp_avg", "exp_avg_sq", "step"})
+      writer.add_alias({"optimizer", "state." + tied + "." + k}, std::string("optimizer.state.tok_embeddings.weight.") + k);
+    group(tied);
+    n += 3;
+  }
+  // LambdaLR's state dict after lr_step steps (one parameter group).
+  auto sched = [&](const std::string& key, const std::function<void(pickle::Writer&)>& value) {
+    writer.add_object({"lr_scheduler", key}, value);
+    ++n;
+  };
+  sched("base_lrs", [&](pickle::Writer& w) { write_floats(w, {s.lr}, false); });
+  sched("_last_lr", [&](pickle::Writer& w) { write_floats(w, {s.lr_now}, false); });
+  sched("last_epoch", [&](pickle::Writer& w) { w.integer(s.lr_step); });
+  sched("_step_count", [&](pickle::Writer& w) { w.integer(s.lr_step + 1); });
+  for (const char* off : {"_is_initial", "_get_lr_called_within_step", "verbose"})
+    sched(off, [](pickle::Writer& w) { w.boolean(false); });
+  sched("lr_lambdas", [](pickle::Writer& w) {
+    w.empty_list();
+    w.mark();
+    w.none();
+    w.appends();
+  });
+  // torchtitan counts one data-parallel rank's tokens; its data loader records that degree, which
+  // `from-dcp` reads back.
+  const nlohmann::json& ts = state.at("train_state");
+  const int64_t dp = std::max<int64_t>(1, ts.value("dp_degree", int64_t{1}));
+  const int64_t step = ts.at("step").get<int64_t>(), tokens = ts.at("ntokens_seen").get<int64_t>() / dp;
+  writer.add_object({"train_state", "step"}, [&](pickle::Writer& w) { w.integer(step); });
+  writer.add_object({"train_state", "ntokens_seen"}, [&](pickle::Writer& w) { w.integer(tokens); });
+  writer.add_object({"dataloader", "dp_world_size"}, [&](pickle::Writer& w) { w.integer(dp); });
+  return n + 3;
+}
+
+// The config.toml of the run that saved checkpoint step folder `step_dir` (its dump folder's, two
+// levels above), or an empty path when there is none.
+fs::path run_config_beside(const std::string& step_dir) {
+  fs::path step = fs::absolute(step_dir).lexically_normal();
+  if (step.filename().empty()) step = step.parent_path();  // a trailing '/'
+  const fs::path run_config = step.parent_path().parent_path() / "config.toml";
+  std::error_code ec;
+  return fs::is_regular_file(run_config, ec) ? run_config : fs::path();
+}
+
+}  // namespace
+
+int64_t convert_to_dcp(const std::string& step_dir, const std::string& out_dir, at::ScalarType dtype, bool model_only,
+                       const std::function<JobConfig()>& run_config) {
   checkpoint::Reader reader = open_checkpoint(step_dir);
   const auto tensors = model_tensors(reader, step_dir);
+  const auto contents = reader.info().value("contents", std::vector<std::string>{});
+  auto has = [&](const char* part) { return std::find(contents.begin(), contents.end(), part) != contents.end(); };
+  const bool training_state = !model_only && has("optimizer");
+  std::optional<OptimizerSettings> settings;
+  if (training_state) {
+    TITAN_USER_CHECK(dtype == at::kFloat, "checkpoint.export_dtype ", c10::toString(dtype),
+                     " is for exporting the model alone: a run resumes from float32 weights. Add --model-only, or "
+                     "leave checkpoint.export_dtype at float32");
+    TITAN_USER_CHECK(has("lr_scheduler") && has("train_state"), "checkpoint ", step_dir,
+                     " holds the optimizer but not the schedule and training step: export the model alone with "
+                     "--model-only");
+    settings = optimizer_settings(reader.state(), run_config, step_dir);
+  }
   checkpoint::DcpWriter writer(out_dir);
   for (const auto& [name, shape] : tensors) writer.add(name, read_model_tensor(reader, name, shape, dtype));
   const std::string tied = tied_output_name(tensors);
   if (!tied.empty()) writer.add_alias(tied, "tok_embeddings.weight");
+  int64_t n = static_cast<int64_t>(tensors.size() + !tied.empty());
+  if (training_state) n += write_training_state(reader, writer, tensors, tied, *settings, reader.state());
   writer.finish();
-  return static_cast<int64_t>(tensors.size() + !tied.empty());
+  return n;
 }
 
 int64_t convert_to_torch(const std::string& step_dir, const std::string& out_file, at::ScalarType dtype) {
@@ -232,10 +399,11 @@ std::string convert_usage() {
          "  titan convert to-hf CHECKPOINT_STEP_DIR OUT_DIR [--checkpoint.export_dtype float32|bfloat16|float16]\n"
          "      a titan checkpoint (e.g. outputs/checkpoint/step-1000) to a Hugging Face model folder\n"
          "      (config.json + safetensors, for transformers' from_pretrained); optimizer state is left out\n"
-         "  titan convert to-dcp CHECKPOINT_STEP_DIR OUT_DIR [--checkpoint.export_dtype float32|bfloat16|float16]\n"
-         "      the model of a titan checkpoint as a torch.distributed.checkpoint folder (torchtitan's names):\n"
-         "      torchtitan starts from it with --checkpoint.initial_load_path OUT_DIR\n"
-         "      --checkpoint.initial_load_model_only; optimizer state is left out\n"
+         "  titan convert to-dcp CHECKPOINT_STEP_DIR OUT_DIR [--model-only [--checkpoint.export_dtype ...]]\n"
+         "      a titan checkpoint as a torch.distributed.checkpoint folder (torchtitan's names): the model,\n"
+         "      the AdamW state, the schedule and the step; torchtitan resumes from it with\n"
+         "      --checkpoint.initial_load_path OUT_DIR --checkpoint.initial_load_model_only false\n"
+         "      --checkpoint.exclude_from_loading dataloader (or starts from its model alone)\n"
          "  titan convert to-torch CHECKPOINT_STEP_DIR OUT_FILE.pt [--checkpoint.export_dtype ...]\n"
          "      the model as one torch.save file (a dict of name -> tensor) for torch.load\n"
          "  titan convert from-hf HF_DIR OUT_CHECKPOINT_DIR [--model.name llama3] [--model.flavor F]\n"
@@ -259,8 +427,9 @@ int run_convert(const std::vector<std::string>& args) {
                    "unknown conversion '", direction, "': use to-hf, from-hf, to-dcp, from-dcp or to-torch\n",
                    convert_usage());
   std::vector<std::string> options(args.begin() + std::min<size_t>(args.size(), 3), args.end());
-  // from-dcp's own flag: the model alone.
-  const bool model_only = direction == "from-dcp" && std::erase(options, std::string("--model-only")) > 0;
+  // from-dcp's and to-dcp's own flag: the model alone.
+  const bool model_only =
+      (direction == "from-dcp" || direction == "to-dcp") && std::erase(options, std::string("--model-only")) > 0;
   if (help_requested(args)) {
     std::cout << convert_usage();
     return 0;
@@ -268,12 +437,35 @@ int run_convert(const std::vector<std::string>& args) {
   TITAN_USER_CHECK(args.size() >= 3 && args[1].rfind("--", 0) != 0 && args[2].rfind("--", 0) != 0,
                    "titan convert ", direction, " needs two folders before any option\n", convert_usage());
   const JobConfig cfg = parse_config(options);
-  if (direction == "to-dcp" || direction == "to-torch") {
-    const at::ScalarType dtype = export_dtype(cfg.checkpoint.export_dtype);
-    const int64_t n = direction == "to-dcp" ? convert_to_dcp(args[1], args[2], dtype)
-                                            : convert_to_torch(args[1], args[2], dtype);
+  if (direction == "to-torch") {
+    const int64_t n = convert_to_torch(args[1], args[2], export_dtype(cfg.checkpoint.export_dtype));
     std::printf("wrote %lld tensors (%s) to %s\n", static_cast<long long>(n), cfg.checkpoint.export_dtype.c_str(),
                 args[2].c_str());
+    return 0;
+  }
+  if (direction == "to-dcp") {
+    const bool config_given = std::any_of(options.begin(), options.end(),
+                                          [](const std::string& o) { return o.rfind("--job.config_file", 0) == 0; });
+    std::string settings_from;
+    // Only for a checkpoint that does not record its optimizer's settings: the run's configuration.
+    auto run_config = [&]() -> JobConfig {
+      if (config_given) {
+        settings_from = "the optimizer's settings and schedule from --job.config_file";
+        return cfg;
+      }
+      const fs::path run_toml = run_config_beside(args[1]);
+      TITAN_USER_CHECK(!run_toml.empty(), "checkpoint ", args[1], " does not record its optimizer's settings (saved by "
+                       "an earlier titan) and no config.toml of its run is beside the checkpoint folder: give the "
+                       "run's --job.config_file, or export the model alone with --model-only");
+      settings_from = "the optimizer's settings and schedule from " + run_toml.string();
+      std::ifstream in(run_toml);
+      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      return parse_config_text(text, run_toml.string());
+    };
+    const int64_t n = convert_to_dcp(args[1], args[2], export_dtype(cfg.checkpoint.export_dtype), model_only, run_config);
+    std::printf("wrote %lld entries (%s) to %s\n", static_cast<long long>(n), cfg.checkpoint.export_dtype.c_str(),
+                args[2].c_str());
+    if (!settings_from.empty()) std::printf("%s\n", settings_from.c_str());
     return 0;
   }
   if (direction == "to-hf") {
@@ -285,13 +477,10 @@ int run_convert(const std::vector<std::string>& args) {
     std::string assets;
     for (const auto& o : options)
       if (o.rfind("--model.hf_assets_path", 0) == 0 || o.rfind("--job.config_file", 0) == 0) assets = cfg.model.hf_assets_path;
-    fs::path step = fs::absolute(args[1]).lexically_normal();
-    if (step.filename().empty()) step = step.parent_path();  // a trailing '/'
-    const fs::path run_config = step.parent_path().parent_path() / "config.toml";
-    std::error_code ec;
+    const fs::path run_config = run_config_beside(args[1]);
     std::string note;
     try {
-      if (assets.empty() && fs::is_regular_file(run_config, ec)) {
+      if (assets.empty() && !run_config.empty()) {
         std::ifstream in(run_config);
         const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
         assets = parse_config_text(text, run_config.string()).model.hf_assets_path;

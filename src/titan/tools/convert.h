@@ -4,7 +4,7 @@
 //   titan convert to-hf CHECKPOINT_STEP_DIR OUT_DIR [--checkpoint.export_dtype float32|bfloat16|float16]
 //   titan convert from-hf HF_DIR OUT_CHECKPOINT_DIR [--model.name llama3] [--model.flavor F]
 //   titan convert from-dcp DCP_STEP_DIR OUT_CHECKPOINT_DIR --model.flavor F
-//   titan convert to-dcp CHECKPOINT_STEP_DIR OUT_DIR [--checkpoint.export_dtype ...]
+//   titan convert to-dcp CHECKPOINT_STEP_DIR OUT_DIR [--model-only [--checkpoint.export_dtype ...]]
 //   titan convert to-torch CHECKPOINT_STEP_DIR OUT_FILE.pt [--checkpoint.export_dtype ...]
 //
 // to-hf writes the model's weights (optimizer state is left out) as safetensors shards of at most
@@ -12,8 +12,11 @@
 // checkpoint holding only the model (fp32), for checkpoint.initial_load_path or further training.
 #pragma once
 
+#include "titan/config/job_config.h"
+
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -35,11 +38,16 @@ std::string convert_from_hf(const std::string& hf_dir, const std::string& out_st
 int64_t convert_from_dcp(const std::string& dcp_dir, const std::string& out_step_dir, const std::string& model,
                          const std::string& flavor, bool model_only);
 
-// Exports the "model.*" tensors of titan checkpoint `step_dir` as a torch.distributed.checkpoint
-// folder `out_dir` under torchtitan's names (the model's state dict at the top level), one tensor in
-// memory at a time: what torchtitan reads with checkpoint.initial_load_path and
-// initial_load_model_only, and torch.distributed.checkpoint.load in any layout. Returns the count.
-int64_t convert_to_dcp(const std::string& step_dir, const std::string& out_dir, at::ScalarType dtype);
+// Exports titan checkpoint `step_dir` as a torch.distributed.checkpoint folder `out_dir` under
+// torchtitan's names, one tensor in memory at a time: the model's state dict at the top level and,
+// when the checkpoint holds them and not `model_only`, the optimizer flattened as torchtitan saves it
+// ("optimizer.state.<param>.exp_avg", ..., "optimizer.param_groups.<param>.lr", ...), the LambdaLR
+// schedule ("lr_scheduler.*") and "train_state.*": what torchtitan resumes from (its data loader's
+// state excluded), and torch.distributed.checkpoint.load reads in any layout. The optimizer's
+// settings are the checkpoint's record of them, or for a checkpoint saved before titan recorded them,
+// those of `run_config()` (called only then). Returns the number of entries written.
+int64_t convert_to_dcp(const std::string& step_dir, const std::string& out_dir, at::ScalarType dtype, bool model_only,
+                       const std::function<JobConfig()>& run_config);
 
 // Exports them as one torch.save file `out_file` (a dict of name -> tensor, torch.load(...,
 // weights_only=True) reads it), written one tensor at a time. Returns the count.

@@ -110,8 +110,14 @@ std::vector<dist::PlacedTensor> Trainer::checkpoint_tensors(const std::vector<st
 }
 
 nlohmann::json Trainer::checkpoint_state() {
-  return {{"train_state", {{"step", step_}, {"ntokens_seen", tokens_seen()}}},
-          {"lr_scheduler", {{"step", lr_step_}}},
+  // Beyond what a resume reads (the step, the tokens seen, the schedule's step, the data position):
+  // the optimizer's settings, the learning rate of the next step and the data-parallel degree, so that
+  // `titan convert to-dcp` writes the parameter groups and schedule torchtitan resumes from.
+  const auto& o = cfg_.optimizer;
+  return {{"train_state", {{"step", step_}, {"ntokens_seen", tokens_seen()}, {"dp_degree", dims_->dp_size()}}},
+          {"lr_scheduler", {{"step", lr_step_}, {"lr", o.lr * lr_schedule_->factor(lr_step_)}}},
+          {"optimizer", {{"name", o.name}, {"lr", o.lr}, {"beta1", o.beta1}, {"beta2", o.beta2}, {"eps", o.eps},
+                         {"weight_decay", o.weight_decay}, {"implementation", o.implementation}}},
           {"dataloader", nlohmann::json::parse(dataloader_->state())}};
 }
 

@@ -16,6 +16,7 @@
 #include "titan/components/checkpoint/pickle.h"
 #include "titan/components/checkpoint/safetensors.h"
 #include "titan/components/data/dataloader.h"
+#include "titan/components/optimizer/lr_scheduler.h"
 #include "titan/components/tokenizer/tokenizer.h"
 #include "titan/config/job_config.h"
 #include "titan/models/llama3/args.h"
@@ -174,6 +175,133 @@ TEST(TorchtitanCheckpoint, ModelOnlyStartsTheRunAfresh) {
   EXPECT_EQ(t.train().size(), static_cast<size_t>(kSaved + kContinued));
   // The degree as torchtitan's loader recorded it before 2026-08 (1 here), not the one given.
   EXPECT_EQ(checkpoint::DcpSource(dcp_dir).state(3)["train_state"]["ntokens_seen"], kSaved * kBatch * kSeqLen);
+}
+
+// titan out: a run's checkpoint through `titan convert to-dcp` is resumed by PyTorch as torchtitan's
+// checkpoint manager resumes (tests/reference/torchtitan_resume.py: its state dict built from an AdamW,
+// a LambdaLR and the train state, filled by torch.distributed.checkpoint.load, which fails on any key
+// the folder lacks), and PyTorch's next steps give titan's own losses after that checkpoint, with the
+// schedule's learning rates; an export of a checkpoint saved before titan recorded the optimizer's
+// settings, given the run's configuration, is byte for byte the same folder.
+TEST(TorchtitanCheckpoint, PyTorchResumesATitanExportAsTitanDoes) {
+  test::TempDir dir;
+  auto args = run_args(dir / "run", "");
+  args.insert(args.end(), {"--checkpoint.enable", "true", "--checkpoint.interval", std::to_string(kSaved)});
+  const JobConfig cfg = parse_config(args);
+  safetensors::Tensors in;
+  std::vector<double> titan_losses;
+  {
+    Trainer t(cfg);
+    for (const auto& [name, w] : t.full_parameters()) in["param." + name] = w.contiguous();
+    titan_losses = t.train();  // uninterrupted, saving step kSaved on the way
+  }
+  ASSERT_EQ(titan_losses.size(), static_cast<size_t>(kSaved + kContinued));
+  const std::string step_dir = dir / ("run/checkpoint/step-" + std::to_string(kSaved));
+  const std::string out = dir / "export";
+  auto r = test::run_process({kTitan, "convert", "to-dcp", step_dir, out}, {}, std::chrono::seconds(120));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+
+  // The batches of the steps after the checkpoint.
+  auto tokenizer = load_tokenizer(kSource + "/assets/tokenizer");
+  auto loader = data::make_dataloader(data::data_config(cfg.training, 0, 1), *tokenizer);
+  std::vector<at::Tensor> tokens, labels;
+  for (int i = 0; i < kSaved + kContinued; ++i) {
+    data::Batch b = loader->next();
+    if (i < kSaved) continue;
+    tokens.push_back(b.inputs);
+    labels.push_back(b.labels);
+  }
+  in["batch.tokens"] = at::stack(tokens);
+  in["batch.labels"] = at::stack(labels);
+  nlohmann::json mc = test::llama3_reference_config(llama3::flavor(cfg.model.flavor));
+  mc["vocab_size"] = in.at("param.tok_embeddings.weight").size(0);
+  const auto& o = cfg.optimizer;
+  const auto& s = cfg.lr_scheduler;
+  mc["train"] = {{"lr", o.lr}, {"beta1", o.beta1}, {"beta2", o.beta2}, {"eps", o.eps}, {"weight_decay", o.weight_decay},
+                 {"max_norm", cfg.training.max_norm}, {"warmup_steps", s.warmup_steps},
+                 {"decay_ratio", s.decay_ratio ? nlohmann::json(*s.decay_ratio) : nlohmann::json()},
+                 {"min_lr_factor", s.min_lr_factor}, {"total_steps", kSaved + kContinued},
+                 {"implementation", o.implementation}};
+  safetensors::save(dir / "in.safetensors", in, {{"config", mc.dump()}});
+  const test::ProcessResult py = test::run_process(
+      {test::python(), kSource + "/tests/reference/torchtitan_resume.py", dir / "in.safetensors", out, dir / "out.json"},
+      {{"OMP_NUM_THREADS", "1"}}, std::chrono::seconds(300));
+  ASSERT_EQ(py.exit_code, 0) << py.output;
+  std::ifstream f(dir / "out.json");
+  const nlohmann::json got = nlohmann::json::parse(f);
+  EXPECT_EQ(got.at("step"), kSaved);
+  EXPECT_EQ(got.at("last_epoch"), kSaved);
+  EXPECT_EQ(got.at("ntokens_seen"), kSaved * kBatch * kSeqLen);  // one rank's count: the run had one
+  EXPECT_EQ(got.at("group").at("fused"), o.implementation == "fused") << got.dump();
+  EXPECT_EQ(got.at("group").at("initial_lr"), o.lr) << got.dump();
+  const LRSchedule schedule(lr_schedule_options(s), kSaved + kContinued);
+  for (int i = 0; i < kContinued; ++i) {
+    const double loss = got.at("losses").at(i).get<double>(), titan = titan_losses[static_cast<size_t>(kSaved + i)];
+    std::printf("[to-dcp] step %d: titan %.7f, PyTorch resumed %.7f\n", kSaved + i + 1, titan, loss);
+    EXPECT_NEAR(loss, titan, 1e-5 * titan) << "step " << kSaved + i + 1;
+    EXPECT_NEAR(got.at("lrs").at(i).get<double>(), o.lr * schedule.factor(kSaved + i), 1e-15) << "step " << kSaved + i + 1;
+  }
+
+  // A checkpoint without the record of the optimizer's settings (as titan saved before recording
+  // them): the export asks for the run's configuration, and given it writes the same folder.
+  checkpoint::Reader reader(step_dir);
+  nlohmann::json old_state = reader.state();
+  old_state.erase("optimizer");
+  old_state["lr_scheduler"].erase("lr");
+  old_state["train_state"].erase("dp_degree");
+  const std::string old_dir = dir / ("old/checkpoint/step-" + std::to_string(kSaved));
+  checkpoint::write_single_process(old_dir, reader.names(), [&](const std::string& name) {
+    const std::vector<int64_t> shape = reader.meta(name)->shape;
+    return reader.read(name, std::vector<int64_t>(shape.size(), 0), shape);
+  }, reader.info(), old_state);
+  r = test::run_process({kTitan, "convert", "to-dcp", old_dir, dir / "old-export"}, {}, std::chrono::seconds(120));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("does not record its optimizer's settings (saved by an earlier titan) and no config.toml of "
+                          "its run is beside the checkpoint folder: give the run's --job.config_file, or export the "
+                          "model alone with --model-only"),
+            std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir / "old-export"));
+  std::vector<std::string> convert = {kTitan, "convert", "to-dcp", old_dir, dir / "old-export"};
+  convert.insert(convert.end(), args.begin(), args.end());  // the run's configuration
+  r = test::run_process(convert, {}, std::chrono::seconds(120));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("the optimizer's settings and schedule from --job.config_file"), std::string::npos) << r.output;
+  auto bytes_of = [](const fs::path& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  for (const char* file : {".metadata", "__0_0.distcp"}) {
+    EXPECT_FALSE(bytes_of(fs::path(out) / file).empty()) << file;
+    EXPECT_EQ(bytes_of(fs::path(dir / "old-export") / file), bytes_of(fs::path(out) / file)) << file;
+  }
+
+  // The model alone: in another dtype too; a full export is float32 only.
+  r = test::run_process({kTitan, "convert", "to-dcp", step_dir, dir / "bf16", "--checkpoint.export_dtype", "bfloat16"},
+                        {}, std::chrono::seconds(120));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("checkpoint.export_dtype BFloat16 is for exporting the model alone: a run resumes from "
+                          "float32 weights. Add --model-only"),
+            std::string::npos) << r.output;
+  r = test::run_process({kTitan, "convert", "to-dcp", step_dir, dir / "bf16", "--checkpoint.export_dtype", "bfloat16",
+                         "--model-only"}, {}, std::chrono::seconds(120));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  checkpoint::DcpSource model_only(dir / "bf16");
+  EXPECT_EQ(model_only.contents(), std::vector<std::string>{"model"});
+  // Back through from-dcp: the same training state as the checkpoint's.
+  r = test::run_process({kTitan, "convert", "from-dcp", out, dir / "back/step-3", "--model.flavor", "debugmodel"}, {},
+                        std::chrono::seconds(120));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  checkpoint::Reader back(dir / "back/step-3");
+  EXPECT_EQ(back.state()["train_state"]["ntokens_seen"], reader.state()["train_state"]["ntokens_seen"]);
+  EXPECT_EQ(back.state()["lr_scheduler"]["step"], kSaved);
+  for (const std::string& name : reader.names()) {
+    if (name.rfind("rng.", 0) == 0) continue;
+    const auto meta = back.meta(name);
+    ASSERT_TRUE(meta.has_value()) << name;
+    const at::Tensor a = back.read(name, std::vector<int64_t>(meta->shape.size(), 0), meta->shape);
+    const at::Tensor b = reader.read(name, std::vector<int64_t>(meta->shape.size(), 0), meta->shape);
+    EXPECT_TRUE(at::equal(a, b.to(a.scalar_type()))) << name;
+  }
 }
 
 // Damaged or incomplete folders: errors that name the file, before anything is loaded.

@@ -633,10 +633,19 @@ DcpWriter::~DcpWriter() {
   std::filesystem::remove_all(dir_, ec);  // an unfinished folder is no checkpoint: leave nothing behind
 }
 
-void DcpWriter::add(const std::string& key, const at::Tensor& tensor) {
+namespace {
+std::string joined(const std::vector<std::string>& path) {
+  std::string key;
+  for (const auto& p : path) key += (key.empty() ? "" : ".") + p;
+  return key;
+}
+}  // namespace
+
+void DcpWriter::add(const std::vector<std::string>& path, const at::Tensor& tensor) {
   TITAN_USER_CHECK(data_, "torch.distributed.checkpoint ", dir_, " is already finished");
   const at::Tensor t = tensor.detach().to(at::kCPU).contiguous();
-  Item item{key, t.scalar_type(), t.sizes().vec(), written_, 0};
+  const std::string key = joined(path);
+  Item item{key, path, false, t.scalar_type(), t.sizes().vec(), written_, 0};
   torch_dtype_name(item.dtype);  // a dtype DCP's metadata can name
   // One torch.save blob, as DCP's FileSystemWriter writes each tensor.
   int64_t length = 0;
@@ -656,14 +665,39 @@ void DcpWriter::add(const std::string& key, const at::Tensor& tensor) {
   items_.push_back(std::move(item));
 }
 
-void DcpWriter::add_alias(const std::string& key, const std::string& existing) {
+void DcpWriter::add_object(const std::vector<std::string>& path, const std::function<void(pickle::Writer&)>& write) {
+  TITAN_USER_CHECK(data_, "torch.distributed.checkpoint ", dir_, " is already finished");
+  const std::string key = joined(path);
+  Item item{key, path, true, at::kByte, {}, written_, 0};
+  pickle::Writer w;
+  write(w);
+  int64_t length = 0;
+  try {
+    write_torch_save_archive(
+        [&](const void* bytes, size_t n) {
+          data_->write(static_cast<const char*>(bytes), static_cast<std::streamsize>(n));
+          length += static_cast<int64_t>(n);
+          return data_->good() ? n : 0;
+        },
+        w.finish(), 0, nullptr);
+  } catch (const UserError&) {
+    throw UserError("writing " + key + " to " + dir_ + " failed (disk full?)");
+  }
+  item.length = length;
+  written_ += item.length;
+  items_.push_back(std::move(item));
+}
+
+void DcpWriter::add_alias(const std::vector<std::string>& path, const std::string& existing) {
   TITAN_ASSERT(data_, "DcpWriter: ", dir_, " is already finished");
+  const std::string key = joined(path);
   TITAN_ASSERT(std::none_of(items_.begin(), items_.end(), [&](const Item& i) { return i.key == key; }),
                "DcpWriter: ", key, " added twice");
   const auto it = std::find_if(items_.begin(), items_.end(), [&](const Item& i) { return i.key == existing; });
   TITAN_ASSERT(it != items_.end(), "DcpWriter: ", existing, " was not added");
   Item alias = *it;
   alias.key = key;
+  alias.path = path;
   items_.push_back(std::move(alias));
 }
 
@@ -683,6 +717,10 @@ void DcpWriter::finish() {
     w.mark();
     for (const Item& it : items_) {
       w.string(it.key);
+      if (it.object) {
+        write_dataclass(w, kDcpModule, "BytesStorageMetadata", [] {});
+        continue;
+      }
       write_dataclass(w, kDcpModule, "TensorStorageMetadata", [&] {
         w.string("properties");
         // TensorProperties' state is a tuple: dtype, layout, requires_grad, memory_format, pin_memory.
@@ -723,10 +761,10 @@ void DcpWriter::finish() {
     w.string("planner_data");
     w.empty_dict();
     w.mark();
-    for (const Item& it : items_) {
+    for (const Item& it : items_) {  // the path of each key in the nested state dict
       w.string(it.key);
       w.mark();
-      w.string(it.key);
+      for (const auto& p : it.path) w.string(p);
       w.tuple();
     }
     w.setitems();
@@ -737,10 +775,15 @@ void DcpWriter::finish() {
       write_dataclass(w, kDcpModule, "MetadataIndex", [&] {
         w.string("fqn");
         w.string(it.key);
-        w.string("offset");
-        write_size(w, std::vector<int64_t>(it.shape.size(), 0));
+        if (!it.object) {  // a bytes item's index keeps the class default (None) for its offset
+          w.string("offset");
+          write_size(w, std::vector<int64_t>(it.shape.size(), 0));
+        }
         w.string("index");
-        w.integer(0);
+        if (it.object)
+          w.none();
+        else
+          w.integer(0);
       });
       write_dataclass(w, "torch.distributed.checkpoint.filesystem", "_StorageInfo", [&] {
         w.string("relative_path");
@@ -821,7 +864,18 @@ void write_torch_save(const std::function<size_t(const void*, size_t)>& sink, co
     w.reduce();
   }
   if (as_dict) w.setitems();
-  const std::string pickled = w.finish();
+  write_torch_save_archive(sink, w.finish(), entries.size(), [&](size_t i) -> std::optional<at::Tensor> {
+    if (entries[i].same_as) return std::nullopt;
+    const at::Tensor t = fetch(i);
+    TITAN_ASSERT(t.device().is_cpu() && t.is_contiguous() && t.scalar_type() == entries[i].dtype &&
+                     t.sizes() == at::IntArrayRef(entries[i].shape),
+                 "write_torch_save: ", entries[i].name, " is not the declared contiguous CPU tensor");
+    return t;
+  });
+}
+
+void write_torch_save_archive(const std::function<size_t(const void*, size_t)>& sink, const std::string& pickled,
+                              size_t records, const std::function<std::optional<at::Tensor>(size_t)>& record) {
   // The sink's failures are remembered, not reported to the archive writer: it would throw from
   // writeRecord and again from its destructor while unwinding (std::terminate). The caller's sink
   // is checked once the archive is complete.
@@ -832,14 +886,9 @@ void write_torch_save(const std::function<size_t(const void*, size_t)>& sink, co
   });
   archive.writeRecord("data.pkl", pickled.data(), pickled.size());
   archive.writeRecord("byteorder", "little", 6);
-  for (size_t i = 0; i < entries.size(); ++i) {
-    if (entries[i].same_as) continue;
-    const at::Tensor t = fetch(i);
-    TITAN_ASSERT(t.device().is_cpu() && t.is_contiguous() && t.scalar_type() == entries[i].dtype &&
-                     t.sizes() == at::IntArrayRef(entries[i].shape),
-                 "write_torch_save: ", entries[i].name, " is not the declared contiguous CPU tensor");
-    archive.writeRecord("data/" + std::to_string(i), t.data_ptr(), t.nbytes());
-  }
+  for (size_t i = 0; i < records; ++i)
+    if (const std::optional<at::Tensor> t = record(i))
+      archive.writeRecord("data/" + std::to_string(i), t->data_ptr(), t->nbytes());
   archive.writeEndOfFile();
   TITAN_USER_CHECK(!failed, "writing the torch.save data failed (disk full?)");
 }

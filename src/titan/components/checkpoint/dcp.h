@@ -30,6 +30,10 @@
 #include <string>
 #include <vector>
 
+namespace titan::pickle {
+class Writer;
+}
+
 namespace titan::checkpoint {
 
 inline constexpr const char* kDcpMetadataFile = ".metadata";
@@ -50,6 +54,10 @@ struct TorchSaveEntry {
 };
 void write_torch_save(const std::function<size_t(const void*, size_t)>& sink, const std::vector<TorchSaveEntry>& entries,
                       bool as_dict, const std::function<at::Tensor(size_t)>& fetch);
+// torch.save's archive around a pickle already made (data.pkl): storage record data/<i> for each i
+// below `records` that `record(i)` returns (none for a Python object without tensors).
+void write_torch_save_archive(const std::function<size_t(const void*, size_t)>& sink, const std::string& pickled,
+                              size_t records, const std::function<std::optional<at::Tensor>(size_t)>& record);
 
 // Writes a torch.distributed.checkpoint folder from one process: every tensor added whole, as one
 // chunk (a torch.save blob, as DCP's FileSystemWriter writes them) in __0_0.distcp, and `.metadata`
@@ -62,15 +70,24 @@ class DcpWriter {
   ~DcpWriter();
   // One tensor under its DCP key (e.g. torchtitan's "layers.0.attention.wq.weight"); written at once
   // (streamed: no second copy of it in memory).
-  void add(const std::string& key, const at::Tensor& tensor);
+  void add(const std::string& key, const at::Tensor& tensor) { add(std::vector<std::string>{key}, tensor); }
+  // One tensor of a nested state dict: `path` leads to it ({"optimizer", "state.<param>.exp_avg"}); its
+  // key is the path joined with '.', as dcp.save flattens nested dicts.
+  void add(const std::vector<std::string>& path, const at::Tensor& tensor);
+  // A value that is not a tensor (DCP's bytes item: a torch.save of the Python object that `write`
+  // pickles, e.g. a float, a tuple, a list).
+  void add_object(const std::vector<std::string>& path, const std::function<void(pickle::Writer&)>& write);
   // `key` names the bytes of `existing` (added before) too: a tied weight, stored once.
-  void add_alias(const std::string& key, const std::string& existing);
+  void add_alias(const std::string& key, const std::string& existing) { add_alias(std::vector<std::string>{key}, existing); }
+  void add_alias(const std::vector<std::string>& path, const std::string& existing);
   // Writes `.metadata`: until then the folder is not a checkpoint.
   void finish();
 
  private:
   struct Item {
     std::string key;
+    std::vector<std::string> path;
+    bool object = false;  // a bytes item (no dtype or shape)
     at::ScalarType dtype;
     std::vector<int64_t> shape;
     int64_t offset = 0, length = 0;

@@ -459,6 +459,12 @@ void Writer::integer(int64_t i) {
   out_ += "\x8a\x08";  // LONG1 of 8 bytes, little-endian two's complement
   append_le(out_, static_cast<uint64_t>(i), 8);
 }
+void Writer::real(double d) {  // BINFLOAT: 8 bytes, big-endian
+  uint64_t bits;
+  std::memcpy(&bits, &d, sizeof bits);
+  out_ += 'G';
+  for (int k = 7; k >= 0; --k) out_ += static_cast<char>((bits >> (8 * k)) & 0xff);
+}
 void Writer::string(std::string_view s) {  // BINUNICODE: 4-byte length, UTF-8
   out_ += 'X';
   append_le(out_, s.size(), 4);

@@ -66,6 +66,7 @@ class Writer {
   void none();
   void boolean(bool b);
   void integer(int64_t i);
+  void real(double d);
   void string(std::string_view s);
   void global_(std::string_view module, std::string_view name);
   void mark();
