@@ -48,6 +48,34 @@ std::vector<std::string> run_args(const std::string& dump, const std::string& lo
   return a;
 }
 
+// For the PyTorch side: the batches of the kContinued steps after the first `skip` of a run with
+// `cfg` into `in` (batch.tokens, batch.labels: (kContinued, B, S)), and the reference's configuration:
+// the model's (llama3_reference.py's), with a "train" object of the optimizer's, clipping's and
+// schedule's settings (total_steps: kSaved + kContinued).
+nlohmann::json reference_inputs(const JobConfig& cfg, int skip, safetensors::Tensors& in) {
+  auto tokenizer = load_tokenizer(kSource + "/assets/tokenizer");
+  auto loader = data::make_dataloader(data::data_config(cfg.training, 0, 1), *tokenizer);
+  std::vector<at::Tensor> tokens, labels;
+  for (int i = 0; i < skip + kContinued; ++i) {
+    data::Batch b = loader->next();
+    if (i < skip) continue;
+    tokens.push_back(b.inputs);
+    labels.push_back(b.labels);
+  }
+  in["batch.tokens"] = at::stack(tokens);
+  in["batch.labels"] = at::stack(labels);
+  nlohmann::json mc = test::llama3_reference_config(llama3::flavor(cfg.model.flavor));
+  mc["vocab_size"] = in.at("param.tok_embeddings.weight").size(0);
+  const auto& o = cfg.optimizer;
+  const auto& s = cfg.lr_scheduler;
+  EXPECT_EQ(s.decay_type, "linear");
+  mc["train"] = {{"lr", o.lr}, {"beta1", o.beta1}, {"beta2", o.beta2}, {"eps", o.eps}, {"weight_decay", o.weight_decay},
+                 {"max_norm", cfg.training.max_norm}, {"warmup_steps", s.warmup_steps},
+                 {"decay_ratio", s.decay_ratio ? nlohmann::json(*s.decay_ratio) : nlohmann::json()},
+                 {"min_lr_factor", s.min_lr_factor}, {"total_steps", kSaved + kContinued}};
+  return mc;
+}
+
 // Writes the DCP folder `dcp_dir` (saved by `ranks` processes, its data loader's state as `loader_state`:
 // "grain", "stateful" or "none", see tests/reference/torchtitan_dcp.py) from this run's initial weights
 // and returns PyTorch's losses of the kContinued steps after it, on titan's first batches of the run.
@@ -61,27 +89,9 @@ std::vector<double> pytorch_checkpoint_and_continuation(const test::TempDir& dir
   }
   // A checkpoint of torchtitan's carries torchtitan's data position, which titan does not read: the run
   // continues on titan's first batches.
-  auto tokenizer = load_tokenizer(kSource + "/assets/tokenizer");
-  auto loader = data::make_dataloader(data::data_config(cfg.training, 0, 1), *tokenizer);
-  std::vector<at::Tensor> tokens, labels;
-  for (int i = 0; i < kContinued; ++i) {
-    data::Batch b = loader->next();
-    tokens.push_back(b.inputs);
-    labels.push_back(b.labels);
-  }
-  in["batch.tokens"] = at::stack(tokens);
-  in["batch.labels"] = at::stack(labels);
-  nlohmann::json mc = test::llama3_reference_config(llama3::flavor(cfg.model.flavor));
-  mc["vocab_size"] = in.at("param.tok_embeddings.weight").size(0);
-  const auto& o = cfg.optimizer;
-  const auto& s = cfg.lr_scheduler;
-  mc["train"] = {{"lr", o.lr}, {"beta1", o.beta1}, {"beta2", o.beta2}, {"eps", o.eps}, {"weight_decay", o.weight_decay},
-                 {"max_norm", cfg.training.max_norm}, {"warmup_steps", s.warmup_steps},
-                 {"decay_ratio", s.decay_ratio ? nlohmann::json(*s.decay_ratio) : nlohmann::json()},
-                 {"min_lr_factor", s.min_lr_factor}, {"total_steps", kSaved + kContinued},
-                 {"saved_steps", kSaved}, {"ranks", ranks}, {"batch", kBatch}, {"seq_len", kSeqLen},
-                 {"loader", loader_state}};
-  EXPECT_EQ(s.decay_type, "linear");
+  nlohmann::json mc = reference_inputs(cfg, 0, in);
+  mc["train"].update({{"saved_steps", kSaved}, {"ranks", ranks}, {"batch", kBatch}, {"seq_len", kSeqLen},
+                      {"loader", loader_state}});
   safetensors::save(dir / "in.safetensors", in, {{"config", mc.dump()}});
   const test::ProcessResult r = test::run_process(
       {test::python(), kSource + "/tests/reference/torchtitan_dcp.py", dir / "in.safetensors", dcp_dir, dir / "out.safetensors"},
@@ -202,26 +212,10 @@ TEST(TorchtitanCheckpoint, PyTorchResumesATitanExportAsTitanDoes) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
 
   // The batches of the steps after the checkpoint.
-  auto tokenizer = load_tokenizer(kSource + "/assets/tokenizer");
-  auto loader = data::make_dataloader(data::data_config(cfg.training, 0, 1), *tokenizer);
-  std::vector<at::Tensor> tokens, labels;
-  for (int i = 0; i < kSaved + kContinued; ++i) {
-    data::Batch b = loader->next();
-    if (i < kSaved) continue;
-    tokens.push_back(b.inputs);
-    labels.push_back(b.labels);
-  }
-  in["batch.tokens"] = at::stack(tokens);
-  in["batch.labels"] = at::stack(labels);
-  nlohmann::json mc = test::llama3_reference_config(llama3::flavor(cfg.model.flavor));
-  mc["vocab_size"] = in.at("param.tok_embeddings.weight").size(0);
+  nlohmann::json mc = reference_inputs(cfg, kSaved, in);
+  mc["train"]["implementation"] = cfg.optimizer.implementation;
   const auto& o = cfg.optimizer;
   const auto& s = cfg.lr_scheduler;
-  mc["train"] = {{"lr", o.lr}, {"beta1", o.beta1}, {"beta2", o.beta2}, {"eps", o.eps}, {"weight_decay", o.weight_decay},
-                 {"max_norm", cfg.training.max_norm}, {"warmup_steps", s.warmup_steps},
-                 {"decay_ratio", s.decay_ratio ? nlohmann::json(*s.decay_ratio) : nlohmann::json()},
-                 {"min_lr_factor", s.min_lr_factor}, {"total_steps", kSaved + kContinued},
-                 {"implementation", o.implementation}};
   safetensors::save(dir / "in.safetensors", in, {{"config", mc.dump()}});
   const test::ProcessResult py = test::run_process(
       {test::python(), kSource + "/tests/reference/torchtitan_resume.py", dir / "in.safetensors", out, dir / "out.json"},
