@@ -29,6 +29,7 @@
 #include <array>
 #include <deque>
 #include <filesystem>
+#include <future>
 #include <memory>
 #include <optional>
 #include <map>
@@ -414,6 +415,10 @@ bool names_this_machine(const std::string& host) {
   return local;
 }
 
+// How long a store on this machine has to answer a launcher's connection: one answers within
+// milliseconds, so a longer silence means the port is held by something that is not one.
+constexpr int kLocalStoreAnswerSeconds = 15;
+
 // Numbers this node at the rendezvous when --node-rank was not given (torchrun's c10d backend): the
 // launcher on the meeting host hosts the store and is node 0 (MASTER_ADDR, rank 0's host, stays
 // that host); every other launcher connects and takes the next number. Returns the store (the
@@ -437,8 +442,26 @@ c10::intrusive_ptr<c10d::Store> join_rendezvous(LaunchOptions& o) {
   if (!store) {
     say("waiting for the rendezvous at " + where + " (the launcher on its host numbers the nodes)");
     try {
-      store = make_tcp_store(o.master_addr, static_cast<uint16_t>(o.master_port), /*is_server=*/false,
-                             std::chrono::seconds(900));
+      if (bind_error.empty()) {
+        store = make_tcp_store(o.master_addr, static_cast<uint16_t>(o.master_port), /*is_server=*/false,
+                               std::chrono::seconds(900));
+      } else {
+        // The port is held on this machine: by another launcher's store, which answers at once, or by
+        // something else, which LibTorch's client would wait on for 15 minutes whatever its timeout.
+        // The connection runs aside; past the deadline the launcher ends (and the thread with it).
+        auto pending = std::make_shared<std::promise<c10::intrusive_ptr<c10d::Store>>>();
+        auto connected = pending->get_future();
+        std::thread([pending, addr = o.master_addr, port = o.master_port] {
+          try {
+            pending->set_value(make_tcp_store(addr, static_cast<uint16_t>(port), /*is_server=*/false,
+                                              std::chrono::seconds(900)));
+          } catch (...) {
+            pending->set_exception(std::current_exception());
+          }
+        }).detach();
+        if (connected.wait_for(std::chrono::seconds(kLocalStoreAnswerSeconds)) == std::future_status::ready)
+          store = connected.get();
+      }
     } catch (const std::exception& e) {
       throw UserError(detail::concat(
           "cannot join the rendezvous at ", where, ": ", e.what(),
@@ -447,6 +470,10 @@ c10::intrusive_ptr<c10d::Store> join_rendezvous(LaunchOptions& o) {
                                    bind_error + "): free the port or choose another",
           "; or give every node --node-rank K"));
     }
+    TITAN_USER_CHECK(store, "cannot join the rendezvous at ", where, ": this machine is the endpoint's host but could "
+                     "not host the store there (", bind_error, "), and what holds the port did not answer as a "
+                     "rendezvous store within ", kLocalStoreAnswerSeconds, " s (a program other than a titan launcher): "
+                     "free the port or choose another (--rdzv-endpoint HOST:PORT, --master-port)");
     // (per --rdzv-id: a launcher of another job meeting at the same place does not take a number here)
     const int64_t rank = store->add("/launch/" + o.run_id + "/nodes_joined", 1);
     TITAN_USER_CHECK(rank < o.nnodes, "more launchers than --nnodes ", o.nnodes, " joined the rendezvous at ", where,

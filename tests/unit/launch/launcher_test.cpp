@@ -657,6 +657,33 @@ TEST(Launcher, LaunchersThatDisagreeEndAtOnceWithWhy) {
   }
 }
 
+// The endpoint's port held on its host by a program that is not a store: the launcher there cannot
+// host the rendezvous and says so within moments, rather than waiting on it as a client for the
+// 15 minutes LibTorch's store client waits.
+TEST(Launcher, AnEndpointPortHeldByAnotherProgramIsNamed) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(listen(fd, 16), 0);  // accepts connections (the backlog) and never answers
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const std::string endpoint = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  const auto r = test::run_process({kTitan, "launch", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                                    "--rdzv-endpoint", endpoint, "--", "debug-worker"},
+                                   {}, 90s);
+  close(fd);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_LT(r.seconds, 45.0) << r.output;
+  EXPECT_NE(r.output.find("cannot join the rendezvous at " + endpoint + ": this machine is the endpoint's host but "
+                          "could not host the store there ("),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("did not answer as a rendezvous store within 15 s"), std::string::npos) << r.output;
+}
+
 // torchrun's rendezvous and logging options, as its multi-node commands spell them.
 TEST(LaunchOptions, TorchrunRendezvousAndLogOptions) {
   auto o = parse_launch_options({"--nnodes=2", "--nproc_per_node=8", "--rdzv_id", "101", "--rdzv_backend", "c10d",
