@@ -366,54 +366,6 @@ std::string remote_failure(c10d::Store* store, int attempt) {
   }
 }
 
-// Whether `host` names this machine: localhost, its host name, or an address of one of its
-// interfaces (torchrun's c10d rendezvous asks the same to decide who hosts the store).
-bool names_this_machine(const std::string& host) {
-  if (host == "localhost") return true;
-  char name[HOST_NAME_MAX + 1] = {};
-  if (gethostname(name, sizeof name) == 0) {
-    const std::string mine = name;
-    if (host == mine || host == mine.substr(0, mine.find('.'))) return true;
-  }
-  // An address's bytes: IPv4 in the first 4, IPv6 in all 16.
-  auto bytes_of = [](const sockaddr* sa) -> std::optional<std::array<unsigned char, 16>> {
-    std::array<unsigned char, 16> b{};
-    if (sa && sa->sa_family == AF_INET) {
-      std::memcpy(b.data(), &reinterpret_cast<const sockaddr_in*>(sa)->sin_addr, 4);
-      return b;
-    }
-    if (sa && sa->sa_family == AF_INET6) {
-      std::memcpy(b.data(), &reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr, 16);
-      return b;
-    }
-    return std::nullopt;
-  };
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  if (getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0) return false;
-  std::vector<std::pair<int, std::array<unsigned char, 16>>> wanted;
-  for (addrinfo* a = found; a; a = a->ai_next) {
-    if (a->ai_family == AF_INET && reinterpret_cast<const unsigned char*>(
-                                       &reinterpret_cast<const sockaddr_in*>(a->ai_addr)->sin_addr)[0] == 127) {
-      freeaddrinfo(found);
-      return true;  // a loopback address
-    }
-    if (auto b = bytes_of(a->ai_addr)) wanted.emplace_back(a->ai_family, *b);
-  }
-  freeaddrinfo(found);
-  ifaddrs* interfaces = nullptr;
-  if (getifaddrs(&interfaces) != 0) return false;
-  bool local = false;
-  for (ifaddrs* i = interfaces; i && !local; i = i->ifa_next) {
-    const auto b = bytes_of(i->ifa_addr);
-    if (!b) continue;
-    for (const auto& [family, w] : wanted) local = local || (family == i->ifa_addr->sa_family && w == *b);
-  }
-  freeifaddrs(interfaces);
-  return local;
-}
 
 // How long a store on this machine has to answer a launcher's connection: one answers within
 // milliseconds, so a longer silence means the port is held by something that is not one.
@@ -486,6 +438,53 @@ c10::intrusive_ptr<c10d::Store> join_rendezvous(LaunchOptions& o) {
 }
 
 }  // namespace
+
+bool names_this_machine(const std::string& host) {
+  if (host == "localhost") return true;
+  char name[HOST_NAME_MAX + 1] = {};
+  if (gethostname(name, sizeof name) == 0) {
+    const std::string mine = name;
+    if (host == mine || host == mine.substr(0, mine.find('.'))) return true;
+  }
+  // An address's bytes: IPv4 in the first 4, IPv6 in all 16.
+  auto bytes_of = [](const sockaddr* sa) -> std::optional<std::array<unsigned char, 16>> {
+    std::array<unsigned char, 16> b{};
+    if (sa && sa->sa_family == AF_INET) {
+      std::memcpy(b.data(), &reinterpret_cast<const sockaddr_in*>(sa)->sin_addr, 4);
+      return b;
+    }
+    if (sa && sa->sa_family == AF_INET6) {
+      std::memcpy(b.data(), &reinterpret_cast<const sockaddr_in6*>(sa)->sin6_addr, 16);
+      return b;
+    }
+    return std::nullopt;
+  };
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0) return false;
+  std::vector<std::pair<int, std::array<unsigned char, 16>>> wanted;
+  for (addrinfo* a = found; a; a = a->ai_next) {
+    if (a->ai_family == AF_INET && reinterpret_cast<const unsigned char*>(
+                                       &reinterpret_cast<const sockaddr_in*>(a->ai_addr)->sin_addr)[0] == 127) {
+      freeaddrinfo(found);
+      return true;  // a loopback address
+    }
+    if (auto b = bytes_of(a->ai_addr)) wanted.emplace_back(a->ai_family, *b);
+  }
+  freeaddrinfo(found);
+  ifaddrs* interfaces = nullptr;
+  if (getifaddrs(&interfaces) != 0) return false;
+  bool local = false;
+  for (ifaddrs* i = interfaces; i && !local; i = i->ifa_next) {
+    const auto b = bytes_of(i->ifa_addr);
+    if (!b) continue;
+    for (const auto& [family, w] : wanted) local = local || (family == i->ifa_addr->sa_family && w == *b);
+  }
+  freeifaddrs(interfaces);
+  return local;
+}
 
 int launch_workers(const LaunchOptions& options) {
   const std::string exe = self_exe();

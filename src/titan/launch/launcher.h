@@ -77,4 +77,9 @@ std::string launch_help();
 // or raises a signal on a chosen rank. Not a user command; it exists to test the launcher.
 int run_debug_worker(const std::vector<std::string>& args);
 
+// Whether `host` names this machine: localhost, a loopback address, its host name (whole), or an
+// address of one of its interfaces; what decides, without --node-rank, which launcher hosts the
+// rendezvous store (torchrun's c10d rendezvous asks the same).
+bool names_this_machine(const std::string& host);
+
 }  // namespace titan::dist

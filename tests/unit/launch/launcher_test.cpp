@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <thread>
 #include <arpa/inet.h>
+#include <ifaddrs.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -682,6 +683,38 @@ TEST(Launcher, AnEndpointPortHeldByAnotherProgramIsNamed) {
                           "could not host the store there ("),
             std::string::npos) << r.output;
   EXPECT_NE(r.output.find("did not answer as a rendezvous store within 15 s"), std::string::npos) << r.output;
+}
+
+// Which endpoint names this machine (the launcher there hosts the store): localhost, loopback, its
+// host name, each address of its interfaces (IPv4 and IPv6); not a documentation-range address, a
+// name that does not resolve, or 0.0.0.0 (no interface's address).
+TEST(Launcher, NamesThisMachine) {
+  EXPECT_TRUE(names_this_machine("localhost"));
+  EXPECT_TRUE(names_this_machine("127.0.0.1"));
+  EXPECT_TRUE(names_this_machine("127.0.1.1"));
+  char name[256] = {};
+  ASSERT_EQ(gethostname(name, sizeof name - 1), 0);
+  EXPECT_TRUE(names_this_machine(name)) << name;
+  EXPECT_FALSE(names_this_machine(std::string(name) + ".invalid"));
+  EXPECT_FALSE(names_this_machine("0.0.0.0"));
+  ifaddrs* interfaces = nullptr;
+  ASSERT_EQ(getifaddrs(&interfaces), 0);
+  std::set<std::string> addresses;
+  for (ifaddrs* i = interfaces; i; i = i->ifa_next) {
+    if (!i->ifa_addr || (i->ifa_addr->sa_family != AF_INET && i->ifa_addr->sa_family != AF_INET6)) continue;
+    char text[INET6_ADDRSTRLEN] = {};
+    const void* bytes = i->ifa_addr->sa_family == AF_INET
+                            ? static_cast<const void*>(&reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr)
+                            : static_cast<const void*>(&reinterpret_cast<const sockaddr_in6*>(i->ifa_addr)->sin6_addr);
+    ASSERT_NE(inet_ntop(i->ifa_addr->sa_family, bytes, text, sizeof text), nullptr);
+    addresses.insert(text);
+  }
+  freeifaddrs(interfaces);
+  EXPECT_FALSE(addresses.empty());
+  for (const std::string& a : addresses) EXPECT_TRUE(names_this_machine(a)) << a;
+  ASSERT_EQ(addresses.count("192.0.2.1"), 0u);
+  EXPECT_FALSE(names_this_machine("192.0.2.1"));  // TEST-NET-1: no machine's
+  EXPECT_FALSE(names_this_machine("2001:db8::1"));
 }
 
 // torchrun's rendezvous and logging options, as its multi-node commands spell them.
