@@ -8,10 +8,12 @@
 #include <cctype>
 #include <cerrno>
 #include <climits>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <optional>
+#include <random>
 
 #include <unistd.h>
 
@@ -315,37 +317,59 @@ void wait_for_every_rank(const c10::intrusive_ptr<c10d::Store>& store, const Lau
   // The job is one world only if every rank agrees on its size and no rank starts twice: launchers
   // given different --nnodes / --nproc-per-node, or two given the same --node-rank, would otherwise
   // wait for each other until the timeout, or worse, build a process group of the wrong ranks.
+  const std::string again =
+      "; or this rank was started again on the store of a start that already ran (every rank of a job starts "
+      "once per store: titan launch gives each restart its own keys, torchrun's restart after nodes join or leave "
+      "does not, unless TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1)";
   std::string problem;
   const std::string world = std::to_string(env.world_size);
   if (const std::string theirs = text(store->compareSet("titan/world_size", {}, bytes(world))); theirs != world) {
     problem = detail::concat(
         "this rank (", describe(env), ") was started with WORLD_SIZE ", world, " but ranks of the same job with ",
         theirs, ": every launcher of a job must be given the same --nnodes and --nproc-per-node (srun: the same "
-        "--ntasks), and jobs sharing a machine need their own MASTER_PORT");
+        "--ntasks), and jobs sharing a machine need their own MASTER_PORT", again);
   } else {
     char host[HOST_NAME_MAX + 1] = {};
     if (gethostname(host, sizeof host) != 0) std::snprintf(host, sizeof host, "?");
+    // Who claims the rank: host and pid, and a random tag telling apart processes of one pid in two
+    // containers of one host name.
     const std::string me = detail::concat(host, " (pid ", getpid(), ")");
-    const std::string owner = text(store->compareSet("titan/rank_" + std::to_string(env.rank), {}, bytes(me)));
-    if (owner != me)
-      problem = detail::concat(
-          "rank ", env.rank, " of ", env.world_size, " was started twice: on ", owner, " and on ", me,
-          ". Two launchers were given the same --node-rank (give each node its own, 0 to --nnodes - 1, or give "
-          "none at all and let the rendezvous number them), or two jobs share MASTER_ADDR:MASTER_PORT (give each "
-          "its own port)");
+    const std::string claim = me + "#" + std::to_string(std::random_device{}());
+    const std::string owner_claim = text(store->compareSet("titan/rank_" + std::to_string(env.rank), {}, bytes(claim)));
+    if (owner_claim != claim) {
+      const std::string owner = owner_claim.substr(0, owner_claim.rfind('#'));
+      // The same host and a pid that has ended: the rank's earlier process, on a store that outlived it.
+      const auto paren = owner.rfind(" (pid ");
+      const bool ended_here = paren != std::string::npos && owner.substr(0, paren) == host &&
+                              kill(static_cast<pid_t>(std::atol(owner.c_str() + paren + 6)), 0) != 0 &&
+                              errno == ESRCH;
+      problem = ended_here
+                    ? detail::concat("rank ", env.rank, " of ", env.world_size, " was started again on the store of a "
+                                     "start that already ran (its earlier process, ", owner, ", has ended); this is ",
+                                     me, ". Every rank of a job starts once per store: restart the whole job (titan "
+                                     "launch --max-restarts gives each restart its own keys; torchrun's restart after "
+                                     "nodes join or leave reuses them unless TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1)")
+                    : detail::concat("rank ", env.rank, " of ", env.world_size, " was started twice: on ", owner,
+                                     " and on ", me, ". Two launchers were given the same --node-rank (give each "
+                                     "node its own, 0 to --nnodes - 1, or give none at all and let the rendezvous "
+                                     "number them), or two jobs share MASTER_ADDR:MASTER_PORT (give each its own "
+                                     "port)", again);
+    }
   }
+  // The start's outcome is one write, the first: "ok" by the rank that completes the count, or
+  // "refused" by a rank that found a problem (recorded before it). Every rank acts on that one value,
+  // so no rank goes on into a job that others leave.
+  const std::vector<uint8_t> ok = bytes("ok"), refused = bytes("refused");
   if (!problem.empty()) {
-    // Every rank of the job learns it at once: the first problem is recorded, then the ranks waiting
-    // below are woken (they read the record before going on).
     store->compareSet(refused_key, {}, bytes(problem));
-    store->set(all_key, std::vector<uint8_t>{1});
-    throw UserError(problem);
+    store->compareSet(all_key, {}, refused);
+    throw UserError(problem);  // when the job had already started ("ok"), it goes on without this process
   }
-  if (store->add(count_key, 1) == env.world_size) store->set(all_key, std::vector<uint8_t>{1});
+  if (store->add(count_key, 1) == env.world_size) store->compareSet(all_key, {}, ok);
   const auto start = std::chrono::steady_clock::now();
   try {
     store->wait({all_key}, timeout);
-    if (store->check({refused_key}))
+    if (store->get(all_key) != ok)
       throw UserError(detail::concat("the job cannot start (this is ", describe(env), "): another rank found: ",
                                      text(store->get(refused_key))));
   } catch (const c10::Error& e) {

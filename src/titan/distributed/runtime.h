@@ -49,8 +49,9 @@ c10::intrusive_ptr<c10d::Store> connect_store(const LaunchEnv& env, std::chrono:
 // of a process that was not meant to be part of a job. Before counting itself in, each rank checks
 // that the job is one world: its WORLD_SIZE is the one the first rank recorded, and no other process
 // claimed its rank (launchers given different --nnodes / --nproc-per-node, or the same --node-rank,
-// two jobs on one port). A rank that finds otherwise records why and wakes the others: every rank
-// ends at once with that message (two more store operations per rank).
+// two jobs on one port, a rank started again on the store of an earlier start). A rank that finds
+// otherwise records why and wakes the others: every rank ends at once with that message. The start's
+// outcome is one store value, so all ranks go on or none (three more store operations per rank).
 void wait_for_every_rank(const c10::intrusive_ptr<c10d::Store>& store, const LaunchEnv& env,
                          std::chrono::milliseconds timeout);
 

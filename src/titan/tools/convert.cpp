@@ -115,6 +115,17 @@ OptimizerSettings optimizer_settings(const nlohmann::json& state, const std::fun
   return s;
 }
 
+// The data-parallel degree of the run that saved a checkpoint, from its layout ("dp_replicate 2,
+// dp_shard 4, ...", as every titan checkpoint records it); 1 for another layout (one process).
+int64_t layout_dp_degree(const nlohmann::json& info) {
+  const std::string layout = info.value("layout", std::string());
+  int64_t replicate = 0, shard = 0;
+  if (std::sscanf(layout.c_str(), "dp_replicate %ld, dp_shard %ld", &replicate, &shard) == 2 && replicate >= 1 &&
+      shard >= 1)
+    return replicate * shard;
+  return 1;
+}
+
 void write_floats(pickle::Writer& w, std::initializer_list<double> values, bool as_tuple) {
   if (!as_tuple) w.empty_list();
   w.mark();
@@ -154,7 +165,13 @@ int64_t write_training_state(checkpoint::Reader& reader, checkpoint::DcpWriter& 
   int64_t with_state = 0;
   for (const auto& [name, shape] : tensors) {
     const std::string prefix = "optimizer." + name + ".";
-    if (!reader.meta(prefix + "exp_avg")) continue;  // a buffer (no optimizer state)
+    if (!reader.meta(prefix + "exp_avg")) {
+      // Buffers (MoE routing biases) have none; every parameter has its state in a titan checkpoint.
+      TITAN_USER_CHECK(name.size() >= 11 && name.compare(name.size() - 11, 11, "expert_bias") == 0, "checkpoint ",
+                       reader.describe(), " holds no optimizer state for ", name,
+                       ": export the model alone with --model-only");
+      continue;
+    }
     ++with_state;
     for (const char* moment : {"exp_avg", "exp_avg_sq"}) {
       const auto meta = reader.meta(prefix + moment);
@@ -203,7 +220,8 @@ int64_t write_training_state(checkpoint::Reader& reader, checkpoint::DcpWriter& 
   // torchtitan counts one data-parallel rank's tokens; its data loader records that degree, which
   // `from-dcp` reads back.
   const nlohmann::json& ts = state.at("train_state");
-  const int64_t dp = std::max<int64_t>(1, ts.value("dp_degree", int64_t{1}));
+  const int64_t dp = std::max<int64_t>(1, ts.contains("dp_degree") ? ts["dp_degree"].get<int64_t>()
+                                                                      : layout_dp_degree(reader.info()));
   const int64_t step = ts.at("step").get<int64_t>(), tokens = ts.at("ntokens_seen").get<int64_t>() / dp;
   writer.add_object({"train_state", "step"}, [&](pickle::Writer& w) { w.integer(step); });
   writer.add_object({"train_state", "ntokens_seen"}, [&](pickle::Writer& w) { w.integer(tokens); });
@@ -232,7 +250,7 @@ int64_t convert_to_dcp(const std::string& step_dir, const std::string& out_dir, 
   const bool training_state = !model_only && has("optimizer");
   std::optional<OptimizerSettings> settings;
   if (training_state) {
-    TITAN_USER_CHECK(dtype == at::kFloat, "checkpoint.export_dtype ", c10::toString(dtype),
+    TITAN_USER_CHECK(dtype == at::kFloat, "checkpoint.export_dtype ", dtype == at::kBFloat16 ? "bfloat16" : "float16",
                      " is for exporting the model alone: a run resumes from float32 weights. Add --model-only, or "
                      "leave checkpoint.export_dtype at float32");
     TITAN_USER_CHECK(has("lr_scheduler") && has("train_state"), "checkpoint ", step_dir,
@@ -380,6 +398,23 @@ int64_t convert_from_dcp(const std::string& dcp_dir, const std::string& out_step
   nlohmann::json state = source.state(source.num_files());
   for (auto it = state.begin(); it != state.end();)
     it = std::find(contents.begin(), contents.end(), it.key()) == contents.end() ? state.erase(it) : std::next(it);
+  // The optimizer's settings as titan checkpoints record them (for `to-dcp`), where the folder has them.
+  if (optimizer) {
+    const auto hp = source.optimizer_hyperparameters();
+    bool complete = true;
+    for (const char* k : {"lr", "beta1", "beta2", "eps", "weight_decay"}) complete = complete && hp.count(k) > 0;
+    if (complete && state.contains("lr_scheduler")) {
+      auto flag = [&](const char* k, double otherwise) { return hp.count(k) ? hp.at(k) : otherwise; };
+      state["optimizer"] = {{"name", flag("decoupled_weight_decay", 1) != 0 ? "AdamW" : "Adam"},
+                            {"lr", hp.count("initial_lr") ? hp.at("initial_lr") : hp.at("lr")},
+                            {"beta1", hp.at("beta1")}, {"beta2", hp.at("beta2")}, {"eps", hp.at("eps")},
+                            {"weight_decay", hp.at("weight_decay")},
+                            {"implementation", flag("fused", 1) != 0      ? "fused"
+                                               : flag("foreach", 0) != 0 ? "foreach"
+                                                                          : "for-loop"}};
+      state["lr_scheduler"]["lr"] = hp.at("lr");
+    }
+  }
   const int64_t step = state.contains("train_state") ? state["train_state"]["step"].get<int64_t>() : 0;
   const nlohmann::json info = {{"step", step},
                                {"model", checkpoint::model_record(spec, flavor)},
@@ -402,7 +437,7 @@ std::string convert_usage() {
          "  titan convert to-dcp CHECKPOINT_STEP_DIR OUT_DIR [--model-only [--checkpoint.export_dtype ...]]\n"
          "      a titan checkpoint as a torch.distributed.checkpoint folder (torchtitan's names): the model,\n"
          "      the AdamW state, the schedule and the step; torchtitan resumes from it with\n"
-         "      --checkpoint.initial_load_path OUT_DIR --checkpoint.initial_load_model_only false\n"
+         "      --checkpoint.initial_load_path OUT_DIR --checkpoint.no_initial_load_model_only\n"
          "      --checkpoint.exclude_from_loading dataloader (or starts from its model alone)\n"
          "  titan convert to-torch CHECKPOINT_STEP_DIR OUT_FILE.pt [--checkpoint.export_dtype ...]\n"
          "      the model as one torch.save file (a dict of name -> tensor) for torch.load\n"
@@ -455,8 +490,9 @@ int run_convert(const std::vector<std::string>& args) {
       }
       const fs::path run_toml = run_config_beside(args[1]);
       TITAN_USER_CHECK(!run_toml.empty(), "checkpoint ", args[1], " does not record its optimizer's settings (saved by "
-                       "an earlier titan) and no config.toml of its run is beside the checkpoint folder: give the "
-                       "run's --job.config_file, or export the model alone with --model-only");
+                       "an earlier titan, or converted from a folder without them) and no config.toml of its run is "
+                       "beside the checkpoint folder: give the run's --job.config_file, or export the model alone "
+                       "with --model-only");
       settings_from = "the optimizer's settings and schedule from " + run_toml.string();
       std::ifstream in(run_toml);
       const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

@@ -13,6 +13,8 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <vector>
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -353,6 +355,42 @@ TEST(EveryRankStarted, AnotherWorldSizeEndsEveryRankAtOnce) {
   // A rank that comes later still learns it.
   EXPECT_NE(wait_as(store, rank_env(2, 4), std::chrono::seconds(120)).first.find("another rank found: " + msg),
             std::string::npos);
+}
+
+// The rank's earlier process on this host has ended (a restart that reuses the store's keys): said as such.
+TEST(EveryRankStarted, ARankStartedAgainOnAnEarlierStartsStoreIsNamed) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) _exit(0);
+  ASSERT_EQ(waitpid(child, nullptr, 0), child);  // a pid that has ended
+  char host[256] = {};
+  ASSERT_EQ(gethostname(host, sizeof host - 1), 0);
+  const std::string earlier = std::string(host) + " (pid " + std::to_string(child) + ")#12345";
+  store->set("titan/rank_0", std::vector<uint8_t>(earlier.begin(), earlier.end()));
+  const auto [msg, seconds] = wait_as(store, rank_env(0, 2), std::chrono::seconds(120));
+  EXPECT_NE(msg.find("rank 0 of 2 was started again on the store of a start that already ran (its earlier process, " +
+                     std::string(host) + " (pid " + std::to_string(child) + "), has ended)"),
+            std::string::npos) << msg;
+  EXPECT_EQ(msg.find("#12345"), std::string::npos) << msg;
+}
+
+// A rank refused after the job started (the count was complete) does not stop the ranks that went on:
+// the start's outcome is the one value written first.
+TEST(EveryRankStarted, ARefusalAfterTheStartLeavesTheJobRunning) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::pair<std::string, double>> results(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r)
+    ranks.emplace_back([&, r] { results[r] = wait_as(store, rank_env(r, 2), std::chrono::seconds(60)); });
+  for (auto& t : ranks) t.join();
+  EXPECT_EQ(results[0].first, "");
+  EXPECT_EQ(results[1].first, "");
+  // Rank 1 once more (another claim of it): refused, and the outcome stays "ok".
+  EXPECT_NE(wait_as(store, rank_env(1, 2), std::chrono::seconds(60)).first.find("rank 1 of 2 was started twice"),
+            std::string::npos);
+  const auto outcome = store->get("titan/every_rank_started");
+  EXPECT_EQ(std::string(outcome.begin(), outcome.end()), "ok");
 }
 
 TEST(EveryRankStarted, ARankStartedTwiceEndsEveryRankAtOnce) {

@@ -250,9 +250,9 @@ TEST(TorchtitanCheckpoint, PyTorchResumesATitanExportAsTitanDoes) {
   }, reader.info(), old_state);
   r = test::run_process({kTitan, "convert", "to-dcp", old_dir, dir / "old-export"}, {}, std::chrono::seconds(120));
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.output.find("does not record its optimizer's settings (saved by an earlier titan) and no config.toml of "
-                          "its run is beside the checkpoint folder: give the run's --job.config_file, or export the "
-                          "model alone with --model-only"),
+  EXPECT_NE(r.output.find("does not record its optimizer's settings (saved by an earlier titan, or converted from a "
+                          "folder without them) and no config.toml of its run is beside the checkpoint folder: give "
+                          "the run's --job.config_file, or export the model alone with --model-only"),
             std::string::npos) << r.output;
   EXPECT_FALSE(fs::exists(dir / "old-export"));
   std::vector<std::string> convert = {kTitan, "convert", "to-dcp", old_dir, dir / "old-export"};
@@ -264,16 +264,40 @@ TEST(TorchtitanCheckpoint, PyTorchResumesATitanExportAsTitanDoes) {
     std::ifstream in(path, std::ios::binary);
     return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   };
-  for (const char* file : {".metadata", "__0_0.distcp"}) {
-    EXPECT_FALSE(bytes_of(fs::path(out) / file).empty()) << file;
-    EXPECT_EQ(bytes_of(fs::path(dir / "old-export") / file), bytes_of(fs::path(out) / file)) << file;
+  auto same_folders = [&](const fs::path& a, const fs::path& b) {
+    for (const char* file : {".metadata", "__0_0.distcp"}) {
+      EXPECT_FALSE(bytes_of(a / file).empty()) << a / file;
+      EXPECT_TRUE(bytes_of(a / file) == bytes_of(b / file)) << a / file << " and " << b / file << " differ";
+    }
+  };
+  same_folders(fs::path(dir / "old-export"), fs::path(out));
+  // Without the record, the data-parallel degree (torchtitan counts one rank's tokens) is the saving
+  // layout's: a checkpoint of FSDP 2 exports as one that records the degree 2.
+  nlohmann::json info2 = reader.info(), state2 = reader.state();
+  info2["layout"] = "dp_replicate 1, dp_shard 2, cp 1, tp 1, pp 1";
+  state2["train_state"]["dp_degree"] = 2;
+  old_state["train_state"]["ntokens_seen"] = state2["train_state"]["ntokens_seen"] = 2 * kSaved * kBatch * kSeqLen;
+  for (const auto& [name, st] : std::vector<std::pair<std::string, nlohmann::json>>{{"dp2", state2}, {"dp2-old", old_state}}) {
+    const std::string d = dir / (name + "/checkpoint/step-3");
+    checkpoint::write_single_process(d, reader.names(), [&](const std::string& n) {
+      const std::vector<int64_t> shape = reader.meta(n)->shape;
+      return reader.read(n, std::vector<int64_t>(shape.size(), 0), shape);
+    }, info2, st);
+    std::vector<std::string> c = {kTitan, "convert", "to-dcp", d, dir / (name + "-export")};
+    c.insert(c.end(), args.begin(), args.end());
+    r = test::run_process(c, {}, std::chrono::seconds(120));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
   }
+  same_folders(fs::path(dir / "dp2-export"), fs::path(dir / "dp2-old-export"));
+  const nlohmann::json dp2 = checkpoint::DcpSource(dir / "dp2-export").state(1);  // times the recorded degree
+  EXPECT_EQ(dp2["train_state"]["dp_degree"], 2);
+  EXPECT_EQ(dp2["train_state"]["ntokens_seen"], 2 * kSaved * kBatch * kSeqLen);
 
   // The model alone: in another dtype too; a full export is float32 only.
   r = test::run_process({kTitan, "convert", "to-dcp", step_dir, dir / "bf16", "--checkpoint.export_dtype", "bfloat16"},
                         {}, std::chrono::seconds(120));
   EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.output.find("checkpoint.export_dtype BFloat16 is for exporting the model alone: a run resumes from "
+  EXPECT_NE(r.output.find("checkpoint.export_dtype bfloat16 is for exporting the model alone: a run resumes from "
                           "float32 weights. Add --model-only"),
             std::string::npos) << r.output;
   r = test::run_process({kTitan, "convert", "to-dcp", step_dir, dir / "bf16", "--checkpoint.export_dtype", "bfloat16",
@@ -286,8 +310,13 @@ TEST(TorchtitanCheckpoint, PyTorchResumesATitanExportAsTitanDoes) {
                         std::chrono::seconds(120));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   checkpoint::Reader back(dir / "back/step-3");
-  EXPECT_EQ(back.state()["train_state"]["ntokens_seen"], reader.state()["train_state"]["ntokens_seen"]);
-  EXPECT_EQ(back.state()["lr_scheduler"]["step"], kSaved);
+  EXPECT_EQ(back.state()["train_state"], reader.state()["train_state"]);
+  EXPECT_EQ(back.state()["lr_scheduler"], reader.state()["lr_scheduler"]);
+  EXPECT_EQ(back.state()["optimizer"], reader.state()["optimizer"]);  // the settings' record too
+  // ... so that it exports again, to the same folder.
+  r = test::run_process({kTitan, "convert", "to-dcp", dir / "back/step-3", dir / "again"}, {}, std::chrono::seconds(120));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  same_folders(fs::path(dir / "again"), fs::path(out));
   for (const std::string& name : reader.names()) {
     if (name.rfind("rng.", 0) == 0) continue;
     const auto meta = back.meta(name);

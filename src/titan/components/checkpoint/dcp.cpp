@@ -525,7 +525,7 @@ nlohmann::json DcpSource::state(int64_t dp_degree_if_unrecorded) {
     int64_t seen = 0;
     TITAN_USER_CHECK(!__builtin_mul_overflow(tokens, dp_degree, &seen), describe(), ": 'train_state.ntokens_seen' (",
                      tokens, ") times the data-parallel degree ", dp_degree, " does not fit 64 bits");
-    s["train_state"] = {{"step", integer("train_state.step")}, {"ntokens_seen", seen}};
+    s["train_state"] = {{"step", integer("train_state.step")}, {"ntokens_seen", seen}, {"dp_degree", dp_degree}};
   }
   if (has_value("lr_scheduler.last_epoch")) s["lr_scheduler"] = {{"step", integer("lr_scheduler.last_epoch")}};
   return s;
@@ -540,7 +540,7 @@ std::map<std::string, double> DcpSource::optimizer_hyperparameters() {
       break;
     }
   if (first.empty()) return out;
-  for (const std::string h : {"lr", "initial_lr", "eps", "weight_decay"})
+  for (const std::string h : {"lr", "initial_lr", "eps", "weight_decay", "decoupled_weight_decay", "fused", "foreach"})
     if (auto v = scalar(first + "." + h)) out[h] = *v;
   auto it = values_.find(first + ".betas");
   if (it != values_.end()) {

@@ -116,7 +116,8 @@ class DcpSource : public Source {
 
   // titan's parts the folder holds: "model", "optimizer", "lr_scheduler", "train_state" (in that order).
   std::vector<std::string> contents() const;
-  // {"train_state": {"step", "ntokens_seen"}, "lr_scheduler": {"step"}} for the parts it holds.
+  // {"train_state": {"step", "ntokens_seen", "dp_degree"}, "lr_scheduler": {"step"}} for the parts it
+  // holds (dp_degree: the degree the count was multiplied by, see below).
   // torchtitan records the tokens seen by one rank: titan's global count is that times the saving
   // run's data-parallel degree, which its data loader records ("dataloader.dp_world_size", before
   // 2026-08 "dataloader.world_size"); a folder without it (a data loader that did not save one, or
@@ -125,7 +126,8 @@ class DcpSource : public Source {
   // context-parallel ranks).
   nlohmann::json state(int64_t dp_degree_if_unrecorded);
   // The optimizer's hyperparameters as saved (from the first parameter's group): lr, eps,
-  // weight_decay, beta1, beta2 and initial_lr (the base lr under a schedule), those present.
+  // weight_decay, beta1, beta2, initial_lr (the base lr under a schedule), and as 1 or 0
+  // decoupled_weight_decay (AdamW), fused and foreach: those present.
   std::map<std::string, double> optimizer_hyperparameters();
   // The data files the metadata names (one per saving rank).
   int64_t num_files() const;
