@@ -641,51 +641,43 @@ std::string joined(const std::vector<std::string>& path) {
 }
 }  // namespace
 
-void DcpWriter::add(const std::vector<std::string>& path, const at::Tensor& tensor) {
-  TITAN_USER_CHECK(data_, "torch.distributed.checkpoint ", dir_, " is already finished");
-  const at::Tensor t = tensor.detach().to(at::kCPU).contiguous();
-  const std::string key = joined(path);
-  Item item{key, path, false, t.scalar_type(), t.sizes().vec(), written_, 0};
-  torch_dtype_name(item.dtype);  // a dtype DCP's metadata can name
-  // One torch.save blob, as DCP's FileSystemWriter writes each tensor.
+void DcpWriter::append(Item item, const std::function<void(const std::function<size_t(const void*, size_t)>&)>& write) {
+  item.offset = written_;
   int64_t length = 0;
   try {
-    write_torch_save(
-        [&](const void* bytes, size_t n) {
-          data_->write(static_cast<const char*>(bytes), static_cast<std::streamsize>(n));
-          length += static_cast<int64_t>(n);
-          return data_->good() ? n : 0;
-        },
-        {TorchSaveEntry{key, item.dtype, item.shape, std::nullopt}}, /*as_dict=*/false, [&](size_t) { return t; });
+    write([&](const void* bytes, size_t n) {
+      data_->write(static_cast<const char*>(bytes), static_cast<std::streamsize>(n));
+      length += static_cast<int64_t>(n);
+      return data_->good() ? n : 0;
+    });
   } catch (const UserError&) {
-    throw UserError("writing " + key + " to " + dir_ + " failed (disk full?)");
+    throw UserError("writing " + item.key + " to " + dir_ + " failed (disk full?)");
   }
   item.length = length;
   written_ += item.length;
   items_.push_back(std::move(item));
 }
 
+void DcpWriter::add(const std::vector<std::string>& path, const at::Tensor& tensor) {
+  TITAN_USER_CHECK(data_, "torch.distributed.checkpoint ", dir_, " is already finished");
+  const at::Tensor t = tensor.detach().to(at::kCPU).contiguous();
+  const std::string key = joined(path);
+  Item item{key, path, false, t.scalar_type(), t.sizes().vec(), 0, 0};
+  torch_dtype_name(item.dtype);  // a dtype DCP's metadata can name
+  const TorchSaveEntry entry{key, item.dtype, item.shape, std::nullopt};
+  // One torch.save blob, as DCP's FileSystemWriter writes each tensor.
+  append(std::move(item), [&](const auto& sink) {
+    write_torch_save(sink, {entry}, /*as_dict=*/false, [&](size_t) { return t; });
+  });
+}
+
 void DcpWriter::add_object(const std::vector<std::string>& path, const std::function<void(pickle::Writer&)>& write) {
   TITAN_USER_CHECK(data_, "torch.distributed.checkpoint ", dir_, " is already finished");
-  const std::string key = joined(path);
-  Item item{key, path, true, at::kByte, {}, written_, 0};
   pickle::Writer w;
   write(w);
-  int64_t length = 0;
-  try {
-    write_torch_save_archive(
-        [&](const void* bytes, size_t n) {
-          data_->write(static_cast<const char*>(bytes), static_cast<std::streamsize>(n));
-          length += static_cast<int64_t>(n);
-          return data_->good() ? n : 0;
-        },
-        w.finish(), 0, nullptr);
-  } catch (const UserError&) {
-    throw UserError("writing " + key + " to " + dir_ + " failed (disk full?)");
-  }
-  item.length = length;
-  written_ += item.length;
-  items_.push_back(std::move(item));
+  const std::string pickled = w.finish();
+  append(Item{joined(path), path, true, at::kByte, {}, 0, 0},
+         [&](const auto& sink) { write_torch_save_archive(sink, pickled, 0, nullptr); });
 }
 
 void DcpWriter::add_alias(const std::vector<std::string>& path, const std::string& existing) {

@@ -92,6 +92,9 @@ class DcpWriter {
     std::vector<int64_t> shape;
     int64_t offset = 0, length = 0;
   };
+  // Writes one blob (`write` streams it into the sink it is given) at the end of the data file.
+  void append(Item item, const std::function<void(const std::function<size_t(const void*, size_t)>&)>& write);
+
   std::string dir_;
   std::unique_ptr<std::ofstream> data_;
   int64_t written_ = 0;
