@@ -119,10 +119,10 @@ OptimizerSettings optimizer_settings(const nlohmann::json& state, const std::fun
 // dp_shard 4, ...", as every titan checkpoint records it); 1 for another layout (one process).
 int64_t layout_dp_degree(const nlohmann::json& info) {
   const std::string layout = info.value("layout", std::string());
-  int64_t replicate = 0, shard = 0;
-  if (std::sscanf(layout.c_str(), "dp_replicate %ld, dp_shard %ld", &replicate, &shard) == 2 && replicate >= 1 &&
-      shard >= 1)
-    return replicate * shard;
+  long long replicate = 0, shard = 0;
+  if (std::sscanf(layout.c_str(), "dp_replicate %lld, dp_shard %lld", &replicate, &shard) == 2 && replicate >= 1 &&
+      shard >= 1 && replicate <= (1 << 24) && shard <= (1 << 24))
+    return static_cast<int64_t>(replicate * shard);
   return 1;
 }
 
