@@ -331,16 +331,22 @@ void wait_for_every_rank(const c10::intrusive_ptr<c10d::Store>& store, const Lau
   } else {
     char host[HOST_NAME_MAX + 1] = {};
     if (gethostname(host, sizeof host) != 0) std::snprintf(host, sizeof host, "?");
-    // Who claims the rank: host and pid, and a random tag telling apart processes of one pid in two
-    // containers of one host name.
+    // Who claims the rank: host and pid, then a random tag and the pid namespace (processes of one pid
+    // in two containers of one host name differ by them).
+    std::error_code ec;
+    const std::string pid_ns = std::filesystem::read_symlink("/proc/self/ns/pid", ec).string();
     const std::string me = detail::concat(host, " (pid ", getpid(), ")");
-    const std::string claim = me + "#" + std::to_string(std::random_device{}());
+    const std::string claim = me + "#" + std::to_string(std::random_device{}()) + "@" + pid_ns;
     const std::string owner_claim = text(store->compareSet("titan/rank_" + std::to_string(env.rank), {}, bytes(claim)));
     if (owner_claim != claim) {
-      const std::string owner = owner_claim.substr(0, owner_claim.rfind('#'));
-      // The same host and a pid that has ended: the rank's earlier process, on a store that outlived it.
+      const auto tag = owner_claim.rfind('#');
+      const std::string owner = owner_claim.substr(0, tag);
+      const auto at = tag == std::string::npos ? std::string::npos : owner_claim.find('@', tag);
+      const bool same_pid_ns = at != std::string::npos && owner_claim.substr(at + 1) == pid_ns && !pid_ns.empty();
+      // The same host and pid namespace and a pid that has ended: the rank's earlier process, on a
+      // store that outlived it.
       const auto paren = owner.rfind(" (pid ");
-      const bool ended_here = paren != std::string::npos && owner.substr(0, paren) == host &&
+      const bool ended_here = same_pid_ns && paren != std::string::npos && owner.substr(0, paren) == host &&
                               kill(static_cast<pid_t>(std::atol(owner.c_str() + paren + 6)), 0) != 0 &&
                               errno == ESRCH;
       problem = ended_here
@@ -363,7 +369,9 @@ void wait_for_every_rank(const c10::intrusive_ptr<c10d::Store>& store, const Lau
   if (!problem.empty()) {
     store->compareSet(refused_key, {}, bytes(problem));
     store->compareSet(all_key, {}, refused);
-    throw UserError(problem);  // when the job had already started ("ok"), it goes on without this process
+    // When the job had already started ("ok"), it goes on without this process (unless its launcher,
+    // coordinating restarts, reports the failure to the others).
+    throw UserError(problem);
   }
   if (store->add(count_key, 1) == env.world_size) store->compareSet(all_key, {}, ok);
   const auto start = std::chrono::steady_clock::now();
@@ -374,6 +382,13 @@ void wait_for_every_rank(const c10::intrusive_ptr<c10d::Store>& store, const Lau
                                      text(store->get(refused_key))));
   } catch (const c10::Error& e) {
     const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+    // The timeout is an outcome too: recorded first, so no late rank goes on alone; when the count
+    // completed meanwhile ("ok"), the job starts after all.
+    try {
+      store->compareSet(refused_key, {}, bytes("not every rank started within comm.init_timeout_seconds"));
+      if (store->compareSet(all_key, {}, refused) == ok) return;
+    } catch (const c10::Error&) {  // the store is gone: said below
+    }
     int64_t started = -1;
     try {
       started = store->add(count_key, 0);

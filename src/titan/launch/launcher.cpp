@@ -422,10 +422,18 @@ c10::intrusive_ptr<c10d::Store> join_rendezvous(LaunchOptions& o) {
                                    bind_error + "): free the port or choose another",
           "; or give every node --node-rank K"));
     }
-    TITAN_USER_CHECK(store, "cannot join the rendezvous at ", where, ": this machine is the endpoint's host but could "
-                     "not host the store there (", bind_error, "), and what holds the port did not answer as a "
-                     "rendezvous store within ", kLocalStoreAnswerSeconds, " s (a program other than a titan launcher): "
-                     "free the port or choose another (--rdzv-endpoint HOST:PORT, --master-port)");
+    if (!store) {
+      // Ended at once: the connecting thread may still be inside LibTorch's client, which must not
+      // outlive the process's static destructors.
+      const std::string msg = detail::concat(
+          "cannot join the rendezvous at ", where, ": this machine is the endpoint's host but could not host the "
+          "store there (", bind_error, "), and nothing answered as a rendezvous store within ",
+          kLocalStoreAnswerSeconds, " s (a program other than a titan launcher holds the port, or the launcher "
+          "that does is stopped): free the port or choose another (--rdzv-endpoint HOST:PORT, --master-port)");
+      std::fprintf(stderr, "titan launch: error: %s\n", msg.c_str());
+      std::fflush(nullptr);
+      _exit(1);
+    }
     // (per --rdzv-id: a launcher of another job meeting at the same place does not take a number here)
     const int64_t rank = store->add("/launch/" + o.run_id + "/nodes_joined", 1);
     TITAN_USER_CHECK(rank < o.nnodes, "more launchers than --nnodes ", o.nnodes, " joined the rendezvous at ", where,

@@ -682,7 +682,7 @@ TEST(Launcher, AnEndpointPortHeldByAnotherProgramIsNamed) {
   EXPECT_NE(r.output.find("cannot join the rendezvous at " + endpoint + ": this machine is the endpoint's host but "
                           "could not host the store there ("),
             std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("did not answer as a rendezvous store within 15 s"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("nothing answered as a rendezvous store within 15 s"), std::string::npos) << r.output;
 }
 
 // Which endpoint names this machine (the launcher there hosts the store): localhost, loopback, its

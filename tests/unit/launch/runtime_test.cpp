@@ -366,13 +366,30 @@ TEST(EveryRankStarted, ARankStartedAgainOnAnEarlierStartsStoreIsNamed) {
   ASSERT_EQ(waitpid(child, nullptr, 0), child);  // a pid that has ended
   char host[256] = {};
   ASSERT_EQ(gethostname(host, sizeof host - 1), 0);
-  const std::string earlier = std::string(host) + " (pid " + std::to_string(child) + ")#12345";
+  const std::string ns = std::filesystem::read_symlink("/proc/self/ns/pid").string();
+  const std::string earlier = std::string(host) + " (pid " + std::to_string(child) + ")#12345@" + ns;
   store->set("titan/rank_0", std::vector<uint8_t>(earlier.begin(), earlier.end()));
   const auto [msg, seconds] = wait_as(store, rank_env(0, 2), std::chrono::seconds(120));
   EXPECT_NE(msg.find("rank 0 of 2 was started again on the store of a start that already ran (its earlier process, " +
                      std::string(host) + " (pid " + std::to_string(child) + "), has ended)"),
             std::string::npos) << msg;
   EXPECT_EQ(msg.find("#12345"), std::string::npos) << msg;
+  // The same pid in another pid namespace (a container of the same host name) is another process.
+  auto store2 = c10::make_intrusive<c10d::HashStore>();
+  const std::string other = std::string(host) + " (pid " + std::to_string(child) + ")#12345@pid:[1]";
+  store2->set("titan/rank_0", std::vector<uint8_t>(other.begin(), other.end()));
+  EXPECT_NE(wait_as(store2, rank_env(0, 2), std::chrono::seconds(120)).first.find("rank 0 of 2 was started twice"),
+            std::string::npos);
+}
+
+// A rank that waited out the timeout records the outcome: a rank coming after it does not go on alone.
+TEST(EveryRankStarted, ATimedOutStartStopsLateRanksToo) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  const auto [msg, seconds] = wait_as(store, rank_env(0, 2), std::chrono::milliseconds(500));
+  EXPECT_NE(msg.find("only 1 of 2 ranks started within comm.init_timeout_seconds"), std::string::npos) << msg;
+  const auto late = wait_as(store, rank_env(1, 2), std::chrono::seconds(60)).first;
+  EXPECT_NE(late.find("another rank found: not every rank started within comm.init_timeout_seconds"),
+            std::string::npos) << late;
 }
 
 // A rank refused after the job started (the count was complete) does not stop the ranks that went on:
