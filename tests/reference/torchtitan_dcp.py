@@ -91,14 +91,21 @@ def save_rank(rank, world, store, state_path, out_dir):
     dist.destroy_process_group()
 
 
+def read_inputs(path):
+    """IN.safetensors: the configuration (with its "train" object), the parameters by name, the batches."""
+    with safe_open(path, "pt") as f:
+        cfg = json.loads(f.metadata()["config"])
+    data = load_file(path)
+    tokens, labels = data.pop("batch.tokens"), data.pop("batch.labels")
+    params = {k[len("param."):]: v for k, v in data.items() if k.startswith("param.")}
+    return cfg, params, tokens, labels
+
+
 def main():
     inp, out_dir, out = sys.argv[1:4]
-    with safe_open(inp, "pt") as f:
-        cfg = json.loads(f.metadata()["config"])
+    cfg, params, tokens, labels = read_inputs(inp)
     t = cfg["train"]
-    data = load_file(inp)
-    tokens, labels = data.pop("batch.tokens"), data.pop("batch.labels")
-    model = module_of({k[len("param."):]: v.clone() for k, v in data.items() if k.startswith("param.")})
+    model = module_of({k: v.clone() for k, v in params.items()})
     named = dict(model.named_parameters())
     freqs = rope_freqs(cfg)
     angles = torch.outer(torch.arange(t["seq_len"]).float(), freqs)

@@ -26,23 +26,19 @@ import warnings
 
 import torch
 import torch.distributed.checkpoint as dcp
-from safetensors.torch import load_file, safe_open
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
                                                      set_optimizer_state_dict)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from llama3_reference import forward, loss_fn, rope_freqs  # noqa: E402
-from torchtitan_dcp import module_of, schedule  # noqa: E402
+from torchtitan_dcp import module_of, read_inputs, schedule  # noqa: E402
 
 
 def main():
     inp, dcp_dir, out = sys.argv[1:4]
-    with safe_open(inp, "pt") as f:
-        cfg = json.loads(f.metadata()["config"])
+    cfg, params, tokens, labels = read_inputs(inp)
     t = cfg["train"]
-    data = load_file(inp)
-    tokens, labels = data.pop("batch.tokens"), data.pop("batch.labels")
-    model = module_of({k[len("param."):]: torch.zeros_like(v) for k, v in data.items() if k.startswith("param.")})
+    model = module_of({k: torch.zeros_like(v) for k, v in params.items()})
     named = dict(model.named_parameters())
     angles = torch.outer(torch.arange(tokens.shape[-1]).float(), rope_freqs(cfg))
     cis = torch.polar(torch.ones_like(angles), angles)

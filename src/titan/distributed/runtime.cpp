@@ -308,66 +308,73 @@ c10::intrusive_ptr<c10d::Store> connect_store(const LaunchEnv& env, std::chrono:
                                                 store);
 }
 
-void wait_for_every_rank(const c10::intrusive_ptr<c10d::Store>& store, const LaunchEnv& env,
-                         std::chrono::milliseconds timeout) {
-  const std::string count_key = "titan/ranks_started", all_key = "titan/every_rank_started",
-                    refused_key = "titan/start_refused";
-  auto bytes = [](const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); };
-  auto text = [](const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); };
-  // The job is one world only if every rank agrees on its size and no rank starts twice: launchers
-  // given different --nnodes / --nproc-per-node, or two given the same --node-rank, would otherwise
-  // wait for each other until the timeout, or worse, build a process group of the wrong ranks.
+namespace {
+
+std::vector<uint8_t> bytes_of(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
+std::string text_of(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
+
+// Why this rank cannot join the job's world ("" when it can). The job is one world only if every
+// rank agrees on its size and no rank starts twice: launchers given different --nnodes /
+// --nproc-per-node, or two given the same --node-rank, would otherwise wait for each other until the
+// timeout, or worse, build a process group of the wrong ranks.
+std::string start_problem(c10d::Store& store, const LaunchEnv& env) {
   const std::string again =
       "; or this rank was started again on the store of a start that already ran (every rank of a job starts "
       "once per store: titan launch gives each restart its own keys, torchrun's restart after nodes join or leave "
       "does not, unless TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1)";
-  std::string problem;
   const std::string world = std::to_string(env.world_size);
-  if (const std::string theirs = text(store->compareSet("titan/world_size", {}, bytes(world))); theirs != world) {
-    problem = detail::concat(
+  if (const std::string theirs = text_of(store.compareSet("titan/world_size", {}, bytes_of(world))); theirs != world) {
+    return detail::concat(
         "this rank (", describe(env), ") was started with WORLD_SIZE ", world, " but ranks of the same job with ",
         theirs, ": every launcher of a job must be given the same --nnodes and --nproc-per-node (srun: the same "
         "--ntasks), and jobs sharing a machine need their own MASTER_PORT", again);
-  } else {
-    char host[HOST_NAME_MAX + 1] = {};
-    if (gethostname(host, sizeof host) != 0) std::snprintf(host, sizeof host, "?");
-    // Who claims the rank: host and pid, then a random tag and the pid namespace (processes of one pid
-    // in two containers of one host name differ by them).
-    std::error_code ec;
-    const std::string pid_ns = std::filesystem::read_symlink("/proc/self/ns/pid", ec).string();
-    const std::string me = detail::concat(host, " (pid ", getpid(), ")");
-    const std::string claim = me + "#" + std::to_string(std::random_device{}()) + "@" + pid_ns;
-    const std::string owner_claim = text(store->compareSet("titan/rank_" + std::to_string(env.rank), {}, bytes(claim)));
-    if (owner_claim != claim) {
-      const auto tag = owner_claim.rfind('#');
-      const std::string owner = owner_claim.substr(0, tag);
-      const auto at = tag == std::string::npos ? std::string::npos : owner_claim.find('@', tag);
-      const bool same_pid_ns = at != std::string::npos && owner_claim.substr(at + 1) == pid_ns && !pid_ns.empty();
-      // The same host and pid namespace and a pid that has ended: the rank's earlier process, on a
-      // store that outlived it.
-      const auto paren = owner.rfind(" (pid ");
-      const bool ended_here = same_pid_ns && paren != std::string::npos && owner.substr(0, paren) == host &&
-                              kill(static_cast<pid_t>(std::atol(owner.c_str() + paren + 6)), 0) != 0 &&
-                              errno == ESRCH;
-      problem = ended_here
-                    ? detail::concat("rank ", env.rank, " of ", env.world_size, " was started again on the store of a "
-                                     "start that already ran (its earlier process, ", owner, ", has ended); this is ",
-                                     me, ". Every rank of a job starts once per store: restart the whole job (titan "
-                                     "launch --max-restarts gives each restart its own keys; torchrun's restart after "
-                                     "nodes join or leave reuses them unless TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1)")
-                    : detail::concat("rank ", env.rank, " of ", env.world_size, " was started twice: on ", owner,
-                                     " and on ", me, ". Two launchers were given the same --node-rank (give each "
-                                     "node its own, 0 to --nnodes - 1, or give none at all and let the rendezvous "
-                                     "number them), or two jobs share MASTER_ADDR:MASTER_PORT (give each its own "
-                                     "port)", again);
-    }
   }
+  char host[HOST_NAME_MAX + 1] = {};
+  if (gethostname(host, sizeof host) != 0) std::snprintf(host, sizeof host, "?");
+  // Who claims the rank: host and pid, then a random tag and the pid namespace (processes of one pid
+  // in two containers of one host name differ by them).
+  std::error_code ec;
+  const std::string pid_ns = std::filesystem::read_symlink("/proc/self/ns/pid", ec).string();
+  const std::string me = detail::concat(host, " (pid ", getpid(), ")");
+  const std::string claim = me + "#" + std::to_string(std::random_device{}()) + "@" + pid_ns;
+  const std::string owner_claim = text_of(store.compareSet("titan/rank_" + std::to_string(env.rank), {}, bytes_of(claim)));
+  if (owner_claim == claim) return "";
+  const auto tag = owner_claim.rfind('#');
+  const std::string owner = owner_claim.substr(0, tag);
+  const auto at = tag == std::string::npos ? std::string::npos : owner_claim.find('@', tag);
+  const bool same_pid_ns = at != std::string::npos && owner_claim.substr(at + 1) == pid_ns && !pid_ns.empty();
+  // The same host and pid namespace and a pid that has ended: the rank's earlier process, on a
+  // store that outlived it.
+  const auto paren = owner.rfind(" (pid ");
+  const bool ended_here = same_pid_ns && paren != std::string::npos && owner.substr(0, paren) == host &&
+                          kill(static_cast<pid_t>(std::atol(owner.c_str() + paren + 6)), 0) != 0 &&
+                          errno == ESRCH;
+  return ended_here
+             ? detail::concat("rank ", env.rank, " of ", env.world_size, " was started again on the store of a "
+                              "start that already ran (its earlier process, ", owner, ", has ended); this is ",
+                              me, ". Every rank of a job starts once per store: restart the whole job (titan "
+                              "launch --max-restarts gives each restart its own keys; torchrun's restart after "
+                              "nodes join or leave reuses them unless TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1)")
+             : detail::concat("rank ", env.rank, " of ", env.world_size, " was started twice: on ", owner,
+                              " and on ", me, ". Two launchers were given the same --node-rank (give each "
+                              "node its own, 0 to --nnodes - 1, or give none at all and let the rendezvous "
+                              "number them), or two jobs share MASTER_ADDR:MASTER_PORT (give each its own "
+                              "port)", again);
+}
+
+}  // namespace
+
+void wait_for_every_rank(const c10::intrusive_ptr<c10d::Store>& store, const LaunchEnv& env,
+                         std::chrono::milliseconds timeout) {
+  const std::string count_key = "titan/ranks_started", all_key = "titan/every_rank_started",
+                    refused_key = "titan/start_refused";
+  const std::string problem = start_problem(*store, env);
   // The start's outcome is one write, the first: "ok" by the rank that completes the count, or
   // "refused" by a rank that found a problem (recorded before it). Every rank acts on that one value,
   // so no rank goes on into a job that others leave.
-  const std::vector<uint8_t> ok = bytes("ok"), refused = bytes("refused");
+  const std::vector<uint8_t> ok = bytes_of("ok"), refused = bytes_of("refused");
   if (!problem.empty()) {
-    store->compareSet(refused_key, {}, bytes(problem));
+    store->compareSet(refused_key, {}, bytes_of(problem));
     store->compareSet(all_key, {}, refused);
     // When the job had already started ("ok"), it goes on without this process (unless its launcher,
     // coordinating restarts, reports the failure to the others).
@@ -379,13 +386,13 @@ void wait_for_every_rank(const c10::intrusive_ptr<c10d::Store>& store, const Lau
     store->wait({all_key}, timeout);
     if (store->get(all_key) != ok)
       throw UserError(detail::concat("the job cannot start (this is ", describe(env), "): another rank found: ",
-                                     text(store->get(refused_key))));
+                                     text_of(store->get(refused_key))));
   } catch (const c10::Error& e) {
     const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
     // The timeout is an outcome too: recorded first, so no late rank goes on alone; when the count
     // completed meanwhile ("ok"), the job starts after all.
     try {
-      store->compareSet(refused_key, {}, bytes("not every rank started within comm.init_timeout_seconds"));
+      store->compareSet(refused_key, {}, bytes_of("not every rank started within comm.init_timeout_seconds"));
       if (store->compareSet(all_key, {}, refused) == ok) return;
     } catch (const c10::Error&) {  // the store is gone: said below
     }

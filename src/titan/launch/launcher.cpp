@@ -366,7 +366,6 @@ std::string remote_failure(c10d::Store* store, int attempt) {
   }
 }
 
-
 // How long a store on this machine has to answer a launcher's connection: one answers within
 // milliseconds, so a longer silence means the port is held by something that is not one.
 constexpr int kLocalStoreAnswerSeconds = 15;

@@ -74,10 +74,6 @@ std::string tied_output_name(const std::vector<std::pair<std::string, std::vecto
   return embedding && !output ? "output.weight" : "";
 }
 
-}  // namespace
-
-namespace {
-
 // What torchtitan's optimizer parameter groups and LambdaLR schedule hold after `step` steps of a run
 // with these settings.
 struct OptimizerSettings {
@@ -143,7 +139,7 @@ void write_floats(pickle::Writer& w, std::initializer_list<double> values, bool 
 // ignores those it does not ask for. Returns the number of entries.
 int64_t write_training_state(checkpoint::Reader& reader, checkpoint::DcpWriter& writer,
                              const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors,
-                             const std::string& tied, const OptimizerSettings& s, const nlohmann::json& state) {
+                             const std::string& tied, const OptimizerSettings& s) {
   int64_t n = 0;
   auto group = [&](const std::string& param) {
     auto add = [&](const std::string& key, const std::function<void(pickle::Writer&)>& value) {
@@ -219,7 +215,7 @@ int64_t write_training_state(checkpoint::Reader& reader, checkpoint::DcpWriter& 
   });
   // torchtitan counts one data-parallel rank's tokens; its data loader records that degree, which
   // `from-dcp` reads back.
-  const nlohmann::json& ts = state.at("train_state");
+  const nlohmann::json& ts = reader.state().at("train_state");
   const int64_t dp = std::max<int64_t>(1, ts.contains("dp_degree") ? ts["dp_degree"].get<int64_t>()
                                                                       : layout_dp_degree(reader.info()));
   const int64_t step = ts.at("step").get<int64_t>(), tokens = ts.at("ntokens_seen").get<int64_t>() / dp;
@@ -237,6 +233,13 @@ fs::path run_config_beside(const std::string& step_dir) {
   const fs::path run_config = step.parent_path().parent_path() / "config.toml";
   std::error_code ec;
   return fs::is_regular_file(run_config, ec) ? run_config : fs::path();
+}
+
+// That file's configuration.
+JobConfig read_run_config(const fs::path& run_toml) {
+  std::ifstream in(run_toml);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return parse_config_text(text, run_toml.string());
 }
 
 }  // namespace
@@ -263,7 +266,7 @@ int64_t convert_to_dcp(const std::string& step_dir, const std::string& out_dir, 
   const std::string tied = tied_output_name(tensors);
   if (!tied.empty()) writer.add_alias(tied, "tok_embeddings.weight");
   int64_t n = static_cast<int64_t>(tensors.size() + !tied.empty());
-  if (training_state) n += write_training_state(reader, writer, tensors, tied, *settings, reader.state());
+  if (training_state) n += write_training_state(reader, writer, tensors, tied, *settings);
   writer.finish();
   return n;
 }
@@ -494,9 +497,7 @@ int run_convert(const std::vector<std::string>& args) {
                        "beside the checkpoint folder: give the run's --job.config_file, or export the model alone "
                        "with --model-only");
       settings_from = "the optimizer's settings and schedule from " + run_toml.string();
-      std::ifstream in(run_toml);
-      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      return parse_config_text(text, run_toml.string());
+      return read_run_config(run_toml);
     };
     const int64_t n = convert_to_dcp(args[1], args[2], export_dtype(cfg.checkpoint.export_dtype), model_only, run_config);
     std::printf("wrote %lld entries (%s) to %s\n", static_cast<long long>(n), cfg.checkpoint.export_dtype.c_str(),
@@ -516,11 +517,7 @@ int run_convert(const std::vector<std::string>& args) {
     const fs::path run_config = run_config_beside(args[1]);
     std::string note;
     try {
-      if (assets.empty() && !run_config.empty()) {
-        std::ifstream in(run_config);
-        const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-        assets = parse_config_text(text, run_config.string()).model.hf_assets_path;
-      }
+      if (assets.empty() && !run_config.empty()) assets = read_run_config(run_config).model.hf_assets_path;
       note = assets.empty() ? "no tokenizer exported: give the run's tokenizer with --model.hf_assets_path (no "
                               "config.toml of the run beside the checkpoint folder)"
                             : checkpoint::export_hf_tokenizer(assets, args[2]);
