@@ -175,9 +175,12 @@ std::map<std::string, std::string> with_visible_gpus(std::map<std::string, std::
 }
 
 std::string python() {
-  std::string py = std::string(TITAN_SOURCE_DIR) + "/.venv/bin/python";
+  // TITAN_TEST_PYTHON: an interpreter that has torch already (a GPU machine's preinstalled CUDA torch).
+  const char* chosen = std::getenv("TITAN_TEST_PYTHON");
+  std::string py = chosen && *chosen ? chosen : std::string(TITAN_SOURCE_DIR) + "/.venv/bin/python";
   if (access(py.c_str(), X_OK) != 0)
-    throw std::runtime_error(py + " not found: run scripts/setup.sh to create the Python environment");
+    throw std::runtime_error(py + " not found: run scripts/setup.sh to create the Python environment (or set "
+                             "TITAN_TEST_PYTHON to a Python that has torch)");
   return py;
 }
 
