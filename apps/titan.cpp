@@ -247,6 +247,9 @@ int main(int argc, char** argv) {
   } catch (const titan::RunStopped& e) {
     std::fprintf(stderr, "titan %s: error: %s\n", command.c_str(), e.what());
     return titan::kExitStopped;
+  } catch (const titan::LaunchRefused& e) {
+    std::fprintf(stderr, "titan %s: error: %s\n", command.c_str(), e.what());
+    return titan::kExitLaunchRefused;
   } catch (const titan::UserError& e) {
     std::fprintf(stderr, "titan %s: error: %s\n", command.c_str(), e.what());
     return 1;

@@ -24,6 +24,15 @@ struct RunStopped : UserError {
 };
 constexpr int kExitStopped = 65;  // sysexits' EX_DATAERR
 
+// A start that cannot form one job (ranks given different world sizes, a rank started twice, a rank
+// started again on the store of a start that already ran): the process exits with
+// kExitLaunchRefused, which `titan launch --max-restarts` does not restart, since the same launch
+// would be refused again.
+struct LaunchRefused : UserError {
+  using UserError::UserError;
+};
+constexpr int kExitLaunchRefused = 78;  // sysexits' EX_CONFIG
+
 // A run that stopped on a preemption signal (job.preemption_signals) after the step all ranks agreed
 // on, with its checkpoint saved when checkpointing is on: the process exits with kExitPreempted,
 // which `titan launch --max-restarts` does not count as a failure. Rank 0 has logged what happened.

@@ -378,14 +378,14 @@ void wait_for_every_rank(const c10::intrusive_ptr<c10d::Store>& store, const Lau
     store->compareSet(all_key, {}, refused);
     // When the job had already started ("ok"), it goes on without this process (unless its launcher,
     // coordinating restarts, reports the failure to the others).
-    throw UserError(problem);
+    throw LaunchRefused(problem);
   }
   if (store->add(count_key, 1) == env.world_size) store->compareSet(all_key, {}, ok);
   const auto start = std::chrono::steady_clock::now();
   try {
     store->wait({all_key}, timeout);
     if (store->get(all_key) != ok)
-      throw UserError(detail::concat("the job cannot start (this is ", describe(env), "): another rank found: ",
+      throw LaunchRefused(detail::concat("the job cannot start (this is ", describe(env), "): another rank found: ",
                                      text_of(store->get(refused_key))));
   } catch (const c10::Error& e) {
     const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);

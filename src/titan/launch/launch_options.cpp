@@ -104,7 +104,8 @@ std::string launch_help() {
          "                            With several nodes, give every launcher the same N\n"
          "When a worker fails, the launcher prints its error (once for ranks that fail alike) or last lines,\n"
          "stops the others and, with no restart left, exits non-zero. Workers that stop for preemption (exit\n"
-         "code 75) are not a failure: the launcher waits for all of them, restarts nothing and exits 75.\n";
+         "code 75) are not a failure: the launcher waits for all of them, restarts nothing and exits 75. A job\n"
+         "that stopped itself (exit code 65) or whose ranks refused to start together (78) is not restarted.\n";
 }
 
 LaunchOptions parse_launch_options(const std::vector<std::string>& args) {

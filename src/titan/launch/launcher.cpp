@@ -844,12 +844,21 @@ int launch_workers(const LaunchOptions& options) {
     const Attempt a = run_attempt(attempt);
     result = a.code;
     if (a.kind != Attempt::kFailed) break;
-    // A job that stopped itself (the failure of another node included) is not restarted.
-    if (a.code == kExitStopped ||
-        a.failure.find("failed with exit code " + std::to_string(kExitStopped)) != std::string::npos) {
+    // A job that stopped itself, or whose ranks refused to start together, would do the same again: not
+    // restarted (the failure of another node included).
+    auto ended_with = [&a](int code) {
+      return a.code == code || a.failure.find("failed with exit code " + std::to_string(code)) != std::string::npos;
+    };
+    if (ended_with(kExitStopped)) {
       if (o.max_restarts > 0)
         say("not restarting: the job stopped itself (exit code " + std::to_string(kExitStopped) +
             ", e.g. a non-finite loss under training.nan_policy = stop), and would stop again at the same step");
+      break;
+    }
+    if (ended_with(kExitLaunchRefused)) {
+      if (o.max_restarts > 0)
+        say("not restarting: the ranks refused to start together (exit code " + std::to_string(kExitLaunchRefused) +
+            ": launchers or jobs that disagree, as the error above says), and the same launch would be refused again");
       break;
     }
     if (attempt >= o.max_restarts) {

@@ -617,6 +617,11 @@ TEST(Launcher, LaunchersThatDisagreeEndAtOnceWithWhy) {
       {"another --nproc-per-node",
        {{"--node-rank", "0", "--nproc-per-node", "1"}, {"--node-rank", "1", "--nproc-per-node", "2"}},
        "was started with WORLD_SIZE "},
+      // Restarts allowed: the same launch would be refused again, so nothing restarts.
+      {"another --nproc-per-node, restarts allowed",
+       {{"--node-rank", "0", "--nproc-per-node", "1", "--max-restarts", "2"},
+        {"--node-rank", "1", "--nproc-per-node", "2", "--max-restarts", "2"}},
+       "was started with WORLD_SIZE "},
       {"one --node-rank twice",
        {{"--node-rank", "0", "--nproc-per-node", "1"}, {"--node-rank", "1", "--nproc-per-node", "1"},
         {"--node-rank", "1", "--nproc-per-node", "1"}},
@@ -648,13 +653,21 @@ TEST(Launcher, LaunchersThatDisagreeEndAtOnceWithWhy) {
     EXPECT_GE(said, 1);
     EXPECT_GE(failed, 1);
     EXPECT_LT(Clock::now() - start, 90s);  // not comm.init_timeout_seconds
-    if (c.name == "another --nproc-per-node") {
+    if (c.name.rfind("another --nproc-per-node", 0) == 0) {
       EXPECT_EQ(failed, 2);  // nobody trains: the job is not one world
-      for (const auto& r : results)
+      for (const auto& r : results) {
         EXPECT_NE(r.output.find("every launcher of a job must be given the same --nnodes and --nproc-per-node"),
                   std::string::npos)
             << r.output;
+        EXPECT_EQ(r.output.find("restarting all workers"), std::string::npos) << r.output;
+        if (c.name.find("restarts allowed") != std::string::npos)
+          EXPECT_NE(r.output.find("not restarting: the ranks refused to start together (exit code 78"),
+                    std::string::npos)
+              << r.output;
+      }
     }
+    // A launcher whose own worker was refused exits with the worker's code.
+    EXPECT_TRUE(std::any_of(results.begin(), results.end(), [](const auto& r) { return r.exit_code == 78; }));
   }
 }
 
