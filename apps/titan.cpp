@@ -203,6 +203,7 @@ int run_config(std::vector<std::string> args) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  titan::set_memory_budget_planner(titan::memory_budget_plan);
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;

@@ -2,6 +2,8 @@
 // that worker alone (multi-process tests start this binary again as their workers).
 #include "test_util.h"
 
+#include "titan/tools/estimate.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -9,6 +11,7 @@
 #include <exception>
 
 int main(int argc, char** argv) {
+  titan::set_memory_budget_planner(titan::memory_budget_plan);  // as titan's main does
   if (const char* worker = std::getenv("TITAN_TEST_WORKER")) {
     auto it = titan::test::workers().find(worker);
     if (it == titan::test::workers().end()) {

@@ -104,8 +104,8 @@ const std::vector<LegacyKey>& legacy_keys() {
       {"activation_checkpoint", "debug", K::OffOnly, "",
        "torch.utils.checkpoint's debug capture of the recomputed operators does not exist in titan"},
       {"activation_checkpoint", "visualize_memory_budget_pareto", K::OffOnly, "",
-       "the memory-budget trade-off plot belongs to torch.compile's min-cut partitioner (mode = \"memory_budget\"), "
-       "which titan does not have"},
+       "the memory-budget trade-off plot belongs to torch.compile's min-cut partitioner; titan's mode = "
+       "\"memory_budget\" chooses among per-block modes instead, and `titan estimate` prints the peak it gives"},
       {"checkpoint", "initial_load_in_hf_quantized", K::OffOnly, "",
        "reading Hugging Face checkpoints with quantized weights (dequantized on load) is not supported; "
        "convert them to bf16 or fp32 safetensors first"},

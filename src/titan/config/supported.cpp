@@ -20,9 +20,6 @@ struct Gate {
 
 // clang-format off
 const Gate kGates[] = {
-  {"activation_checkpoint.mode", "memory-budget activation checkpointing",
-   "--activation_checkpoint.mode selective (every selective_ac_option-th block) or full",
-   [](const JobConfig& c, int64_t) { return c.activation_checkpoint.mode == "memory_budget"; }},
   {"compile.enable", "graph compilation", "--compile.enable false",
    [](const JobConfig& c, int64_t) { return c.compile.enable; }},
   // No C++ client of W&B exists; the same figures go to TensorBoard and to metrics.jsonl, which

@@ -42,8 +42,12 @@ struct ParallelizeContext {
   // (every ac_every-th block, counting from 1, as torchtitan's selective_ac_option k does), "op"
   // (every block, keeping attention's output and log-sum-exp and every other matmul's output:
   // selective_ac_option "op", torchtitan's policy) or "op_all_matmuls" (every matmul's output too).
+  // "per_block": block i (its layer id) takes ac_block_modes[i], one of none, full, op, op_all_matmuls
+  // (activation_checkpoint.mode "memory_budget", resolved into it by titan estimate's dry runs;
+  // set_activation_checkpointing leaves ac_mode "memory_budget" for the caller to resolve).
   std::string ac_mode = "none";
   int64_t ac_every = 1;
+  std::vector<std::string> ac_block_modes;
   // Under "op" / "op_all_matmuls": Linear layers of a block whose name contains one of these are
   // recomputed, never kept, and not counted by the every-other policy (torchtitan's
   // per_op_sac_force_recompute_mm_shapes_by_fqns).

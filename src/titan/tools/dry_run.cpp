@@ -403,6 +403,7 @@ DryRunResult run(const DryRunPlan& plan) {
   pctx.expert_parallel = ep.get();
   pctx.ac_mode = plan.ac_mode;
   pctx.ac_every = plan.ac_every;
+  pctx.ac_block_modes = plan.ac_block_modes;
   pctx.ac_force_recompute = plan.ac_force_recompute;
   const int64_t B = plan.local_batch_size, S = plan.seq_len, S_local = S / plan.cp;  // the rank's part of each sequence
   std::vector<std::unique_ptr<dist::DataParallel>> dps;

@@ -66,8 +66,9 @@ struct DryRunPlan {
   config::Float8Linear float8_options;
   dist::TensorParallelOptions tp_options;
   std::string reshard_after_forward = "default";
-  std::string ac_mode = "none";  // none | full | selective (every ac_every-th block) | op
+  std::string ac_mode = "none";  // none | full | selective (every ac_every-th block) | op | op_all_matmuls | per_block
   int64_t ac_every = 1;
+  std::vector<std::string> ac_block_modes;  // per_block: each layer id's mode
   std::vector<std::string> ac_force_recompute;  // per_op_sac_force_recompute_mm_shapes_by_fqns (op modes)
   bool moe_force_load_balance = false;          // debug.moe_force_load_balance
   std::string optimizer = "AdamW", optimizer_implementation = "fused";

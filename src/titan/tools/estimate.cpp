@@ -4,6 +4,7 @@
 #include "titan/distributed/context_parallel.h"
 #include "titan/distributed/options.h"
 #include "titan/distributed/parallel_dims.h"
+#include "titan/models/common/decoder.h"
 #include "titan/models/pipeline_split.h"
 #include "titan/models/registry.h"
 #include "titan/tools/dry_run.h"
@@ -11,7 +12,9 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <functional>
 #include <set>
 #include <sstream>
 
@@ -107,6 +110,72 @@ double flops_per_token_of(const LanguageModelImpl& model, const std::vector<std:
 
 int64_t peak_of(const DryRunResult& r) { return std::max(r.peak, r.first_step_peak); }
 
+// A block mode in words (memory_budget's plan).
+const char* block_mode_words(const std::string& mode) {
+  return mode == "full"             ? "checkpointed in full"
+         : mode == "op"             ? "per operator"
+         : mode == "op_all_matmuls" ? "per operator, all matmuls kept"
+                                    : "not checkpointed";
+}
+
+// activation_checkpoint.mode "memory_budget" resolved into one mode per block. The budget b places
+// the activations alive at the end of forward (the worst pipeline rank's, measured by dry runs)
+// between those of checkpointing every block in full (b = 0) and of none (b = 1), as torchtitan's
+// budget places its compiled partitioner: at most A_full + b (A_none - A_full). The cheapest
+// recomputation comes first: blocks move from none to per operator with every matmul kept (only
+// elementwise operations recomputed), then to per operator with every other matmul kept, then to
+// in full; between two neighbouring rungs k of n blocks take the higher, spread evenly over the layer
+// ids (as selective's every k-th block), the fewest whose dry run meets the bound.
+void resolve_memory_budget(DryRunPlan& plan, double budget, int64_t blocks,
+                           const std::function<int64_t(const DryRunPlan&)>& activations, std::string& words) {
+  const std::vector<std::string> ladder = {"none", "op_all_matmuls", "op", "full"};
+  auto uniform = [&](const std::string& mode) {
+    DryRunPlan p = plan;
+    p.ac_mode = "per_block";
+    p.ac_block_modes.assign(blocks, mode);
+    return p;
+  };
+  std::vector<int64_t> measured;
+  for (const auto& mode : ladder) measured.push_back(activations(uniform(mode)));
+  const double target = measured.back() + budget * static_cast<double>(measured.front() - measured.back());
+  // The rung below the bound, skipping any that saves nothing over the one before it.
+  size_t low = 0, high = 0;
+  for (size_t i = 1; i < ladder.size(); ++i) {
+    if (measured[i] >= measured[low]) continue;
+    high = i;
+    if (measured[i] <= target) break;
+    low = i;
+  }
+  auto mixed = [&](int64_t k) {  // k blocks at ladder[high], the others at ladder[low]
+    DryRunPlan p = uniform(ladder[low]);
+    for (int64_t i = 0; i < blocks; ++i)
+      if ((i + 1) * k / blocks > i * k / blocks) p.ac_block_modes[i] = ladder[high];
+    return p;
+  };
+  int64_t k = 0;
+  if (measured[low] > target && high != low) {
+    const double step = static_cast<double>(measured[low] - measured[high]) / static_cast<double>(blocks);
+    k = std::clamp<int64_t>(static_cast<int64_t>(std::ceil((measured[low] - target) / step - 1e-9)), 0, blocks);
+    while (k < blocks && activations(mixed(k)) > target) ++k;  // blocks that differ: measured, not assumed
+  }
+  const DryRunPlan chosen = mixed(k);
+  plan.ac_mode = chosen.ac_mode;
+  plan.ac_block_modes = chosen.ac_block_modes;
+  std::map<std::string, int64_t> count;
+  for (const auto& m : plan.ac_block_modes) ++count[m];
+  std::ostringstream os;
+  os << "memory budget " << budget << " (";
+  bool first = true;
+  for (auto it = ladder.rbegin(); it != ladder.rend(); ++it) {
+    if (!count.count(*it)) continue;
+    os << (first ? "" : ", ") << count[*it] << (first ? " of " + std::to_string(blocks) + " blocks " : " ")
+       << block_mode_words(*it);
+    first = false;
+  }
+  os << ")";
+  words = os.str();
+}
+
 }  // namespace
 
 ModelEstimate estimate_model(const std::string& model, const std::string& flavor, int64_t seq_len) {
@@ -170,10 +239,9 @@ Estimate estimate(const JobConfig& cfg, const EstimateOptions& options) {
   plan.tp = dims.tp();
   plan.ep = dims.ep();
   // Resolved (and refused for a dense model) as the trainer does, on a shapes-only build.
-  plan.moe_aux_loss_coeff = moe_aux_loss_coeff(
-      cfg.model.moe_aux_loss_coeff,
-      *model_spec(cfg.model.name).build(cfg.model.flavor, at::TensorOptions().device(at::kMeta), tr.seq_len),
-      cfg.model.name, cfg.model.flavor);
+  const LanguageModel shapes =
+      model_spec(cfg.model.name).build(cfg.model.flavor, at::TensorOptions().device(at::kMeta), tr.seq_len);
+  plan.moe_aux_loss_coeff = moe_aux_loss_coeff(cfg.model.moe_aux_loss_coeff, *shapes, cfg.model.name, cfg.model.flavor);
   plan.float8 = float8_conversion(cfg, dims.tp());
   plan.float8_options = cfg.float8;
   dist::check_sequence_length(tr.seq_len, dims.tp(), p.enable_sequence_parallel);
@@ -205,6 +273,18 @@ Estimate estimate(const JobConfig& cfg, const EstimateOptions& options) {
     for (pl.pp_rank = 0; pl.pp_rank < pl.pp; ++pl.pp_rank) out.push_back(dry_run(pl));
     return out;
   };
+  std::string ac_described = ac_words(plan.ac_mode, plan.ac_every);
+  if (plan.ac_mode == "memory_budget") {
+    const auto* decoder = dynamic_cast<const DecoderImpl*>(shapes.get());
+    TITAN_ASSERT(decoder, "model ", cfg.model.name, " is not a decoder of blocks");
+    auto worst_activations = [&](const DryRunPlan& pl) {
+      int64_t most = 0;
+      for (const DryRunResult& o : dry_run_ranks(pl)) most = std::max(most, o.end_of_forward - (o.params + o.optimizer + o.buffers));
+      return most;
+    };
+    resolve_memory_budget(plan, cfg.activation_checkpoint.memory_budget, static_cast<int64_t>(decoder->blocks().size()),
+                          worst_activations, ac_described);
+  }
   const std::vector<DryRunResult> ranks = dry_run_ranks(plan);
   size_t worst = 0;
   for (size_t i = 1; i < ranks.size(); ++i)
@@ -230,7 +310,8 @@ Estimate estimate(const JobConfig& cfg, const EstimateOptions& options) {
   if (plan.float8.grouped_recipe) e.compute_dtype += ", float8 grouped matmuls of MoE experts (rowwise)";
   e.param_dtype = dtype_name(param_dtype);
   e.offload = tr.enable_cpu_offload;
-  e.activation_checkpointing = ac_words(plan.ac_mode, plan.ac_every);
+  e.activation_checkpointing = ac_described;
+  e.ac_block_modes = plan.ac_block_modes;
   e.local_batch_size = tr.local_batch_size;
   e.grad_accum_steps = plan.grad_accum_steps;
 
@@ -276,7 +357,7 @@ Estimate estimate(const JobConfig& cfg, const EstimateOptions& options) {
   // The same run under the other activation checkpointing modes (their device peaks; the worst
   // pipeline rank's).
   const int64_t k = plan.ac_mode == "selective" ? plan.ac_every : 2, offloaded = peak - e.peak_device;
-  e.peak_by_ac[ac_words(plan.ac_mode, plan.ac_every)] = e.peak_device;
+  e.peak_by_ac[ac_described] = e.peak_device;
   const std::vector<std::pair<std::string, int64_t>> modes = {{"none", 1}, {"full", 1}, {"selective", k}};
   for (const auto& [mode, every] : modes) {
     const std::string words = ac_words(mode, every);
@@ -444,6 +525,15 @@ std::string format_estimate(const Estimate& e) {
   }
   os << "\n";
   return os.str();
+}
+
+MemoryBudgetPlan memory_budget_plan(const JobConfig& cfg, int64_t world_size, const std::string& device) {
+  EstimateOptions options;
+  options.world_size = world_size;
+  options.device = device;
+  options.other_ac_modes = false;
+  const Estimate e = estimate(cfg, options);
+  return {e.ac_block_modes, e.activation_checkpointing};
 }
 
 }  // namespace titan

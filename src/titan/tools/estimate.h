@@ -16,10 +16,12 @@
 
 #include "titan/config/job_config.h"
 #include "titan/distributed/mesh.h"
+#include "titan/trainer/trainer.h"
 
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 namespace titan {
 
@@ -61,6 +63,9 @@ struct Estimate {
   std::string compute_dtype, param_dtype;  // e.g. "bfloat16", "float32"
   bool offload = false;      // training.enable_cpu_offload
   std::string activation_checkpointing;   // as configured, in words
+  // activation_checkpoint.mode "memory_budget": each block's mode (none, op_all_matmuls, op, full) as
+  // the dry runs chose it; empty otherwise.
+  std::vector<std::string> ac_block_modes;
   int64_t local_batch_size = 0, grad_accum_steps = 1;
 
   // Bytes per rank. params, grads and optimizer are where they are held: the host when offloaded
@@ -120,5 +125,9 @@ struct Estimate {
 Estimate estimate(const JobConfig& cfg, const EstimateOptions& options);
 // Human-readable report, one quantity per line, ending with the verdict.
 std::string format_estimate(const Estimate& e);
+// activation_checkpoint.mode "memory_budget": the blocks' modes the estimate's dry runs choose for
+// this config on `world_size` ranks computing on `device` (what titan train installs with
+// set_memory_budget_planner).
+MemoryBudgetPlan memory_budget_plan(const JobConfig& cfg, int64_t world_size, const std::string& device);
 
 }  // namespace titan

@@ -41,6 +41,11 @@ namespace titan {
 namespace {
 using Clock = std::chrono::steady_clock;
 
+MemoryBudgetPlanner& memory_budget_planner() {
+  static MemoryBudgetPlanner planner;
+  return planner;
+}
+
 // Seconds since this process started: its start time in /proc/self/stat (field 22, clock ticks
 // since boot) against CLOCK_BOOTTIME. 0 where that is unavailable.
 double seconds_since_process_start() {
@@ -295,6 +300,13 @@ dist::DataParallelOptions Trainer::apply_parallelisms(const ModelSpec& spec, con
   pctx.context_parallel = context_parallel_.get();
   pctx.expert_parallel = expert_parallel_.get();
   set_activation_checkpointing(pctx, cfg_.activation_checkpoint);
+  if (pctx.ac_mode == "memory_budget") {
+    TITAN_ASSERT(memory_budget_planner(), "no memory_budget planner installed (set_memory_budget_planner)");
+    MemoryBudgetPlan budget = memory_budget_planner()(cfg_, env_.world_size, device_.is_cuda() ? "cuda" : "cpu");
+    pctx.ac_mode = "per_block";
+    pctx.ac_block_modes = std::move(budget.block_modes);
+    ac_plan_words_ = budget.words;
+  }
   if (dims_->pp() > 1) {
     // The whole model above holds only shapes (for initialization and the figures); the stages hold
     // the parameters. Hidden states cross between stages in the compute dtype (FSDP's param_dtype).
@@ -512,7 +524,8 @@ void Trainer::log_run(double model_seconds, int64_t global_batch, bool float8_al
   if (cfg_.model.print_after_conversion) log_info("Model after conversion:\n" + model_description(*model_));
   const auto& ac = cfg_.activation_checkpoint;
   log_info("Activation checkpointing: " +
-           (ac.mode == "none"                   ? std::string("off")
+           (ac.mode == "memory_budget"          ? ac_plan_words_
+            : ac.mode == "none"                 ? std::string("off")
             : ac.mode == "full"                 ? std::string("every block")
             : ac.selective_ac_option == "op"
                 ? std::string(ac.per_op_policy == "all_matmuls"
@@ -1028,6 +1041,8 @@ void Trainer::on_nonfinite_step(const StepResult& r, int64_t step) {
                   ". Lower optimizer.lr or raise lr_scheduler.warmup_steps, check the data around this step, or set "
                   "training.nan_policy = \"skip\" to skip such steps");
 }
+
+void set_memory_budget_planner(MemoryBudgetPlanner planner) { memory_budget_planner() = std::move(planner); }
 
 int run_training(const JobConfig& cfg, const std::function<void()>& preflight) {
   std::optional<Trainer> started;

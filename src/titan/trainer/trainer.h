@@ -285,7 +285,18 @@ class Trainer {
   bool early_step_ = false;
   at::Tensor early_skip_;
   std::vector<at::Tensor> early_norms_;
+  std::string ac_plan_words_;  // activation_checkpoint.mode "memory_budget": the blocks' modes, in words
 };
+
+// activation_checkpoint.mode "memory_budget": each block's mode (none, op_all_matmuls, op, full) for a
+// config, its world size and device ("cuda" or "cpu"), and the plan in words. The program installs
+// the planner (titan estimate's dry runs: tools/estimate.h memory_budget_plan) before it trains.
+struct MemoryBudgetPlan {
+  std::vector<std::string> block_modes;
+  std::string words;
+};
+using MemoryBudgetPlanner = std::function<MemoryBudgetPlan(const JobConfig&, int64_t world_size, const std::string& device)>;
+void set_memory_budget_planner(MemoryBudgetPlanner planner);
 
 // `titan train`: trains with `cfg`, printing torchtitan's log lines. Returns the process exit code.
 int run_training(const JobConfig& cfg, const std::function<void()>& preflight = {});

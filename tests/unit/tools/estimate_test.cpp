@@ -44,6 +44,7 @@
 #include <fstream>
 #include <mutex>
 #include <regex>
+#include <set>
 #include <sstream>
 
 #include <unistd.h>
@@ -163,7 +164,10 @@ std::vector<std::string> ac_args(const std::string& spec) {
   std::string mode, every;
   in >> mode >> every;
   std::vector<std::string> a = {"--activation_checkpoint.mode", mode};
-  if (!every.empty()) a.insert(a.end(), {"--activation_checkpoint.selective_ac_option", every});
+  if (!every.empty())  // "memory_budget B" or "selective K"
+    a.insert(a.end(), {mode == "memory_budget" ? "--activation_checkpoint.memory_budget"
+                                               : "--activation_checkpoint.selective_ac_option",
+                       every});
   return a;
 }
 
@@ -231,6 +235,7 @@ INSTANTIATE_TEST_SUITE_P(Runs, EstimateMatchesMeasuredPeak, ::testing::Values(
     MemoryRun{"Debug1Seq256Full",            "llama3",        "debugmodel", 1,    256, 4,     "full"},
     MemoryRun{"Debug1Seq1024NoAC",           "llama3",        "debugmodel", 1,   1024, 4,     "none"},
     MemoryRun{"Debug1Seq1024Selective2",     "llama3",        "debugmodel", 1,   1024, 4,     "selective 2"},
+    MemoryRun{"Debug1Seq1024Budget04",       "llama3",        "debugmodel", 1,   1024, 4,     "memory_budget 0.4"},
     MemoryRun{"DebugFsdp2Seq512NoAC",        "llama3",        "debugmodel", 2,    512, 4,     "none"},
     MemoryRun{"DebugFsdp2Seq512Full",        "llama3",        "debugmodel", 2,    512, 4,     "full"},
     MemoryRun{"DebugFsdp2Seq1024Selective2", "llama3",        "debugmodel", 2,   1024, 2,     "selective 2"},
@@ -610,6 +615,60 @@ TEST(Estimate, CheckpointingLessSavesMore) {
   EXPECT_EQ(e.peak_by_ac.at("selective 2 (1 block in 2)"), e.peak_device);
   EXPECT_LT(full, e.peak_device);
   EXPECT_LT(e.peak_device, none);
+}
+
+// activation_checkpoint.mode "memory_budget": the activations alive at the end of forward lie at most
+// budget b of the way from checkpointing every block in full (b = 0, exactly full's) to none (b = 1,
+// exactly none's), grow with b, and the plan names a mode for every block, the cheaper recomputation
+// first (per operator before whole blocks). Under pipeline parallelism the bound holds for the worst
+// pipeline rank and the plan covers the whole model's blocks.
+TEST(Estimate, MemoryBudgetPlacesTheActivationsBetweenFullAndNone) {
+  auto with = [](const std::vector<std::string>& ac, const std::vector<std::string>& more = {}, int64_t world = 1) {
+    std::vector<std::string> a = {"--model.flavor", "debugmodel", "--training.seq_len", "1024"};
+    a.insert(a.end(), ac.begin(), ac.end());
+    a.insert(a.end(), more.begin(), more.end());
+    return estimate_of(a, world);
+  };
+  const Estimate none = with({"--activation_checkpoint.mode", "none"});
+  const Estimate full = with({"--activation_checkpoint.mode", "full"});
+  ASSERT_LT(full.activations, none.activations);
+  int64_t previous = 0;
+  for (const double b : {0.0, 0.2, 0.4, 0.6, 0.8, 1.0}) {
+    SCOPED_TRACE(b);
+    const Estimate e = with({"--activation_checkpoint.mode", "memory_budget", "--activation_checkpoint.memory_budget",
+                             std::to_string(b)});
+    ASSERT_EQ(e.ac_block_modes.size(), 6u);
+    EXPECT_LE(e.activations, full.activations + b * (none.activations - full.activations) + 1);
+    EXPECT_GE(e.activations, previous);
+    previous = e.activations;
+    const std::set<std::string> modes(e.ac_block_modes.begin(), e.ac_block_modes.end());
+    if (b == 0.0) {
+      EXPECT_EQ(e.activations, full.activations);
+      EXPECT_EQ(modes, std::set<std::string>{"full"});
+    } else if (b == 1.0) {
+      EXPECT_EQ(e.activations, none.activations);
+      EXPECT_EQ(modes, std::set<std::string>{"none"});
+    } else {
+      EXPECT_LE(modes.size(), 2u);  // two neighbouring rungs at most
+      EXPECT_FALSE(modes.count("full") && modes.count("none"));  // per operator comes before whole blocks
+    }
+    EXPECT_NE(e.activation_checkpointing.find("memory budget"), std::string::npos) << e.activation_checkpointing;
+    EXPECT_EQ(e.peak_by_ac.at(e.activation_checkpointing), e.peak_device);
+  }
+  const std::vector<std::string> pp2 = {"--parallelism.pipeline_parallel_degree", "2",
+                                        "--parallelism.data_parallel_shard_degree", "1"};
+  const Estimate pp_none = with({"--activation_checkpoint.mode", "none"}, pp2, 2);
+  const Estimate pp_full = with({"--activation_checkpoint.mode", "full"}, pp2, 2);
+  const Estimate pp_half =
+      with({"--activation_checkpoint.mode", "memory_budget", "--activation_checkpoint.memory_budget", "0.5"}, pp2, 2);
+  EXPECT_EQ(pp_half.ac_block_modes.size(), 6u);
+  auto worst = [](const Estimate& e) {
+    int64_t most = 0;
+    for (const auto& r : e.pipeline_ranks) most = std::max(most, r.activations);
+    return most;
+  };
+  EXPECT_LT(worst(pp_half), worst(pp_none));
+  EXPECT_GT(worst(pp_half), worst(pp_full));
 }
 
 // One process in bf16 autocast (no FSDP): the dry run's layers take the dtypes a CUDA run's do. A

@@ -172,22 +172,27 @@ ParallelizedModel parallelize_decoder(LanguageModelImpl& model, const Paralleliz
   // parameters again (TP's collectives inside a block are recomputed with it).
   if (ctx.ac_mode != "none") {
     TITAN_ASSERT(ctx.ac_mode == "full" || ctx.ac_mode == "op" || ctx.ac_mode == "op_all_matmuls" ||
-                     (ctx.ac_mode == "selective" && ctx.ac_every >= 1),
-                 "AC mode ", ctx.ac_mode);
+                     (ctx.ac_mode == "selective" && ctx.ac_every >= 1) || ctx.ac_mode == "per_block",
+                 "AC mode ", ctx.ac_mode, " (memory_budget is resolved into per_block before parallelizing)");
     // Counted by layer id, so that a pipeline stage checkpoints the blocks the whole model would.
-    const bool per_op = ctx.ac_mode == "op" || ctx.ac_mode == "op_all_matmuls";
     for (const auto& [prefix, block] : transformer->blocks()) {
       const int64_t id = std::stoll(prefix.substr(7));
-      if (ctx.ac_mode != "selective" || (id + 1) % ctx.ac_every == 0) {
-        nn::CheckpointOptions options;
-        options.save = ctx.ac_mode == "op" ? nn::SaveOps::EveryOtherMatmul
-                       : ctx.ac_mode == "op_all_matmuls" ? nn::SaveOps::AllMatmuls
-                                                         : nn::SaveOps::None;
-        options.check_recompute = ctx.ac_check_recompute;
-        options.name = prefix.substr(0, prefix.size() - 1);
-        if (per_op) nn::force_recompute_linears(*block, prefix, ctx.ac_force_recompute);
-        nn::apply_activation_checkpointing(*block, options);
+      std::string mode = ctx.ac_mode;
+      if (mode == "selective") mode = (id + 1) % ctx.ac_every == 0 ? "full" : "none";
+      if (mode == "per_block") {
+        TITAN_ASSERT(id < static_cast<int64_t>(ctx.ac_block_modes.size()), "no checkpointing mode for block ", id);
+        mode = ctx.ac_block_modes[id];
       }
+      if (mode == "none") continue;
+      TITAN_ASSERT(mode == "full" || mode == "op" || mode == "op_all_matmuls", "block AC mode ", mode);
+      nn::CheckpointOptions options;
+      options.save = mode == "op"               ? nn::SaveOps::EveryOtherMatmul
+                     : mode == "op_all_matmuls" ? nn::SaveOps::AllMatmuls
+                                                : nn::SaveOps::None;
+      options.check_recompute = ctx.ac_check_recompute;
+      options.name = prefix.substr(0, prefix.size() - 1);
+      if (mode != "full") nn::force_recompute_linears(*block, prefix, ctx.ac_force_recompute);
+      nn::apply_activation_checkpointing(*block, options);
     }
   }
 
