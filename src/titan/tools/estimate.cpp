@@ -12,9 +12,9 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <functional>
+#include <mutex>
 #include <set>
 #include <sstream>
 
@@ -152,11 +152,17 @@ void resolve_memory_budget(DryRunPlan& plan, double budget, int64_t blocks,
       if ((i + 1) * k / blocks > i * k / blocks) p.ac_block_modes[i] = ladder[high];
     return p;
   };
+  // The fewest: none of them is too many (measured[low] > target), all of them are enough
+  // (measured[high] <= target); bisected on dry runs, since blocks and pipeline ranks differ in what
+  // a block's mode saves there.
   int64_t k = 0;
   if (measured[low] > target && high != low) {
-    const double step = static_cast<double>(measured[low] - measured[high]) / static_cast<double>(blocks);
-    k = std::clamp<int64_t>(static_cast<int64_t>(std::ceil((measured[low] - target) / step - 1e-9)), 0, blocks);
-    while (k < blocks && activations(mixed(k)) > target) ++k;  // blocks that differ: measured, not assumed
+    int64_t too_few = 0, enough = blocks;
+    while (enough - too_few > 1) {
+      const int64_t mid = (too_few + enough) / 2;
+      (activations(mixed(mid)) <= target ? enough : too_few) = mid;
+    }
+    k = enough;
   }
   const DryRunPlan chosen = mixed(k);
   plan.ac_mode = chosen.ac_mode;
@@ -275,15 +281,29 @@ Estimate estimate(const JobConfig& cfg, const EstimateOptions& options) {
   };
   std::string ac_described = ac_words(plan.ac_mode, plan.ac_every);
   if (plan.ac_mode == "memory_budget") {
-    const auto* decoder = dynamic_cast<const DecoderImpl*>(shapes.get());
-    TITAN_ASSERT(decoder, "model ", cfg.model.name, " is not a decoder of blocks");
-    auto worst_activations = [&](const DryRunPlan& pl) {
-      int64_t most = 0;
-      for (const DryRunResult& o : dry_run_ranks(pl)) most = std::max(most, o.end_of_forward - (o.params + o.optimizer + o.buffers));
-      return most;
-    };
-    resolve_memory_budget(plan, cfg.activation_checkpoint.memory_budget, static_cast<int64_t>(decoder->blocks().size()),
-                          worst_activations, ac_described);
+    // Resolved once per config, world size and device: a run's pre-flight check and its trainer ask
+    // for the same plan (a dozen dry runs; seconds for a 405B model).
+    static std::mutex mutex;
+    static std::map<std::string, std::pair<std::vector<std::string>, std::string>> resolved;
+    const std::string key = to_toml(cfg) + "\n# world " + std::to_string(world) + " on " + options.device;
+    std::lock_guard<std::mutex> lock(mutex);
+    if (const auto it = resolved.find(key); it != resolved.end()) {
+      plan.ac_mode = "per_block";
+      plan.ac_block_modes = it->second.first;
+      ac_described = it->second.second;
+    } else {
+      const auto* decoder = dynamic_cast<const DecoderImpl*>(shapes.get());
+      TITAN_ASSERT(decoder, "model ", cfg.model.name, " is not a decoder of blocks");
+      auto worst_activations = [&](const DryRunPlan& pl) {
+        int64_t most = 0;
+        for (const DryRunResult& o : dry_run_ranks(pl)) most = std::max(most, o.end_of_forward - (o.params + o.optimizer + o.buffers));
+        return most;
+      };
+      resolve_memory_budget(plan, cfg.activation_checkpoint.memory_budget,
+                            static_cast<int64_t>(decoder->blocks().size()), worst_activations, ac_described);
+      if (resolved.size() >= 8) resolved.clear();
+      resolved[key] = {plan.ac_block_modes, ac_described};
+    }
   }
   const std::vector<DryRunResult> ranks = dry_run_ranks(plan);
   size_t worst = 0;
