@@ -58,7 +58,8 @@ std::vector<ProcessResult> run_workers(const std::string& worker, int n, const s
 // CUDA_VISIBLE_DEVICES as it is (unset stays unset). For one process: several would share the GPUs.
 std::map<std::string, std::string> with_visible_gpus(std::map<std::string, std::string> env = {});
 
-// The project's Python interpreter (.venv), for reference computations.
+// The Python interpreter of the reference computations: TITAN_TEST_PYTHON (an absolute path, e.g. a
+// GPU machine's python3 with its CUDA torch) when set, else the project's .venv.
 std::string python();
 
 // Largest absolute difference relative to the largest magnitude of `expected`.

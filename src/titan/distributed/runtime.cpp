@@ -369,10 +369,11 @@ void wait_for_every_rank(const c10::intrusive_ptr<c10d::Store>& store, const Lau
   const std::string count_key = "titan/ranks_started", all_key = "titan/every_rank_started",
                     refused_key = "titan/start_refused";
   const std::string problem = start_problem(*store, env);
-  // The start's outcome is one write, the first: "ok" by the rank that completes the count, or
-  // "refused" by a rank that found a problem (recorded before it). Every rank acts on that one value,
-  // so no rank goes on into a job that others leave.
-  const std::vector<uint8_t> ok = bytes_of("ok"), refused = bytes_of("refused");
+  // The start's outcome is one write, the first: "ok" by the rank that completes the count, "refused"
+  // by a rank that found a problem (recorded before it), or "timed out" by a rank whose wait ran out.
+  // Every rank acts on that one value, so no rank goes on into a job that others leave. A refusal
+  // would happen again (LaunchRefused: not restarted); a timeout may not (a late node): UserError.
+  const std::vector<uint8_t> ok = bytes_of("ok"), refused = bytes_of("refused"), timed_out = bytes_of("timed out");
   if (!problem.empty()) {
     store->compareSet(refused_key, {}, bytes_of(problem));
     store->compareSet(all_key, {}, refused);
@@ -384,16 +385,20 @@ void wait_for_every_rank(const c10::intrusive_ptr<c10d::Store>& store, const Lau
   const auto start = std::chrono::steady_clock::now();
   try {
     store->wait({all_key}, timeout);
-    if (store->get(all_key) != ok)
-      throw LaunchRefused(detail::concat("the job cannot start (this is ", describe(env), "): another rank found: ",
-                                     text_of(store->get(refused_key))));
+    const std::vector<uint8_t> outcome = store->get(all_key);
+    if (outcome != ok) {
+      const std::string why = detail::concat("the job cannot start (this is ", describe(env), "): another rank found: ",
+                                             text_of(store->get(refused_key)));
+      if (outcome == refused) throw LaunchRefused(why);
+      throw UserError(why);
+    }
   } catch (const c10::Error& e) {
     const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
     // The timeout is an outcome too: recorded first, so no late rank goes on alone; when the count
     // completed meanwhile ("ok"), the job starts after all.
     try {
       store->compareSet(refused_key, {}, bytes_of("not every rank started within comm.init_timeout_seconds"));
-      if (store->compareSet(all_key, {}, refused) == ok) return;
+      if (store->compareSet(all_key, {}, timed_out) == ok) return;
     } catch (const c10::Error&) {  // the store is gone: said below
     }
     int64_t started = -1;

@@ -703,7 +703,10 @@ int launch_workers(const LaunchOptions& options) {
         report_failures(failures, workers);
         const Worker& first = *failures.front();
         outcome.failure = "rank " + std::to_string(first.rank) + " (node " + std::to_string(o.node_rank) + ") " + first.how();
-        report_failure(coord, attempt, outcome.failure);
+        // A rank refused at the start is not the job's failure to share: a refusal before the start
+        // reaches every rank through the start's outcome (each node's workers exit with it), and a
+        // process refused after it ends alone while the job goes on.
+        if (first.term_signal != 0 || first.exit_status != kExitLaunchRefused) report_failure(coord, attempt, outcome.failure);
         const auto running = std::count_if(workers.begin(), workers.end(), [](const Worker& w) { return !w.exited; });
         if (running > 0) say("stopping the other " + std::to_string(running) + " worker(s)");
         stop(Attempt::kFailed, first.exit_code());

