@@ -377,8 +377,8 @@ void wait_for_every_rank(const c10::intrusive_ptr<c10d::Store>& store, const Lau
   if (!problem.empty()) {
     store->compareSet(refused_key, {}, bytes_of(problem));
     store->compareSet(all_key, {}, refused);
-    // When the job had already started ("ok"), it goes on without this process (unless its launcher,
-    // coordinating restarts, reports the failure to the others).
+    // When the job had already started ("ok"), it goes on without this process (its launcher does not
+    // report a refusal to the other nodes).
     throw LaunchRefused(problem);
   }
   if (store->add(count_key, 1) == env.world_size) store->compareSet(all_key, {}, ok);

@@ -34,11 +34,10 @@ void register_builtin_models_locked() {
 void set_activation_checkpointing(ParallelizeContext& ctx, const config::ActivationCheckpoint& ac) {
   ctx.ac_mode = ac.mode;
   ctx.ac_check_recompute = ac.determinism_check != "none";
-  if (ctx.ac_mode == "memory_budget") ctx.ac_force_recompute = ac.per_op_sac_force_recompute_mm_shapes_by_fqns;
+  ctx.ac_force_recompute = ac.per_op_sac_force_recompute_mm_shapes_by_fqns;  // used by per-operator blocks only
   if (ctx.ac_mode != "selective") return;
   if (ac.selective_ac_option == "op") {
     ctx.ac_mode = ac.per_op_policy == "all_matmuls" ? "op_all_matmuls" : "op";
-    ctx.ac_force_recompute = ac.per_op_sac_force_recompute_mm_shapes_by_fqns;
     return;
   }
   int64_t k = 0;
