@@ -6,7 +6,8 @@
       warmup-stable-decay factor written from its definition.
   optim_reference.py adam IN.safetensors OUT.safetensors
       IN: "param.<i>" initial values, "grad.<k>.<i>" the gradient at step k, metadata "config"
-      {"name": "AdamW"|"Adam", "lr", "beta1", "beta2", "eps", "weight_decay", "fused": bool, "steps"}.
+      {"name": "AdamW"|"Adam", "lr", "beta1", "beta2", "eps", "weight_decay", "fused": bool, "steps",
+      "max_norm"}: before each step, torch.nn.utils.clip_grad_norm_ when max_norm > 0.
       OUT: "param.<i>" after the steps, "exp_avg.<i>", "exp_avg_sq.<i>".
 """
 
@@ -63,6 +64,8 @@ def adam(inp, out):
     for k in range(cfg["steps"]):
         for i, p in enumerate(params):
             p.grad = t[f"grad.{k}.{i}"].clone()
+        if cfg.get("max_norm", 0) > 0:
+            torch.nn.utils.clip_grad_norm_(params, cfg["max_norm"], foreach=True)
         opt.step()
     res = {}
     for i, p in enumerate(params):

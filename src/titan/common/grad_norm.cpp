@@ -14,12 +14,27 @@ at::Tensor grad_sum_of_squares(const std::vector<at::Tensor>& grads) {
   return at::stack(norms).square().sum();
 }
 
+namespace {
+
+// torch.nn.utils.clip_grad_norm_'s coefficient, in the norm's precision (fp64).
+at::Tensor clip_coefficient(const at::Tensor& total_norm, double max_norm) {
+  return (max_norm / (total_norm + 1e-6)).clamp_max(1.0);
+}
+
+}  // namespace
+
 void scale_grads_to_norm(const std::vector<at::Tensor>& grads, const at::Tensor& total_norm, double max_norm) {
   if (max_norm <= 0) return;
   at::NoGradGuard no_grad;
   if (grads.empty()) return;
-  at::Tensor coef = (max_norm / (total_norm + 1e-6)).clamp_max(1.0).to(grads[0].device(), at::kFloat);
+  at::Tensor coef = clip_coefficient(total_norm, max_norm).to(grads[0].device(), at::kFloat);
   at::_foreach_mul_(grads, coef);  // one multi-tensor kernel, the factor read on the device
+}
+
+at::Tensor clip_divisor(const at::Tensor& total_norm, double max_norm) {
+  if (max_norm <= 0) return {};
+  at::NoGradGuard no_grad;
+  return clip_coefficient(total_norm, max_norm).reciprocal().to(at::kFloat);
 }
 
 }  // namespace titan

@@ -136,14 +136,12 @@ double global_grad_norm(const std::vector<PlacedTensor>& params, Mesh& mesh) {
   return total_norm(params, mesh, grads).item<double>();
 }
 
-at::Tensor clip_grad_norm(const std::vector<PlacedTensor>& params, double max_norm, Mesh& mesh,
-                          const at::Tensor& poison, const std::vector<std::string>& sum_over,
-                          const std::vector<at::Tensor>& scaled_too) {
+std::pair<at::Tensor, at::Tensor> grad_norm_and_clip_divisor(const std::vector<PlacedTensor>& params, double max_norm,
+                                                             Mesh& mesh, const at::Tensor& poison,
+                                                             const std::vector<std::string>& sum_over) {
   std::vector<at::Tensor> grads;
   at::Tensor total = total_norm(params, mesh, grads, poison, sum_over);
-  grads.insert(grads.end(), scaled_too.begin(), scaled_too.end());
-  scale_grads_to_norm(grads, total, max_norm);
-  return total;
+  return {total, clip_divisor(total, max_norm)};
 }
 
 at::Tensor grad_norm_of(const std::vector<PlacedTensor>& params, const std::vector<at::Tensor>& norms, Mesh& mesh,

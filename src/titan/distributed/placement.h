@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace titan::dist {
@@ -73,19 +74,21 @@ Placement shard_in_place(at::Tensor& param, int64_t dim, const std::string& mesh
 double global_grad_norm(const std::vector<PlacedTensor>& params, Mesh& mesh);
 
 // Gradient clipping like torch.nn.utils.clip_grad_norm_ (coefficient max_norm / (norm + 1e-6),
-// clamped to 1) with the global norm above; max_norm <= 0 only measures. Returns the norm before
-// clipping as a scalar tensor on the mesh's device (read it when needed), equal on every rank.
+// clamped to 1) with the global norm above, the gradients left as they are: returns {norm, divisor}.
+// The norm before clipping: a scalar tensor on the mesh's device (read it when needed), equal on
+// every rank. The divisor (clip_divisor: 1 / coefficient, an fp32 scalar on the norm's device;
+// undefined when max_norm <= 0, which only measures) is for the optimizer to divide each gradient by
+// as it reads it (Optimizer::step), which saves a pass over every gradient.
 // poison (a scalar, 0 or +inf) is added to every partial sum before it is reduced, so that a value
 // one rank found bad (a non-finite loss) makes the norm infinite on every rank that rank's gradient
 // sums reach, with no extra collective.
 // sum_over: groups whose members hold different parameters altogether (pipeline stages, "pp"): the
-// total is summed over them too. scaled_too: gradients the norm does not count (copies of a
-// gradient counted on another rank) but that are scaled with the others.
-at::Tensor clip_grad_norm(const std::vector<PlacedTensor>& params, double max_norm, Mesh& mesh,
-                          const at::Tensor& poison = {}, const std::vector<std::string>& sum_over = {},
-                          const std::vector<at::Tensor>& scaled_too = {});
+// total is summed over them too.
+std::pair<at::Tensor, at::Tensor> grad_norm_and_clip_divisor(const std::vector<PlacedTensor>& params, double max_norm,
+                                                             Mesh& mesh, const at::Tensor& poison = {},
+                                                             const std::vector<std::string>& sum_over = {});
 
-// The norm clip_grad_norm measures, from each parameter's gradient norm taken earlier (norms[i] for
+// The norm grad_norm_and_clip_divisor measures, from each parameter's gradient norm taken earlier (norms[i] for
 // params[i]: fp64 0-dim, as at::_foreach_norm gives it; undefined where it had no gradient), for
 // gradients the optimizer has already consumed (optimizer.early_step_in_backward). Equal to the
 // norm of the gradients themselves bit for bit.

@@ -330,19 +330,18 @@ class DryMesh {
 
 int64_t nbytes(const at::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
-// dist::clip_grad_norm over the dry run's groups: the sum of squares of the gradients sharded over
-// the same groups is all-reduced over those groups (placement.cpp), the total (fp64) over the
-// `sum_over` groups (pp: every stage's gradients), then every gradient is scaled. consumed: the
+// dist::grad_norm_and_clip_divisor over the dry run's groups: the sum of squares of the gradients
+// sharded over the same groups is all-reduced over those groups (placement.cpp), the total (fp64)
+// over the `sum_over` groups (pp: every stage's gradients); returns the divisor the optimizer
+// applies (undefined when max_norm <= 0). consumed: the
 // gradients are gone (early_step_in_backward): the norm comes from their norms (dist::grad_norm_of),
 // with the same all-reduces.
-void clip_grad_norm(const std::vector<dist::PlacedTensor>& params, double max_norm, DryMesh& mesh,
-                    const std::vector<std::string>& sum_over, bool consumed = false) {
+at::Tensor clip_grad_norm(const std::vector<dist::PlacedTensor>& params, double max_norm, DryMesh& mesh,
+                          const std::vector<std::string>& sum_over, bool consumed = false) {
   std::map<std::vector<std::string>, std::vector<at::Tensor>> by_groups;
-  std::vector<at::Tensor> grads;
   for (const auto& p : params) {
     const at::Tensor g = p.local.grad();
     if (!g.defined() && !consumed) continue;
-    if (g.defined()) grads.push_back(g);
     std::set<std::string> names;
     for (const auto& s : p.placement.shards) names.insert(s.mesh_dim);
     by_groups[{names.begin(), names.end()}].push_back(g);
@@ -357,7 +356,7 @@ void clip_grad_norm(const std::vector<dist::PlacedTensor>& params, double max_no
   if (!sum_sq.defined()) sum_sq = at::zeros({}, at::TensorOptions().device(at::kMeta).dtype(at::kDouble));
   if (!sum_over.empty()) sum_sq = sum_sq.to(at::kDouble).contiguous();
   for (const auto& name : sum_over) mesh[name].all_reduce(sum_sq).wait();
-  scale_grads_to_norm(grads, sum_sq.sqrt(), max_norm);
+  return clip_divisor(sum_sq.sqrt(), max_norm);
 }
 
 DryRunResult run(const DryRunPlan& plan) {
@@ -561,8 +560,8 @@ DryRunResult run(const DryRunPlan& plan) {
       clip_grad_norm(params, 0, mesh, {}, /*consumed=*/true);
       optimizer.end_step();
     } else {
-      clip_grad_norm(params, plan.max_norm, mesh, pipelined ? std::vector<std::string>{"pp"} : std::vector<std::string>{});
-      optimizer.step();
+      optimizer.step(std::nullopt, clip_grad_norm(params, plan.max_norm, mesh,
+                                                  pipelined ? std::vector<std::string>{"pp"} : std::vector<std::string>{}));
     }
     if (plan.float8_options.precompute_float8_dynamic_scale_for_fsdp)  // as the trainer
       for (auto& dp : dps)

@@ -632,17 +632,17 @@ Trainer::StepOnDevice Trainer::run_step() {
   if (context_parallel_) (*mesh_)["cp"].all_reduce(loss_sum).wait();
   const at::Tensor bad_loss = at::where(at::isfinite(loss_sum), 0.0, std::numeric_limits<double>::infinity());
   // A copy of a parameter shared between pipeline stages (tied embeddings) counts once in the norm,
-  // on the primary copy's stage, and is scaled like the others (so the copies stay equal).
-  std::vector<at::Tensor> copies;
-  for (const SharedGradient& s : shared_gradients_)
-    if (!s.primary && params_[s.param].local.grad().defined()) copies.push_back(params_[s.param].local.grad());
-  at::Tensor grad_norm;
+  // on the primary copy's stage (norm_params_), and is clipped like the others (so the copies stay
+  // equal): the optimizer divides every gradient it steps.
+  at::Tensor grad_norm, clip_divisor;
   if (early_step_) {  // the gradients are gone (and not clipped: max_norm has no effect): the norm from theirs
     grad_norm = dist::grad_norm_of(params_, early_norms_, *mesh_, bad_loss);
     std::fill(early_norms_.begin(), early_norms_.end(), at::Tensor());
   } else {
-    grad_norm = dist::clip_grad_norm(shared_gradients_.empty() ? params_ : norm_params_, tr.max_norm, *mesh_, bad_loss,
-                                     pipeline_ ? std::vector<std::string>{"pp"} : std::vector<std::string>{}, copies);
+    // Clipping is applied by the optimizer as it reads the gradients, not by a pass of its own.
+    std::tie(grad_norm, clip_divisor) =
+        dist::grad_norm_and_clip_divisor(shared_gradients_.empty() ? params_ : norm_params_, tr.max_norm, *mesh_,
+                                         bad_loss, pipeline_ ? std::vector<std::string>{"pp"} : std::vector<std::string>{});
   }
   // Global average loss (sum over ranks) and the largest local average.
   at::Tensor local_avg = loss_sum * (global_tokens / local_tokens);
@@ -661,7 +661,7 @@ Trainer::StepOnDevice Trainer::run_step() {
   if (early_step_)
     optimizer_->end_step();  // every parameter was updated in backward
   else
-    optimizer_->step(nonfinite.to(at::kFloat));
+    optimizer_->step(nonfinite.to(at::kFloat), clip_divisor);
   if (precompute_float8_scales_)  // the next step's float8 all-gathers cast with these scales
     for (const auto& dp : data_parallel_)
       if (dp->fsdp()) dp->fsdp()->precompute_float8_scales();

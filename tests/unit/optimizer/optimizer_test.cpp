@@ -2,6 +2,7 @@
 #include "test_util.h"
 
 #include "titan/common/error.h"
+#include "titan/common/grad_norm.h"
 #include "titan/components/checkpoint/safetensors.h"
 #include "titan/components/optimizer/lr_scheduler.h"
 #include "titan/components/optimizer/optimizer.h"
@@ -75,22 +76,27 @@ TEST(LRSchedule, DebugModelValues) {
   EXPECT_THROW(LRSchedule({2, 0.8, "exponential", 0.0}, 10), UserError);
 }
 
-class AdamParity : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
+// max_norm > 0: each step's gradients clipped as torch.nn.utils.clip_grad_norm_ does, by the
+// divisor the optimizer applies as it reads them (the trainer's way), on steps that clip and steps
+// that do not.
+class AdamParity : public ::testing::TestWithParam<std::tuple<std::string, std::string, double>> {};
 
 TEST_P(AdamParity, MatchesTorchOptim) {
-  const auto& [name, impl] = GetParam();
+  const auto& [name, impl, max_norm] = GetParam();
   const int steps = 5;
   std::vector<at::Tensor> init = {at::randn({7, 5}), at::randn({11}), at::randn({3, 4, 2})};
   safetensors::Tensors in;
   for (size_t i = 0; i < init.size(); ++i) in["param." + std::to_string(i)] = init[i];
   for (int k = 0; k < steps; ++k)
-    for (size_t i = 0; i < init.size(); ++i) in["grad." + std::to_string(k) + "." + std::to_string(i)] = at::randn_like(init[i]);
+    for (size_t i = 0; i < init.size(); ++i)  // norms about 4, 6, 8, 10, 13: the first steps unclipped
+      in["grad." + std::to_string(k) + "." + std::to_string(i)] = at::randn_like(init[i]) * (0.5 + 0.25 * k);
   OptimizerOptions o;
   o.name = name;
   o.implementation = impl;
   o.lr = 1e-2;
   nlohmann::json cfg = {{"name", name}, {"lr", o.lr}, {"beta1", o.beta1}, {"beta2", o.beta2}, {"eps", o.eps},
-                        {"weight_decay", o.weight_decay}, {"fused", impl == "fused"}, {"steps", steps}};
+                        {"weight_decay", o.weight_decay}, {"fused", impl == "fused"}, {"steps", steps},
+                        {"max_norm", max_norm}};
   test::TempDir dir;
   safetensors::save(dir / "in.safetensors", in, {{"config", cfg.dump()}});
   auto r = test::run_process({test::python(), kScript, "adam", dir / "in.safetensors", dir / "out.safetensors"});
@@ -100,10 +106,18 @@ TEST_P(AdamParity, MatchesTorchOptim) {
   std::vector<std::pair<std::string, at::Tensor>> named;
   for (size_t i = 0; i < init.size(); ++i) named.emplace_back(std::to_string(i), init[i].clone().requires_grad_(true));
   Optimizer opt(named, o);
+  int clipped = 0;
   for (int k = 0; k < steps; ++k) {
     for (size_t i = 0; i < init.size(); ++i)
       named[i].second.mutable_grad() = in["grad." + std::to_string(k) + "." + std::to_string(i)].clone();
-    opt.step();
+    std::vector<at::Tensor> grads;
+    for (const auto& [n, p] : named) grads.push_back(p.grad());
+    const at::Tensor norm = grad_sum_of_squares(grads).sqrt();
+    clipped += max_norm > 0 && norm.item<double>() > max_norm;
+    opt.step(std::nullopt, clip_divisor(norm, max_norm));
+  }
+  if (max_norm > 0) {
+    EXPECT_TRUE(clipped > 0 && clipped < steps) << clipped << " of " << steps << " steps clipped";
   }
   auto state = opt.state_dict();
   // Same kernels (fused) or the same sequence of operations (for-loop): agreement to fp32 rounding.
@@ -118,9 +132,11 @@ TEST_P(AdamParity, MatchesTorchOptim) {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, AdamParity,
-                         ::testing::Combine(::testing::Values("AdamW", "Adam"), ::testing::Values("fused", "for-loop")),
+                         ::testing::Combine(::testing::Values("AdamW", "Adam"), ::testing::Values("fused", "for-loop"),
+                                            ::testing::Values(0.0, 8.0)),
                          [](const auto& info) {
-                           std::string n = std::get<0>(info.param) + "_" + std::get<1>(info.param);
+                           std::string n = std::get<0>(info.param) + "_" + std::get<1>(info.param) +
+                                           (std::get<2>(info.param) > 0 ? "_clipped" : "");
                            for (auto& ch : n) if (ch == '-') ch = '_';
                            return n;
                          });

@@ -445,8 +445,7 @@ TITAN_TEST_WORKER_FN(estimate_comm) {
       dp.after_backward(micro == accum - 1);
       loss_sum += loss.detach();
     }
-    dist::clip_grad_norm(params, 1.0, mesh);
-    optimizer.step();
+    optimizer.step(std::nullopt, dist::grad_norm_and_clip_divisor(params, 1.0, mesh).second);
     at::Tensor local_max = loss_sum.clone();
     mesh["dp"].all_reduce(loss_sum).wait();
     mesh["dp"].all_reduce(local_max, c10d::ReduceOp::MAX).wait();

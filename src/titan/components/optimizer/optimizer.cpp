@@ -52,10 +52,10 @@ void Optimizer::zero_grad() {
   for (auto& s : params_) s.param.mutable_grad() = at::Tensor();
 }
 
-void Optimizer::step(const std::optional<at::Tensor>& skip) {
+void Optimizer::step(const std::optional<at::Tensor>& skip, const at::Tensor& grad_divisor) {
   std::vector<ParamState*> all;
   for (auto& s : params_) all.push_back(&s);
-  update(all, skip);
+  update(all, skip, grad_divisor);
   ++steps_;
 }
 
@@ -69,23 +69,28 @@ void Optimizer::step_parameters(const std::vector<at::Tensor>& params, const std
   update(states, skip);
 }
 
-void Optimizer::update(const std::vector<ParamState*>& states, const std::optional<at::Tensor>& skip) {
+void Optimizer::update(const std::vector<ParamState*>& states, const std::optional<at::Tensor>& skip,
+                       const at::Tensor& grad_divisor) {
   at::NoGradGuard no_grad;
   ensure_state();
   if (opts_.implementation == "for-loop") {
     if (skip && skip->item<float>() != 0) return;  // this implementation reads the step on the host anyway
-    for (ParamState* s : states)
-      if (s->param.grad().defined()) step_for_loop(*s);
+    for (ParamState* s : states) {
+      if (!s->param.grad().defined()) continue;
+      if (grad_divisor.defined()) s->param.mutable_grad().div_(grad_divisor.to(s->param.device()));
+      step_for_loop(*s);
+    }
     return;
   }
   // The fused kernels take lists whose tensors share device and dtype.
   std::map<std::pair<std::string, at::ScalarType>, std::vector<ParamState*>> groups;
   for (ParamState* s : states)
     if (s->param.grad().defined()) groups[{s->param.device().str(), s->param.scalar_type()}].push_back(s);
-  for (auto& [key, group] : groups) step_fused(group, skip);
+  for (auto& [key, group] : groups) step_fused(group, skip, grad_divisor);
 }
 
-void Optimizer::step_fused(const std::vector<ParamState*>& group, const std::optional<at::Tensor>& skip) {
+void Optimizer::step_fused(const std::vector<ParamState*>& group, const std::optional<at::Tensor>& skip,
+                           const at::Tensor& grad_divisor) {
   std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
   for (auto* s : group) {
     params.push_back(s->param);
@@ -100,14 +105,18 @@ void Optimizer::step_fused(const std::vector<ParamState*>& group, const std::opt
   // found_inf (1.0: skip) is read by the kernels on the device, so skipping costs no host sync.
   std::optional<at::Tensor> found_inf;
   if (skip) found_inf = skip->to(params.front().device(), at::kFloat);
+  // (the kernels divide each gradient by it as they read it, and store the quotient back: one more
+  // write of the gradients, in place of a kernel that reads and writes them)
+  std::optional<at::Tensor> grad_scale;
+  if (grad_divisor.defined()) grad_scale = grad_divisor.to(params.front().device(), at::kFloat);
   if (decoupled_) {
     at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr_, opts_.beta1,
                       opts_.beta2, opts_.weight_decay, opts_.eps, /*amsgrad=*/false, /*maximize=*/false,
-                      /*grad_scale=*/std::nullopt, found_inf);
+                      grad_scale, found_inf);
   } else {
     at::_fused_adam_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr_, opts_.beta1,
                      opts_.beta2, opts_.weight_decay, opts_.eps, /*amsgrad=*/false, /*maximize=*/false,
-                     /*grad_scale=*/std::nullopt, found_inf);
+                     grad_scale, found_inf);
   }
   if (found_inf) at::_foreach_sub_(steps, at::TensorList(std::vector<at::Tensor>(steps.size(), *found_inf)));
 }

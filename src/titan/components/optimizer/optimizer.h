@@ -41,7 +41,10 @@ class Optimizer {
   // One update of every parameter that has a gradient, at the current learning rate.
   // skip: a float scalar (any device); 1 leaves parameters, moments and step counts unchanged. The
   // fused kernels read it on the device, so deciding to skip needs no host synchronization.
-  void step(const std::optional<at::Tensor>& skip = std::nullopt);
+  // grad_divisor: an fp32 scalar (any device) every gradient is divided by first, in place (gradient
+  // clipping, dist::grad_norm_and_clip_divisor): the fused kernels divide as they read each gradient,
+  // so clipping costs no pass of its own; undefined: none.
+  void step(const std::optional<at::Tensor>& skip = std::nullopt, const at::Tensor& grad_divisor = {});
   void zero_grad();  // drops the gradients (set to undefined), like set_to_none=True
   // optimizer.early_step_in_backward: the update of step() for `params` only (each one of this
   // optimizer's parameters, by identity; those without a gradient are left alone), inside the
@@ -70,8 +73,10 @@ class Optimizer {
     at::Tensor param, exp_avg, exp_avg_sq, step;  // step: fp32 scalar on the parameter's device
   };
   void ensure_state() const;
-  void update(const std::vector<ParamState*>& states, const std::optional<at::Tensor>& skip);
-  void step_fused(const std::vector<ParamState*>& group, const std::optional<at::Tensor>& skip);
+  void update(const std::vector<ParamState*>& states, const std::optional<at::Tensor>& skip,
+              const at::Tensor& grad_divisor = {});
+  void step_fused(const std::vector<ParamState*>& group, const std::optional<at::Tensor>& skip,
+                  const at::Tensor& grad_divisor);
   void step_for_loop(ParamState& s);
 
   OptimizerOptions opts_;
