@@ -115,12 +115,17 @@ struct FSDP::Unit {
     return buffer.view({n, shard_numel}).slice(1, p.offset, p.offset + p.shard_rows * p.row).view({n, p.shard_rows, p.row});
   }
 
-  // rows (R, row) <-> pieces (N, s, row): the first R of the N·s padded rows.
-  static void for_each_rank_rows(const Param& p, int64_t n, const std::function<void(int64_t r, int64_t begin, int64_t end)>& f) {
-    for (int64_t r = 0; r < n; ++r) {
-      const int64_t begin = std::min(p.rows, r * p.shard_rows), end = std::min(p.rows, (r + 1) * p.shard_rows);
-      if (end > begin) f(r, begin, end);
-    }
+  // rows (R, row) <-> pieces (N, s, row): the first R of the N·s padded rows, as two copies whatever
+  // N (the ranks' whole pieces as one (R / s, s, row) block, then the part of the next rank's), not
+  // one per rank: a small weight on a large shard group would otherwise cost N kernels per pass.
+  // copy(rows_part, pieces_part) is called with views of equal shape.
+  static void copy_rows(const Param& p, const at::Tensor& rows, const at::Tensor& pieces,
+                        const std::function<void(const at::Tensor&, const at::Tensor&)>& copy) {
+    if (p.shard_rows == 0) return;
+    const int64_t whole = p.rows / p.shard_rows, rest = p.rows - whole * p.shard_rows;
+    if (whole > 0)
+      copy(rows.slice(0, 0, whole * p.shard_rows).view({whole, p.shard_rows, p.row}), pieces.slice(0, 0, whole));
+    if (rest > 0) copy(rows.slice(0, whole * p.shard_rows, p.rows), pieces[whole].slice(0, 0, rest));
   }
 
   // The unit's name in traces: its module prefix without the final dot ("layers.0"), "root" for the
@@ -191,7 +196,7 @@ struct FSDP::Unit {
     if (p.rows == n * p.shard_rows) {
       dst.view({n, p.shard_rows, p.row}).copy_(src);
     } else {
-      for_each_rank_rows(p, n, [&](int64_t r, int64_t b, int64_t e) { dst.slice(0, b, e).copy_(src[r].slice(0, 0, e - b)); });
+      copy_rows(p, dst, src, [](const at::Tensor& rows, const at::Tensor& piece) { rows.copy_(piece); });
     }
   }
 
@@ -305,7 +310,7 @@ struct FSDP::Unit {
       if (p.rows == n * p.shard_rows) {
         dst.copy_(rows.view({n, p.shard_rows, p.row}));
       } else {
-        for_each_rank_rows(p, n, [&](int64_t r, int64_t b, int64_t e) { dst[r].slice(0, 0, e - b).copy_(rows.slice(0, b, e)); });
+        copy_rows(p, rows, dst, [](const at::Tensor& rows, const at::Tensor& piece) { piece.copy_(rows); });
       }
       p.full.mutable_grad() = at::Tensor();
     }
