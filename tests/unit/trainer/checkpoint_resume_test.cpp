@@ -107,6 +107,10 @@ TEST(CheckpointResume, KeepLatestKKeepsExactlyK) {
   ASSERT_EQ(saved.size(), 3u);
   EXPECT_EQ(saved.begin()->first, 5);
   EXPECT_EQ(saved.rbegin()->first, 7);
+  // The older ones deleted (in the background) by the time the run ends: no step-N.deleting left.
+  std::vector<std::string> entries;
+  for (const auto& e : std::filesystem::directory_iterator(dir / "checkpoint")) entries.push_back(e.path().filename());
+  EXPECT_EQ(entries.size(), 3u) << ::testing::PrintToString(entries);
 }
 
 TEST(CheckpointResume, KeepLatestKAfterLoadStepKeepsWhatThisRunSaved) {

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <regex>
 #include <set>
+#include <thread>
 
 namespace titan::checkpoint {
 namespace fs = std::filesystem;
@@ -240,18 +241,29 @@ void Checkpointer::finish_save(int64_t step) {
   for (const auto& [s, dir] : all)
     if (s < step) older.push_back(dir);
   const int64_t keep_older = cfg_.keep_latest_k - 1;
+  if (deleter_.joinable()) deleter_.join();
+  std::vector<std::string> doomed;
   for (int64_t i = 0; i + keep_older < static_cast<int64_t>(older.size()); ++i) {
     // Renamed first (atomic): a deletion cut short leaves step-N.deleting, removed by the next run.
     std::error_code ec;
-    const std::string doomed = older[i] + ".deleting";
-    fs::rename(older[i], doomed, ec);
+    fs::rename(older[i], older[i] + ".deleting", ec);
     if (ec) fs::remove(fs::path(older[i]) / kIndexFile, ec);  // at least no longer a checkpoint
-    fs::remove_all(ec ? older[i] : doomed, ec);
+    doomed.push_back(ec ? older[i] : older[i] + ".deleting");
   }
+  // The files themselves (two per rank) in the background: the other ranks are already in the next
+  // step's collectives, which must not wait for a file system's thousands of deletions.
+  if (!doomed.empty())
+    deleter_ = std::thread([doomed = std::move(doomed)] {
+      for (const auto& dir : doomed) {
+        std::error_code ec;
+        fs::remove_all(dir, ec);
+      }
+    });
 }
 
 void Checkpointer::wait() {
   if (worker_.joinable()) worker_.join();
+  if (deleter_.joinable()) deleter_.join();
   check();
 }
 

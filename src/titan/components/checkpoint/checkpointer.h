@@ -49,7 +49,8 @@ class Checkpointer {
   // checkpoints. A folder of that step holding a model-only or Hugging Face export is moved aside
   // (step-N.export), with a log line, rather than replaced by a save of the full state.
   void save(int64_t step, Snapshot snap);
-  // Waits for the background save, rethrowing its failure as a UserError.
+  // Waits for the background save (and rank 0's deletion of older checkpoints), rethrowing its
+  // failure as a UserError.
   void wait();
   // Rethrows the failure of a finished background save, if any (called every step).
   void check();
@@ -70,6 +71,9 @@ class Checkpointer {
   std::unique_ptr<Coordinator> coord_;
   std::function<void(const std::string&)> log_;
   std::thread worker_;
+  // rank 0: removes the checkpoints keep_latest_k let go (renamed step-N.deleting first), while the
+  // other ranks train on; joined before the next one starts and by wait().
+  std::thread deleter_;
   std::mutex mutex_;
   std::exception_ptr error_;
   Snapshot previous_;
