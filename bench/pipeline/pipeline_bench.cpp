@@ -25,6 +25,7 @@
 #include "titan/config/job_config.h"
 #include "titan/distributed/pipeline.h"
 #include "titan/distributed/pipeline_schedule.h"
+#include "titan/tools/estimate.h"
 #include "titan/trainer/trainer.h"
 
 #include <c10/util/Exception.h>
@@ -74,6 +75,7 @@ int run_worker(std::vector<std::string> args) {
   TITAN_USER_CHECK(warmup >= 1 && measure >= 1, "--warmup and --measure need at least one step each");
   const JobConfig cfg = parse_config(args);
 
+  set_memory_budget_planner(memory_budget_plan);  // as titan train does (activation_checkpoint.mode memory_budget)
   Trainer trainer(cfg);
   const dist::PipelineRunner* runner = trainer.pipeline();
   TITAN_USER_CHECK(runner, "titan_pipeline_bench needs parallelism.pipeline_parallel_degree > 1");

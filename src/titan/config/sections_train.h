@@ -193,8 +193,9 @@ struct ActivationCheckpoint {
       {"every_other_matmul", "all_matmuls"});
     v(memory_budget, "memory_budget", "memory_budget mode: 0 recomputes most, 1 recomputes least");
     v(per_op_sac_force_recompute_mm_shapes_by_fqns, "per_op_sac_force_recompute_mm_shapes_by_fqns",
-      "selective_ac_option 'op': Linear layers whose name contains one of these are always recomputed and not "
-      "counted by the every-other-matmul policy");
+      "per-operator checkpointing (selective_ac_option 'op', and memory_budget's per-operator blocks): Linear "
+      "layers whose name contains one of these are always recomputed and not counted by the every-other-matmul "
+      "policy");
     v(determinism_check, "determinism_check",
       "default: a recomputed block must give an output of the forward's shape, dtype and device (else an error "
       "naming the block); none: no check",

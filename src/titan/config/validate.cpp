@@ -137,7 +137,9 @@ void validate_config(const JobConfig& cfg) {
   TITAN_USER_CHECK(ac.per_op_policy == "every_other_matmul" || (ac.mode == "selective" && ac.selective_ac_option == "op"),
                    "activation_checkpoint.per_op_policy '", ac.per_op_policy, "' chooses what the per-operator policy "
                    "keeps, which runs only with mode = \"selective\" and selective_ac_option = \"op\" (mode is '",
-                   ac.mode, "', selective_ac_option '", ac.selective_ac_option, "'): set those, or leave per_op_policy out");
+                   ac.mode, "', selective_ac_option '", ac.selective_ac_option, "')",
+                   ac.mode == "memory_budget" ? "; memory_budget chooses each block's policy itself" : "",
+                   ": set those, or leave per_op_policy out");
 
   const auto& v = cfg.validation;
   positive(v.freq, "validation.freq");

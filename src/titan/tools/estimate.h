@@ -19,6 +19,7 @@
 #include "titan/trainer/trainer.h"
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -129,5 +130,23 @@ std::string format_estimate(const Estimate& e);
 // this config on `world_size` ranks computing on `device` (what titan train installs with
 // set_memory_budget_planner).
 MemoryBudgetPlan memory_budget_plan(const JobConfig& cfg, int64_t world_size, const std::string& device);
+
+// What memory_budget_plan does with the dry runs' figures. The budget b places the activations alive
+// at the end of forward (the worst pipeline rank's; `activations` measures them for one mode per
+// block) between those of checkpointing every block in full (b = 0) and of none (b = 1), as
+// torchtitan's budget places its compiled partitioner: at most A_full + b (A_none - A_full). The
+// cheapest recomputation comes first: blocks move from none to per operator with every matmul kept,
+// then to per operator with every other matmul kept, then to in full (each rung recomputes what the
+// one before does and more); a rung that saves nothing over the one below is skipped. Between two
+// neighbouring rungs the first k blocks of memory_budget_upgrade_order take the higher, the fewest k
+// whose activations meet the bound (bisected: about log2(blocks) more measurements after the four
+// uniform ones).
+MemoryBudgetPlan resolve_memory_budget(double budget, int64_t blocks,
+                                       const std::function<int64_t(const std::vector<std::string>&)>& activations);
+// The order in which memory_budget moves blocks to a costlier mode: every prefix spread evenly over
+// the layer ids (0, n/2, n/4, 3n/4, ...), and the blocks chosen for k are those for k - 1 and one
+// more, so that no pipeline rank's share falls as k grows (the activations fall with k, which the
+// bisection needs).
+std::vector<int64_t> memory_budget_upgrade_order(int64_t blocks);
 
 }  // namespace titan

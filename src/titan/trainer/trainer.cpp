@@ -302,7 +302,16 @@ dist::DataParallelOptions Trainer::apply_parallelisms(const ModelSpec& spec, con
   set_activation_checkpointing(pctx, cfg_.activation_checkpoint);
   if (pctx.ac_mode == "memory_budget") {
     TITAN_ASSERT(memory_budget_planner(), "no memory_budget planner installed (set_memory_budget_planner)");
-    MemoryBudgetPlan budget = memory_budget_planner()(cfg_, env_.world_size, device_.is_cuda() ? "cuda" : "cpu");
+    MemoryBudgetPlan budget;
+    try {
+      budget = memory_budget_planner()(cfg_, env_.world_size, device_.is_cuda() ? "cuda" : "cpu");
+    } catch (const UserError&) {
+      throw;  // what is wrong with the config, said as titan estimate says it
+    } catch (const std::exception& e) {
+      throw UserError(std::string("activation_checkpoint.mode 'memory_budget' places the activations by dry runs "
+                                  "of this config (titan estimate's), which failed: ") +
+                      e.what() + "\nChoose another activation_checkpoint.mode (full, selective or none)");
+    }
     pctx.ac_mode = "per_block";
     pctx.ac_block_modes = std::move(budget.block_modes);
     ac_plan_words_ = budget.words;

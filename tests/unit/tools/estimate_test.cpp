@@ -670,6 +670,79 @@ TEST(Estimate, MemoryBudgetPlacesTheActivationsBetweenFullAndNone) {
   EXPECT_GT(worst(pp_half), worst(pp_full));
 }
 
+// The order memory_budget upgrades blocks in: a permutation whose every prefix of k blocks is spread
+// over the layer ids (no gap between chosen ids, cyclically, above 2n/k + 1).
+TEST(Estimate, MemoryBudgetUpgradeOrderSpreadsEveryPrefix) {
+  for (int64_t n : {1, 2, 3, 6, 7, 32, 61, 126}) {
+    SCOPED_TRACE(n);
+    const std::vector<int64_t> order = memory_budget_upgrade_order(n);
+    ASSERT_EQ(static_cast<int64_t>(order.size()), n);
+    EXPECT_EQ(std::set<int64_t>(order.begin(), order.end()).size(), static_cast<size_t>(n));
+    for (int64_t k = 1; k <= n; ++k) {
+      std::vector<int64_t> chosen(order.begin(), order.begin() + k);
+      std::sort(chosen.begin(), chosen.end());
+      EXPECT_GE(chosen.front(), 0);
+      EXPECT_LT(chosen.back(), n);
+      int64_t gap = chosen.front() + n - chosen.back();
+      for (size_t i = 1; i < chosen.size(); ++i) gap = std::max(gap, chosen[i] - chosen[i - 1]);
+      EXPECT_LE(gap, 2 * n / k + 1) << "k " << k;
+    }
+  }
+}
+
+// resolve_memory_budget on a model of measurements whose pipeline ranks hold layers that are not
+// contiguous (an interleaved schedule: rank 0 holds 0-3 and 17-20 of 32) and weigh differently (the
+// first rank holds more microbatches in flight). For every budget: the bound holds, the plan is
+// the first k blocks of the upgrade order at one rung over the rung below, and k - 1 would not meet
+// the bound (the fewest); budgets 0 and 1 give all full and all none.
+TEST(Estimate, MemoryBudgetChoosesTheFewestBlocksOnInterleavedRanks) {
+  const std::vector<std::vector<int64_t>> ranks = {
+      {0, 1, 2, 3, 17, 18, 19, 20}, {4, 5, 6, 7, 8, 21, 22, 23, 24}, {9, 10, 11, 12, 25, 26, 27, 28}, {13, 14, 15, 16, 29, 30, 31}};
+  const std::map<std::string, int64_t> cost = {{"none", 100}, {"op_all_matmuls", 70}, {"op", 40}, {"full", 10}};
+  const int64_t n = 32;
+  int64_t measurements = 0;
+  auto activations = [&](const std::vector<std::string>& modes) {
+    ++measurements;
+    EXPECT_EQ(static_cast<int64_t>(modes.size()), n);
+    int64_t most = 0;
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      int64_t sum = 0;
+      for (int64_t b : ranks[r]) sum += cost.at(modes[b]);
+      most = std::max(most, sum * static_cast<int64_t>(ranks.size() - r));  // rank r: pp - r microbatches
+    }
+    return most;
+  };
+  const std::vector<std::string> ladder = {"none", "op_all_matmuls", "op", "full"};
+  const int64_t a_none = activations(std::vector<std::string>(n, "none"));
+  const int64_t a_full = activations(std::vector<std::string>(n, "full"));
+  const std::vector<int64_t> order = memory_budget_upgrade_order(n);
+  for (int step = 0; step <= 40; ++step) {
+    const double b = step / 40.0;
+    SCOPED_TRACE(b);
+    measurements = 0;
+    const MemoryBudgetPlan plan = resolve_memory_budget(b, n, activations);
+    EXPECT_LE(measurements, 4 + 6);  // the four rungs, then a bisection over 32 blocks
+    const double target = a_full + b * static_cast<double>(a_none - a_full);
+    ASSERT_EQ(static_cast<int64_t>(plan.block_modes.size()), n);
+    EXPECT_LE(activations(plan.block_modes), target);
+    if (step == 0) EXPECT_EQ(activations(plan.block_modes), a_full);  // (blocks off the worst rank may stay cheaper)
+    if (step == 40) EXPECT_EQ(std::set<std::string>(plan.block_modes.begin(), plan.block_modes.end()), std::set<std::string>{"none"});
+    // Which rungs: the costliest present is `high`, the one below it `low`; the first k of the order
+    // are at high, the others at low.
+    size_t high = 0;
+    for (size_t i = 0; i < ladder.size(); ++i)
+      if (std::count(plan.block_modes.begin(), plan.block_modes.end(), ladder[i])) high = i;
+    const int64_t k = std::count(plan.block_modes.begin(), plan.block_modes.end(), ladder[high]);
+    if (high == 0 || k == n) continue;  // uniform: all none (budget 1), or one whole rung
+    std::vector<std::string> expected(n, ladder[high - 1]);
+    for (int64_t i = 0; i < k; ++i) expected[order[i]] = ladder[high];
+    EXPECT_TRUE(plan.block_modes == expected) << plan.words;
+    std::vector<std::string> fewer(n, ladder[high - 1]);
+    for (int64_t i = 0; i + 1 < k; ++i) fewer[order[i]] = ladder[high];
+    EXPECT_GT(activations(fewer), target) << "k - 1 = " << k - 1 << " blocks would do: " << plan.words;
+  }
+}
+
 // One process in bf16 autocast (no FSDP): the dry run's layers take the dtypes a CUDA run's do. A
 // float8 layer saves its input (as a bf16 linear layer does) and its fp32 weight, which is a
 // parameter, where the bf16 layer saves autocast's bf16 copy of its weight: the float8 model's
