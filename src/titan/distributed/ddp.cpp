@@ -10,28 +10,29 @@ struct DDP::Bucket {
   DDP* ddp;
   std::vector<at::Tensor> params;
   size_t ready = 0;
+  bool complete = false;  // every gradient accumulated in this backward
   at::Tensor flat;
   Work work;
   bool in_flight = false;
 
   void on_grad_ready() {
     if (!ddp->sync_ || ++ready < params.size()) return;
-    all_reduce();
-    if (ddp->gradients_ready_)  // the buckets issued before this one are final (the others still fill)
-      for (auto& b : ddp->buckets_)
-        if (b.get() != this && b->in_flight) b->finish();
+    complete = true;
+    ddp->issue_ready_buckets();
   }
 
-  // Flattens the bucket's gradients and issues their all-reduce.
+  // Flattens the bucket's gradients (missing ones as zeros: a parameter this rank's forward did not
+  // use, whose gradient is then the other ranks' sum) and issues their all-reduce.
   void all_reduce() {
     std::vector<at::Tensor> grads;
-    for (auto& p : params) grads.push_back(p.grad().reshape({-1}));
+    for (auto& p : params) grads.push_back(p.grad().defined() ? p.grad().reshape({-1}) : at::zeros({p.numel()}, p.options()));
     flat = at::cat(grads);
     work = ddp->group_.all_reduce(flat);
     in_flight = true;
   }
 
   void finish() {
+    complete = false;
     if (!in_flight) {
       ready = 0;
       return;
@@ -40,7 +41,11 @@ struct DDP::Bucket {
     int64_t offset = 0;
     for (auto& p : params) {
       const int64_t n = p.numel();
-      p.mutable_grad().copy_(flat.slice(0, offset, offset + n).view(p.sizes()));
+      const at::Tensor summed = flat.slice(0, offset, offset + n).view(p.sizes());
+      if (p.grad().defined())
+        p.mutable_grad().copy_(summed);
+      else  // unused by this rank's forward: the other ranks' sum
+        p.mutable_grad() = summed.clone();
       offset += n;
     }
     flat.reset();
@@ -80,12 +85,29 @@ DDP::~DDP() {
   for (auto& p : params_) torch::autograd::impl::set_post_acc_grad_hooks(p, nullptr);
 }
 
+void DDP::issue(Bucket& bucket) {
+  bucket.all_reduce();
+  ++next_bucket_;
+  if (gradients_ready_)  // the buckets issued before this one are final (the others still fill)
+    for (auto& b : buckets_)
+      if (b.get() != &bucket && b->in_flight) b->finish();
+}
+
+void DDP::issue_ready_buckets() {
+  while (next_bucket_ < buckets_.size() && buckets_[next_bucket_]->complete) issue(*buckets_[next_bucket_]);
+}
+
 void DDP::finish_backward() {
+  // Buckets left (a parameter this rank did not use): issued now, still in bucket order.
+  at::NoGradGuard no_grad;
+  while (next_bucket_ < buckets_.size()) issue(*buckets_[next_bucket_]);
   for (auto& b : buckets_) b->finish();
+  next_bucket_ = 0;
 }
 
 void DDP::all_reduce_now() {
   at::NoGradGuard no_grad;
+  next_bucket_ = 0;
   for (auto& b : buckets_) {
     b->finish();  // anything a synced backward left in flight
     for (auto& p : b->params)

@@ -1,7 +1,10 @@
 // DDP: every rank holds the whole model; after backward the gradients are summed across the
 // replicate group. Gradients are grouped into buckets (in the reverse order of the parameters, the
 // order backward produces them); as soon as every gradient of a bucket is accumulated, the bucket is
-// flattened and all-reduced asynchronously, overlapping the rest of the backward.
+// flattened and all-reduced asynchronously, overlapping the rest of the backward. Buckets are
+// all-reduced in one order on every rank (a bucket waits for those before it), as NCCL's collectives
+// must be issued: a bucket holding a parameter this rank's forward did not use is issued by
+// finish_backward (its missing gradients as zeros), after the ones before it.
 //
 // Gradients are summed, not averaged: the trainer's loss is divided by the tokens of the global
 // batch already. With gradient accumulation, call set_sync(false) for all but the last micro-batch.
@@ -39,7 +42,10 @@ class DDP {
   struct Bucket;
 
  private:
+  void issue(Bucket& bucket);   // all-reduces the next bucket in order
+  void issue_ready_buckets();   // issues the complete buckets at the head of the order
   Group& group_;
+  size_t next_bucket_ = 0;      // the next bucket to issue in this backward
   bool sync_ = true;
   GradientsReady gradients_ready_;
   std::vector<at::Tensor> params_;

@@ -397,6 +397,61 @@ TITAN_TEST_WORKER_FN(fsdp_unused_on_one_rank) {
   return 0;
 }
 
+// The same for DDP, one bucket per parameter: the buckets holding outer.b (unused on rank 1) are
+// all-reduced by rank 1 at the end of its backward, after the buckets before them, so both ranks
+// issue every bucket in one order (Gloo, like NCCL, matches collectives by order).
+TITAN_TEST_WORKER_FN(ddp_unused_on_one_rank) {
+  const int rank = env_int("TITAN_TEST_RANK");
+  at::set_num_threads(1);
+  auto store = dist::make_tcp_store("127.0.0.1", static_cast<uint16_t>(env_int("TITAN_TEST_PORT")), false, 60s);
+  dist::ParallelDims dims(2, 1, 1, 1, 1, 2);
+  dist::Mesh mesh(dims, rank, store, dist::BackendKind::Gloo, 20s);  // a mismatch fails within 20 s
+  auto init = [](Net& n) {
+    at::NoGradGuard g;
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(3);
+    for (auto& p : n.parameters()) p.copy_(at::randn(p.sizes(), gen) * 0.3);
+  };
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(9);
+  const at::Tensor x = at::randn({2, 4, 16}, gen);  // rank r uses x[r]
+  Net ref;
+  init(ref);
+  for (int r = 0; r < 2; ++r) {
+    ref.outer->skip_b = r == 1;
+    ref.forward(x[r]).square().sum().backward();
+  }
+  Net par;
+  init(par);
+  par.outer->skip_b = rank == 1;
+  std::vector<std::pair<std::string, at::Tensor>> named;
+  for (const auto& p : par.named_parameters()) named.emplace_back(p.key(), p.value());
+  dist::DDP ddp(named, mesh["dp_replicate"], /*bucket_bytes=*/1);
+  TITAN_WORKER_CHECK(ddp.num_buckets() == named.size(), "one bucket per parameter, got %zu", ddp.num_buckets());
+  auto ref_params = ref.named_parameters();
+  for (int step = 0; step < 2; ++step) {  // twice: the per-backward state is reset
+    for (auto& [n, p] : named) p.mutable_grad() = at::Tensor();
+    par.forward(x[rank]).square().sum().backward();
+    ddp.finish_backward();
+    for (const auto& [n, p] : named) {
+      TITAN_WORKER_CHECK(p.grad().defined(), "step %d: %s has no gradient", step, n.c_str());
+      const double err = test::relative_error(p.grad(), ref_params[n].grad());
+      TITAN_WORKER_CHECK(err < 1e-6, "step %d gradient of %s differs by %.3g", step, n.c_str(), err);
+    }
+  }
+  std::printf("rank %d: same collectives, right gradients\n", rank);
+  return 0;
+}
+
+TEST(DataParallel, DdpWithAParameterUnusedOnOneRankIssuesTheSameCollectives) {
+  auto server = dist::make_tcp_store("127.0.0.1", 0, true, 60s);
+  auto results = test::run_workers("ddp_unused_on_one_rank", 2,
+                                   {{"TITAN_TEST_PORT", std::to_string(dist::store_port(server))}, {"OMP_NUM_THREADS", "1"}},
+                                   120s);
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
+    EXPECT_NE(results[r].output.find("right gradients"), std::string::npos) << results[r].output;
+  }
+}
+
 TEST(DataParallel, FsdpWithAParameterUnusedOnOneRankIssuesTheSameCollectives) {
   auto server = dist::make_tcp_store("127.0.0.1", 0, true, 60s);
   auto results = test::run_workers("fsdp_unused_on_one_rank", 2,
