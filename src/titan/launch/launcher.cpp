@@ -339,9 +339,9 @@ struct Attempt {
 // /worker/attempt_N/).
 std::string failure_key(int attempt) { return "/launch/attempt_" + std::to_string(attempt) + "/failure"; }
 std::string failures_key(int attempt) { return "/launch/attempt_" + std::to_string(attempt) + "/failures"; }
-std::string done_key(int attempt, int node) {
-  return "/launch/attempt_" + std::to_string(attempt) + "/done/" + std::to_string(node);
-}
+// How many nodes' workers finished (succeeded, or stopped when preempted): one counter, not a key per
+// node, so that asking whether every node is done is one small request whatever the node count.
+std::string done_count_key(int attempt) { return "/launch/attempt_" + std::to_string(attempt) + "/done_nodes"; }
 
 // The first launcher to see a failure of attempt `attempt` records it; the others learn it from the store.
 void report_failure(c10d::Store* store, int attempt, const std::string& what) {
@@ -615,6 +615,15 @@ int launch_workers(const LaunchOptions& options) {
     Attempt outcome;
     bool stopping = false, killed = false, local_done = false;
     Clock::time_point kill_at{}, done_at{};
+    // The other nodes' launchers, through the store: asked at most every store_poll (100 ms, longer
+    // with many nodes, so that the store answers at most ~2000 such requests a second).
+    const auto store_poll = std::chrono::milliseconds(std::clamp(o.nnodes / 2, 100, 1000));
+    Clock::time_point next_store_check{};
+    bool done_posted = false;
+    auto post_done = [&] {
+      if (!done_posted) coord->add(done_count_key(attempt), 1);
+      done_posted = true;
+    };
     // After a failure: SIGINT, which titan does not handle (SIGTERM would ask it to save first, and a
     // job with a failed rank cannot finish its step).
     auto stop = [&](Attempt::Kind kind, int code) {
@@ -718,7 +727,8 @@ int launch_workers(const LaunchOptions& options) {
           std::vector<Worker*> one{&w};
           report_failures(one, workers);
         }
-      if (!stopping && coord && !local_done) {
+      if (!stopping && coord && !local_done && Clock::now() >= next_store_check) {
+        next_store_check = Clock::now() + store_poll;
         const std::string remote = preempting ? "" : remote_failure(coord, attempt);
         if (!remote.empty()) {
           outcome.failure = remote;
@@ -749,13 +759,12 @@ int launch_workers(const LaunchOptions& options) {
         if (stopping && preempting && coord) {
           // Preempted: node 0's launcher (the store's host) stays until every node's workers stopped, so
           // that no other node mistakes its going for a failure.
-          std::vector<std::string> keys;
-          for (int n = 0; n < o.nnodes; ++n) keys.push_back(done_key(attempt, n));
           try {
-            coord->set(done_key(attempt, o.node_rank), std::vector<uint8_t>{1});
+            post_done();
             if (o.node_rank == 0) {
               const auto until = Clock::now() + preemption_grace;
-              while (!coord->check(keys) && Clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+              while (coord->add(done_count_key(attempt), 0) < o.nnodes && Clock::now() < until)
+                std::this_thread::sleep_for(store_poll);
             }
           } catch (const std::exception&) {
           }
@@ -763,18 +772,18 @@ int launch_workers(const LaunchOptions& options) {
         }
         if (stopping || !coord) break;
         // Every worker here succeeded: the attempt is over when every node's did, or one failed.
-        std::vector<std::string> keys;
-        for (int n = 0; n < o.nnodes; ++n) keys.push_back(done_key(attempt, n));
+        if (local_done && Clock::now() < next_store_check) continue;
+        next_store_check = Clock::now() + store_poll;
         bool all_done = false;
         std::string remote;
         try {
           if (!local_done) {
-            coord->set(done_key(attempt, o.node_rank), std::vector<uint8_t>{1});
+            post_done();
             say("the workers of this node finished; waiting for the other nodes");
             done_at = Clock::now();
           }
           local_done = true;
-          all_done = coord->check(keys);
+          all_done = coord->add(done_count_key(attempt), 0) >= o.nnodes;
           if (!all_done && coord->check({failure_key(attempt)})) {
             const auto v = coord->get(failure_key(attempt));
             remote.assign(v.begin(), v.end());

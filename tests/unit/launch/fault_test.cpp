@@ -363,6 +363,8 @@ TEST(FaultInjection, TwoNodesRestartTogether) {
             std::string::npos)
       << results[1].output;
   EXPECT_NE(results[0].output.find("restarting all workers (restart 1 of 1)"), std::string::npos) << results[0].output;
+  for (const auto& r : results)  // each node learns at once that every node finished (the store's count)
+    EXPECT_EQ(r.output.find("did not report finishing"), std::string::npos) << r.output;
   JobRun run;
   run.result = results[0];
   run.losses = logged_losses(results[0].output);
