@@ -400,6 +400,35 @@ Group& Mesh::host_group(const std::string& name, const std::vector<int>& members
   return *g;
 }
 
+std::pair<Group*, Group*> Mesh::host_groups_by_block(const std::string& name, int block,
+                                                     std::chrono::milliseconds connect_timeout,
+                                                     std::chrono::milliseconds timeout, const std::string& label) {
+  const int world = static_cast<int>(dims_.world_size());
+  int agreed = block;
+  if (world > 1) {  // rank 0's block size, so that every rank cuts the same blocks
+    const std::string key = "titan/host_block/" + name;
+    if (rank_ == 0) {
+      const std::string v = std::to_string(block);
+      store_->set(key, std::vector<uint8_t>(v.begin(), v.end()));
+    } else {
+      const auto v = store_->get(key);
+      agreed = std::stoi(std::string(v.begin(), v.end()));
+    }
+  }
+  const int b = std::clamp(agreed, 1, world);
+  const int first = rank_ / b * b;
+  std::vector<int> node;
+  for (int r = first; r < std::min(first + b, world); ++r) node.push_back(r);
+  Group& local = host_group(name + "_node", node, connect_timeout, timeout, label);
+  Group* leaders = nullptr;
+  if (world > b && rank_ == first) {
+    std::vector<int> firsts;
+    for (int r = 0; r < world; r += b) firsts.push_back(r);
+    leaders = &host_group(name + "_nodes", firsts, connect_timeout, timeout, label);
+  }
+  return {&local, leaders};
+}
+
 at::Device Mesh::device() const {
   if (backend_ != BackendKind::NCCL) return at::Device(at::kCPU);
   return at::Device(at::kCUDA, c10::impl::getDeviceGuardImpl(at::kCUDA)->getDevice().index());

@@ -170,6 +170,16 @@ class Mesh {
   // node's ranks). Every rank of the job makes the call at the same point.
   Group& host_group(const std::string& name, const std::vector<int>& members, std::chrono::milliseconds connect_timeout,
                     std::chrono::milliseconds timeout, const std::string& label);
+  // Host groups of two levels for coordination among every rank, so that no group spans them all (a
+  // Gloo group connects every pair of its members when it is created: N² store requests and N − 1
+  // sockets per process for N members): this rank's block of `block` consecutive ranks (a node's
+  // ranks, numbered node by node; rank 0's `block` is taken by every rank, so that nodes of other
+  // sizes still agree), and, on each block's first rank, the group of every block's first rank
+  // (null on the other ranks, and when one block holds every rank). Every rank calls it at the same
+  // point; the groups are named name + "_node" and name + "_nodes".
+  std::pair<Group*, Group*> host_groups_by_block(const std::string& name, int block,
+                                                 std::chrono::milliseconds connect_timeout,
+                                                 std::chrono::milliseconds timeout, const std::string& label);
   const CommBytes& host_bytes() const { return host_bytes_; }
 
  private:

@@ -23,6 +23,10 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <thread>
 #include <optional>
 #include <cstdio>
 #include <filesystem>
@@ -38,6 +42,66 @@
 #include <unistd.h>  // sysconf(_SC_CLK_TCK)
 
 namespace titan {
+
+// The ranks' preemption vote: the largest ballot (a signal number, 0 for none) over every rank, in
+// two levels (the node's ranks, then the nodes' first ranks, then back to the node's ranks), run in a
+// thread of its own so that the training thread never waits on it until it reads the result a step
+// later. One vote at a time.
+class PreemptionVoter {
+ public:
+  PreemptionVoter(dist::Group& node, dist::Group* nodes, bool two_levels)
+      : node_(node), nodes_(nodes), two_levels_(two_levels) {}
+  // A vote running when the trainer ends normally has every rank's ballot coming: it is waited for.
+  // While an error unwinds, it is left to its thread (the groups are kept: Mesh's destructor).
+  ~PreemptionVoter() {
+    if (state_ && std::uncaught_exceptions() == 0) {
+      std::unique_lock<std::mutex> lock(state_->mutex);
+      state_->cv.wait(lock, [&] { return state_->done; });
+    }
+  }
+  bool pending() const { return state_ != nullptr; }
+  void issue(int ballot) {
+    TITAN_ASSERT(!state_, "a preemption vote is already in flight");
+    auto state = std::make_shared<State>();
+    std::thread([state, node = &node_, nodes = nodes_, two_levels = two_levels_, ballot] {
+      try {
+        at::Tensor b = at::full({1}, ballot, at::kInt);
+        node->all_reduce(b, c10d::ReduceOp::MAX).wait();
+        if (nodes) nodes->all_reduce(b, c10d::ReduceOp::MAX).wait();
+        if (two_levels) node->broadcast(b, 0).wait();
+        state->result = b.item<int>();
+      } catch (...) {
+        state->error = std::current_exception();
+      }
+      std::lock_guard<std::mutex> lock(state->mutex);
+      state->done = true;
+      state->cv.notify_all();
+    }).detach();
+    state_ = std::move(state);
+  }
+  // The result of the vote in flight (waiting for it); rethrows its failure.
+  int read() {
+    std::shared_ptr<State> state = std::move(state_);
+    std::unique_lock<std::mutex> lock(state->mutex);
+    state->cv.wait(lock, [&] { return state->done; });
+    if (state->error) std::rethrow_exception(state->error);
+    return state->result;
+  }
+
+ private:
+  struct State {
+    std::mutex mutex;
+    std::condition_variable cv;
+    bool done = false;
+    int result = 0;
+    std::exception_ptr error;
+  };
+  dist::Group& node_;
+  dist::Group* nodes_;
+  bool two_levels_;
+  std::shared_ptr<State> state_;
+};
+
 namespace {
 using Clock = std::chrono::steady_clock;
 
@@ -345,8 +409,9 @@ void Trainer::set_up_process() {
   set_up_distributed();
   if (preemption_) {
     const auto timeout = std::chrono::seconds(cfg_.comm.init_timeout_seconds);
-    preemption_group_ = &mesh_->host_group("preemption", timeout, timeout, "comm.init_timeout_seconds");
-    preemption_ballot_ = at::zeros({1}, at::kInt);
+    const auto [node, nodes] =
+        mesh_->host_groups_by_block("preemption", env_.local_world_size, timeout, timeout, "comm.init_timeout_seconds");
+    preemption_voter_ = std::make_shared<PreemptionVoter>(*node, nodes, node->size() < env_.world_size);
   }
   // What this run is, said as start-up goes (each phase logs when it is done, with its time).
   const std::string saved_config = saved_config_path();
@@ -939,18 +1004,11 @@ std::vector<double> Trainer::train() {
 }
 
 int Trainer::preemption_vote(bool blocking, bool issue_next) {
-  int found = 0;
-  auto read = [&] {
-    preemption_work_.wait();
-    preemption_pending_ = false;
-    found = *preemption_ballot_.data_ptr<int>();  // a CPU tensor: no device read
-  };
-  if (preemption_pending_) read();
+  PreemptionVoter& voter = *preemption_voter_;
+  int found = voter.pending() ? voter.read() : 0;
   if (found == 0 && issue_next) {
-    preemption_ballot_.fill_(PreemptionHandler::requested());
-    preemption_work_ = preemption_group_->all_reduce(preemption_ballot_, c10d::ReduceOp::MAX);
-    preemption_pending_ = true;
-    if (blocking) read();
+    voter.issue(PreemptionHandler::requested());
+    if (blocking) found = voter.read();
   }
   return found;
 }

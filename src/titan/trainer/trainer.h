@@ -158,7 +158,8 @@ class Trainer {
   [[noreturn]] void throw_out_of_memory(const c10::OutOfMemoryError& e, int64_t step,
                                        OutOfMemoryAt where = OutOfMemoryAt::Step);
   // ---- preemption (job.preemption_signals): whether any rank received a preemption signal, as the
-  // ranks agree by a MAX all-reduce on the host group "preemption" (Gloo, beside training). Called on
+  // ranks agree by a MAX reduction over the host groups "preemption_node(s)" (Gloo, beside training,
+  // in two levels: Mesh::host_groups_by_block), in a thread of its own. Called on
   // every rank once per step: returns the signal found by the vote issued at the previous call
   // (0: none), then issues the next one, so that the vote never waits on the step in flight. With
   // `blocking` (before the first step) the vote issued now is also the one read.
@@ -200,13 +201,12 @@ class Trainer {
   dist::LaunchEnv env_;
   std::unique_ptr<FolderLock> dump_lock_;  // rank 0: one run per job.dump_folder
   std::unique_ptr<PreemptionHandler> preemption_;  // null when job.preemption_signals is empty
-  dist::Group* preemption_group_ = nullptr;
-  at::Tensor preemption_ballot_;  // (1) int32 on the CPU: the vote in flight
-  dist::Work preemption_work_;
-  bool preemption_pending_ = false;  // a vote was issued and not yet read
   std::unique_ptr<dist::ParallelDims> dims_;
   c10::intrusive_ptr<c10d::Store> store_;
   std::unique_ptr<dist::Mesh> mesh_;
+  // The preemption vote in flight (after mesh_: a vote still running when the trainer ends normally
+  // is waited for before the groups go).
+  std::shared_ptr<class PreemptionVoter> preemption_voter_;
   // FSDP, HSDP, DDP or none: one for the model, or one per pipeline stage this rank holds.
   std::vector<std::unique_ptr<dist::DataParallel>> data_parallel_;
   std::unique_ptr<dist::TensorParallel> tensor_parallel_;  // null when tp is 1

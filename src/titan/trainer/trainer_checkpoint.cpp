@@ -308,11 +308,14 @@ void Trainer::set_up_checkpointing() {
   }
 
   const std::string folder = (std::filesystem::path(cfg_.job.dump_folder) / c.folder).string();
-  // Saves are coordinated on a Gloo group of their own, under checkpoint.save_timeout_seconds.
-  dist::Group& group = mesh_->host_group("checkpoint", std::chrono::seconds(cfg_.comm.init_timeout_seconds),
-                                         std::chrono::seconds(c.save_timeout_seconds), "checkpoint.save_timeout_seconds");
-  checkpointer_ = std::make_unique<checkpoint::Checkpointer>(c, folder, checkpoint::group_coordinator(group),
-                                                             [this](const std::string& m) { log_info(m); });
+  // Saves are coordinated on Gloo groups of their own (a node's ranks, and the nodes' first ranks),
+  // under checkpoint.save_timeout_seconds.
+  const auto [node, nodes] =
+      mesh_->host_groups_by_block("checkpoint", env_.local_world_size, std::chrono::seconds(cfg_.comm.init_timeout_seconds),
+                                  std::chrono::seconds(c.save_timeout_seconds), "checkpoint.save_timeout_seconds");
+  checkpointer_ = std::make_unique<checkpoint::Checkpointer>(
+      c, folder, checkpoint::node_coordinator(*node, nodes, env_.rank, env_.world_size),
+      [this](const std::string& m) { log_info(m); });
   if (c.enable && !c.load_only) {
     // Testing hook: TITAN_TEST_RANK_CHECKPOINT_FOLDER="R=path" makes rank R see another folder (as a
     // node-local disk would).

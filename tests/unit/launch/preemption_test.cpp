@@ -120,6 +120,41 @@ TEST(Preemption, TwoRanksStopAfterTheSameStepWhenOneIsSignalled) {
   expect_resumes_like(launch2(train(run, 9, 2)), run, 5, reference, dir / "ref.safetensors");
 }
 
+// Four ranks as two nodes of two (LOCAL_WORLD_SIZE 2): the vote and the checkpoint's coordination run in
+// two levels (each node's ranks, then the nodes' first ranks). Rank 3 alone is signalled during step 4;
+// every rank stops after the same step, the checkpoint of that step is complete, and the resumed run
+// logs the uninterrupted run's losses.
+TEST(Preemption, FourRanksOnTwoNodesStopAfterTheSameStepAndResume) {
+  test::TempDir dir;
+  auto run4 = [&](const std::string& dump, int steps, const std::string& fault) {
+    const std::string port = std::to_string(test::free_loopback_port());
+    std::vector<std::vector<std::string>> argvs;
+    std::vector<std::map<std::string, std::string>> envs;
+    for (int rank = 0; rank < 4; ++rank) {
+      argvs.push_back(titan(train(dump, steps, 1)));
+      std::map<std::string, std::string> env = {
+          {"RANK", std::to_string(rank)}, {"WORLD_SIZE", "4"},    {"LOCAL_RANK", std::to_string(rank % 2)},
+          {"LOCAL_WORLD_SIZE", "2"},      {"GROUP_RANK", std::to_string(rank / 2)}, {"MASTER_ADDR", "127.0.0.1"},
+          {"MASTER_PORT", port},          {"OMP_NUM_THREADS", "1"}};
+      if (!fault.empty()) env["TITAN_FAULT_INJECT"] = fault;
+      envs.push_back(env);
+    }
+    return test::run_processes(argvs, envs, std::chrono::seconds(300));
+  };
+  const auto reference = run4(dir / "ref", 9, "");
+  for (const auto& r : reference) ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto stopped = run4(dir / "run", 9, "action=term,point=optimizer,step=4,rank=3");
+  for (const auto& r : stopped) EXPECT_EQ(r.exit_code, kExitPreempted) << r.output;  // every rank, after the save
+  EXPECT_EQ(saved_step(stopped[0].output, dir / "run"), 5) << stopped[0].output;  // (rank 0 logs)
+  EXPECT_TRUE(complete_checkpoint(dir / "run", 5));
+  const auto resumed = run4(dir / "run", 9, "");
+  for (const auto& r : resumed) ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto got = losses(resumed[0].output), want = losses(reference[0].output);
+  ASSERT_FALSE(got.empty()) << resumed[0].output;
+  EXPECT_EQ(got.begin()->first, 6) << resumed[0].output;
+  for (const auto& [step, loss] : got) EXPECT_EQ(loss, want.at(step)) << "step " << step;
+}
+
 // Runs `command` in the background, waits until its log shows `lines` step lines, sends `signal` to it,
 // and returns its exit code and output.
 test::ProcessResult signal_after_steps(const std::vector<std::string>& argv, const std::string& log, int lines,

@@ -49,9 +49,48 @@ class GroupCoordinator : public Coordinator {
   dist::Group& group_;
 };
 
+class NodeCoordinator : public Coordinator {
+ public:
+  NodeCoordinator(dist::Group& node, dist::Group* nodes, int rank, int world_size)
+      : node_(node), nodes_(nodes && nodes->size() > 1 ? nodes : nullptr), rank_(rank), world_(world_size) {}
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_; }
+  std::vector<std::string> gather(const std::string& record) override {
+    std::vector<std::string> local = GroupCoordinator(node_).gather(record);
+    if (node_.rank() != 0) return {};
+    if (!nodes_) return local;
+    // The block's records as one, padded to a whole block (the last block may be shorter): block
+    // k's first rank is k x the block size.
+    const size_t n = record.size();
+    const int block = nodes_->rank() == 0 ? node_.size() : rank_ / nodes_->rank();
+    std::string blob;
+    for (const auto& r : local) blob += r;
+    blob.resize(n * static_cast<size_t>(block), '\0');
+    const std::vector<std::string> blobs = GroupCoordinator(*nodes_).gather(blob);
+    if (nodes_->rank() != 0) return {};
+    std::vector<std::string> all;
+    for (const auto& b : blobs)
+      for (int i = 0; i < block && static_cast<int>(all.size()) < world_; ++i) all.push_back(b.substr(i * n, n));
+    return all;
+  }
+  std::string broadcast(const std::string& message) override {
+    std::string m = message;
+    if (nodes_ && node_.rank() == 0) m = GroupCoordinator(*nodes_).broadcast(m);
+    return GroupCoordinator(node_).broadcast(m);
+  }
+
+ private:
+  dist::Group& node_;
+  dist::Group* nodes_;
+  int rank_, world_;
+};
+
 }  // namespace
 
 std::unique_ptr<Coordinator> group_coordinator(dist::Group& group) { return std::make_unique<GroupCoordinator>(group); }
+std::unique_ptr<Coordinator> node_coordinator(dist::Group& node, dist::Group* nodes, int rank, int world_size) {
+  return std::make_unique<NodeCoordinator>(node, nodes, rank, world_size);
+}
 
 Checkpointer::Checkpointer(const config::Checkpoint& cfg, std::string folder, std::unique_ptr<Coordinator> coord,
                            std::function<void(const std::string&)> log)

@@ -23,6 +23,11 @@ namespace titan::checkpoint {
 // works from a background thread. A dead peer fails the collective at once (its connection closes), a
 // stopped one after the timeout; the error names the ranks that did not arrive.
 std::unique_ptr<Coordinator> group_coordinator(dist::Group& group);
+// The same in two levels (Mesh::host_groups_by_block): `node`, this rank's block of consecutive
+// ranks, and `nodes`, the blocks' first ranks (on those ranks; null elsewhere and with one block).
+// A gather collects each block's records on its first rank, then those on rank 0; a broadcast goes
+// the other way.
+std::unique_ptr<Coordinator> node_coordinator(dist::Group& node, dist::Group* nodes, int rank, int world_size);
 
 class Checkpointer {
  public:
