@@ -187,8 +187,16 @@ void Group::fail(const char* op, int64_t seq, const std::string& backend_error) 
   throw CollectiveError(msg);
 }
 
+// The byte and call counts of a mesh's groups share maps, and host groups run collectives from other
+// threads too (the background save, the preemption vote): every update takes this lock.
+static std::mutex& counts_mutex() {
+  static std::mutex m;
+  return m;
+}
+
 void Group::count(const char* op, const at::Tensor& t) {
   if (size() <= 1) return;
+  std::lock_guard<std::mutex> lock(counts_mutex());
   (*bytes_)[name_][op] += static_cast<int64_t>(t.numel() * t.element_size());
   (*calls_)[name_][op] += 1;
 }
@@ -279,8 +287,11 @@ Work Group::all_to_all(at::Tensor& out, const at::Tensor& in, const std::vector<
   int64_t sent_rows = 0;
   for (int m = 0; m < n; ++m)
     if (m != rank_) sent_rows += in_splits[static_cast<size_t>(m)];
-  (*bytes_)[name_]["all_to_all"] += sent_rows * row_bytes;
-  (*calls_)[name_]["all_to_all"] += 1;
+  {
+    std::lock_guard<std::mutex> lock(counts_mutex());
+    (*bytes_)[name_]["all_to_all"] += sent_rows * row_bytes;
+    (*calls_)[name_]["all_to_all"] += 1;
+  }
   std::vector<int64_t> os = out_splits, is = in_splits;
   at::Tensor dst = out, src = in;
   c10d::AllToAllOptions opts;

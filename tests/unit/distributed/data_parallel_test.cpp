@@ -355,28 +355,38 @@ struct Net : nn::HookedModule {
   }
 };
 
+void init_branches(Net& n) {
+  at::NoGradGuard g;
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(3);
+  for (auto& p : n.parameters()) p.copy_(at::randn(p.sizes(), gen) * 0.3);
+}
+
+at::Tensor branches_input() {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(9);
+  return at::randn({2, 4, 16}, gen);
+}
+
+// Both ranks' losses (rank 1 without outer.b) in one process: the gradients the ranks must sum to.
+void branches_reference(Net& ref, const at::Tensor& x) {
+  init_branches(ref);
+  for (int r = 0; r < 2; ++r) {
+    ref.outer->skip_b = r == 1;
+    ref.forward(x[r]).square().sum().backward();
+  }
+}
+
 TITAN_TEST_WORKER_FN(fsdp_unused_on_one_rank) {
   const int rank = env_int("TITAN_TEST_RANK");
   at::set_num_threads(1);
   auto store = dist::make_tcp_store("127.0.0.1", static_cast<uint16_t>(env_int("TITAN_TEST_PORT")), false, 60s);
   dist::ParallelDims dims(1, 2, 1, 1, 1, 2);
   dist::Mesh mesh(dims, rank, store, dist::BackendKind::Gloo, 20s);  // a mismatch fails within 20 s
-  auto init = [](Net& n) {
-    at::NoGradGuard g;
-    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(3);
-    for (auto& p : n.parameters()) p.copy_(at::randn(p.sizes(), gen) * 0.3);
-  };
-  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(9);
-  const at::Tensor x = at::randn({2, 4, 16}, gen);  // rank r uses x[r]
+  const at::Tensor x = branches_input();  // rank r uses x[r]
   // The reference: both ranks' losses (rank 1 without outer.b) in one process.
   Net ref;
-  init(ref);
-  for (int r = 0; r < 2; ++r) {
-    ref.outer->skip_b = r == 1;
-    ref.forward(x[r]).square().sum().backward();
-  }
+  branches_reference(ref, x);
   Net par;
-  init(par);
+  init_branches(par);
   par.outer->skip_b = rank == 1;
   dist::FSDP fsdp(mesh["dp_shard_cp"], nullptr, dist::FSDPOptions{});
   fsdp.fully_shard(*par.inner, "inner.");
@@ -406,21 +416,11 @@ TITAN_TEST_WORKER_FN(ddp_unused_on_one_rank) {
   auto store = dist::make_tcp_store("127.0.0.1", static_cast<uint16_t>(env_int("TITAN_TEST_PORT")), false, 60s);
   dist::ParallelDims dims(2, 1, 1, 1, 1, 2);
   dist::Mesh mesh(dims, rank, store, dist::BackendKind::Gloo, 20s);  // a mismatch fails within 20 s
-  auto init = [](Net& n) {
-    at::NoGradGuard g;
-    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(3);
-    for (auto& p : n.parameters()) p.copy_(at::randn(p.sizes(), gen) * 0.3);
-  };
-  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(9);
-  const at::Tensor x = at::randn({2, 4, 16}, gen);  // rank r uses x[r]
+  const at::Tensor x = branches_input();  // rank r uses x[r]
   Net ref;
-  init(ref);
-  for (int r = 0; r < 2; ++r) {
-    ref.outer->skip_b = r == 1;
-    ref.forward(x[r]).square().sum().backward();
-  }
+  branches_reference(ref, x);
   Net par;
-  init(par);
+  init_branches(par);
   par.outer->skip_b = rank == 1;
   std::vector<std::pair<std::string, at::Tensor>> named;
   for (const auto& p : par.named_parameters()) named.emplace_back(p.key(), p.value());
@@ -441,9 +441,10 @@ TITAN_TEST_WORKER_FN(ddp_unused_on_one_rank) {
   return 0;
 }
 
-TEST(DataParallel, DdpWithAParameterUnusedOnOneRankIssuesTheSameCollectives) {
+// Runs a two-rank worker above and checks both ranks report the same collectives and right gradients.
+void expect_same_collectives_and_gradients(const std::string& worker) {
   auto server = dist::make_tcp_store("127.0.0.1", 0, true, 60s);
-  auto results = test::run_workers("ddp_unused_on_one_rank", 2,
+  auto results = test::run_workers(worker, 2,
                                    {{"TITAN_TEST_PORT", std::to_string(dist::store_port(server))}, {"OMP_NUM_THREADS", "1"}},
                                    120s);
   for (size_t r = 0; r < results.size(); ++r) {
@@ -452,15 +453,12 @@ TEST(DataParallel, DdpWithAParameterUnusedOnOneRankIssuesTheSameCollectives) {
   }
 }
 
+TEST(DataParallel, DdpWithAParameterUnusedOnOneRankIssuesTheSameCollectives) {
+  expect_same_collectives_and_gradients("ddp_unused_on_one_rank");
+}
+
 TEST(DataParallel, FsdpWithAParameterUnusedOnOneRankIssuesTheSameCollectives) {
-  auto server = dist::make_tcp_store("127.0.0.1", 0, true, 60s);
-  auto results = test::run_workers("fsdp_unused_on_one_rank", 2,
-                                   {{"TITAN_TEST_PORT", std::to_string(dist::store_port(server))}, {"OMP_NUM_THREADS", "1"}},
-                                   120s);
-  for (size_t r = 0; r < results.size(); ++r) {
-    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
-    EXPECT_NE(results[r].output.find("right gradients"), std::string::npos) << results[r].output;
-  }
+  expect_same_collectives_and_gradients("fsdp_unused_on_one_rank");
 }
 
 }  // namespace

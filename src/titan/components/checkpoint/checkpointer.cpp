@@ -284,9 +284,9 @@ void Checkpointer::finish_save(int64_t step) {
   std::vector<std::string> doomed;
   for (int64_t i = 0; i + keep_older < static_cast<int64_t>(older.size()); ++i) {
     // Renamed first (atomic): a deletion cut short leaves step-N.deleting, removed by the next run.
-    std::error_code ec;
+    std::error_code ec, ignored;
     fs::rename(older[i], older[i] + ".deleting", ec);
-    if (ec) fs::remove(fs::path(older[i]) / kIndexFile, ec);  // at least no longer a checkpoint
+    if (ec) fs::remove(fs::path(older[i]) / kIndexFile, ignored);  // at least no longer a checkpoint
     doomed.push_back(ec ? older[i] : older[i] + ".deleting");
   }
   // The files themselves (two per rank) in the background: the other ranks are already in the next

@@ -18,10 +18,12 @@ class Group;
 
 namespace titan::checkpoint {
 
-// Coordinates the ranks of a save by collectives on `group` (the mesh's host group "checkpoint": Gloo,
-// with checkpoint.save_timeout_seconds as its timeout), apart from the training groups, so that it
-// works from a background thread. A dead peer fails the collective at once (its connection closes), a
-// stopped one after the timeout; the error names the ranks that did not arrive.
+// Coordinates the ranks of a save by collectives on `group` (Gloo, with checkpoint.save_timeout_seconds
+// as its timeout), apart from the training groups, so that it works from a background thread. A dead
+// peer fails the collective at once (its connection closes), a stopped one after the timeout; the
+// error names the ranks that did not arrive. With node_coordinator (the trainer's: the host groups
+// "checkpoint_node" and "checkpoint_nodes") that holds within a node; a rank of another node is named
+// by its node's first rank, and rank 0 sees that first rank's failure (its exit, or the timeout).
 std::unique_ptr<Coordinator> group_coordinator(dist::Group& group);
 // The same in two levels (Mesh::host_groups_by_block): `node`, this rank's block of consecutive
 // ranks, and `nodes`, the blocks' first ranks (on those ranks; null elsewhere and with one block).

@@ -75,9 +75,14 @@ void Optimizer::update(const std::vector<ParamState*>& states, const std::option
   ensure_state();
   if (opts_.implementation == "for-loop") {
     if (skip && skip->item<float>() != 0) return;  // this implementation reads the step on the host anyway
+    std::map<std::string, at::Tensor> divisor_on;  // the divisor on each parameter device, copied once
     for (ParamState* s : states) {
       if (!s->param.grad().defined()) continue;
-      if (grad_divisor.defined()) s->param.mutable_grad().div_(grad_divisor.to(s->param.device()));
+      if (grad_divisor.defined()) {
+        at::Tensor& d = divisor_on[s->param.device().str()];
+        if (!d.defined()) d = grad_divisor.to(s->param.device());
+        s->param.mutable_grad().div_(d);
+      }
       step_for_loop(*s);
     }
     return;
