@@ -1079,7 +1079,13 @@ std::string out_of_memory_message(const JobConfig& cfg, const std::string& when,
            ") or validation.seq_len (now " + std::to_string(cfg.validation.seq_len) +
            "), or validation.enable = false; the training steps themselves fit";
   } else {
-    if (ac.mode != "full") out += "activation_checkpoint.mode = \"full\" (now \"" + ac.mode + "\"), ";
+    if (ac.mode == "memory_budget" && ac.memory_budget > 0) {
+      char budget[64];
+      std::snprintf(budget, sizeof budget, "%g", ac.memory_budget);
+      out += std::string("a lower activation_checkpoint.memory_budget (now ") + budget + "; 0 recomputes every block), ";
+    } else if (ac.mode != "full") {
+      out += "activation_checkpoint.mode = \"full\" (now \"" + ac.mode + "\"), ";
+    }
     out += "a smaller training.local_batch_size (training.global_batch_size keeps the global batch by gradient "
            "accumulation), a shorter training.seq_len, or more ranks to shard over (FSDP, TP, PP)";
   }

@@ -464,6 +464,32 @@ TEST(TitanTrain, OutOfMemoryDuringTheRunEndsWithTitansMessage) {
             std::string::npos) << r.output;
 }
 
+// What the out-of-memory error suggests changing follows the activation checkpointing in use: full
+// checkpointing where it is not, a lower budget under memory_budget, neither when it is full already.
+TEST(Trainer, OutOfMemoryAdviceFollowsTheCheckpointingMode) {
+  test::TempDir dir;
+  auto advice = [&](const std::vector<std::string>& ac) {
+    const JobConfig cfg = small_config(dir, ac);
+    try {
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "CUDA out of memory. Tried to allocate 2.00 GiB");
+    } catch (const c10::OutOfMemoryError& e) {
+      return out_of_memory_message(cfg, "at step 3", e, OutOfMemoryAt::Step);
+    }
+    return std::string();
+  };
+  const std::string budget = advice({"--activation_checkpoint.mode", "memory_budget",
+                                     "--activation_checkpoint.memory_budget", "0.35"});
+  EXPECT_NE(budget.find("to fit: a lower activation_checkpoint.memory_budget (now 0.35; 0 recomputes every block), "
+                        "a smaller training.local_batch_size"),
+            std::string::npos) << budget;
+  const std::string none = advice({"--activation_checkpoint.mode", "none"});
+  EXPECT_NE(none.find("to fit: activation_checkpoint.mode = \"full\" (now \"none\"), a smaller"), std::string::npos)
+      << none;
+  const std::string full = advice({"--activation_checkpoint.mode", "full"});
+  EXPECT_NE(full.find("to fit: a smaller training.local_batch_size"), std::string::npos) << full;
+  EXPECT_EQ(full.find("activation_checkpoint"), std::string::npos) << full;
+}
+
 // scripts/download_hf_assets.py without the Hub (offline here): a clear error that says what to do, and
 // the shipped configs name the command that fetches their tokenizer.
 TEST(Assets, TheDownloadScriptSaysWhatToDoOfflineAndTheConfigsNameIt) {
