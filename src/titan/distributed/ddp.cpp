@@ -9,15 +9,13 @@ namespace titan::dist {
 struct DDP::Bucket {
   DDP* ddp;
   std::vector<at::Tensor> params;
-  size_t ready = 0;
-  bool complete = false;  // every gradient accumulated in this backward
+  size_t ready = 0;  // gradients accumulated in this backward (all: the bucket can be issued)
   at::Tensor flat;
   Work work;
   bool in_flight = false;
 
   void on_grad_ready() {
     if (!ddp->sync_ || ++ready < params.size()) return;
-    complete = true;
     ddp->issue_ready_buckets();
   }
 
@@ -32,7 +30,6 @@ struct DDP::Bucket {
   }
 
   void finish() {
-    complete = false;
     if (!in_flight) {
       ready = 0;
       return;
@@ -94,7 +91,8 @@ void DDP::issue(Bucket& bucket) {
 }
 
 void DDP::issue_ready_buckets() {
-  while (next_bucket_ < buckets_.size() && buckets_[next_bucket_]->complete) issue(*buckets_[next_bucket_]);
+  while (next_bucket_ < buckets_.size() && buckets_[next_bucket_]->ready >= buckets_[next_bucket_]->params.size())
+    issue(*buckets_[next_bucket_]);
 }
 
 void DDP::finish_backward() {

@@ -382,13 +382,6 @@ Mesh::Mesh(const ParallelDims& dims, int rank, const c10::intrusive_ptr<c10d::St
   }
 }
 
-Group& Mesh::host_group(const std::string& name, std::chrono::milliseconds connect_timeout,
-                        std::chrono::milliseconds timeout, const std::string& label) {
-  std::vector<int> ranks(static_cast<size_t>(dims_.world_size()));
-  for (size_t i = 0; i < ranks.size(); ++i) ranks[i] = static_cast<int>(i);
-  return host_group(name, ranks, connect_timeout, timeout, label);
-}
-
 Group& Mesh::host_group(const std::string& name, const std::vector<int>& members,
                         std::chrono::milliseconds connect_timeout, std::chrono::milliseconds timeout,
                         const std::string& label) {

@@ -158,16 +158,13 @@ class Mesh {
   }
   // Where collective inputs must live: the current CUDA device under NCCL, the CPU under Gloo.
   at::Device device() const;
-  // A Gloo group of every rank for host-side coordination beside training (checkpoint saves, also
-  // from a background thread): CPU tensors on any device type, its own timeout (`label` names the
-  // setting in errors), unchanged by set_timeout, and its own byte counts (host_bytes()). Created on
-  // the first call with a name, which every rank must make at the same point, connecting under
-  // `connect_timeout` (comm.init_timeout_seconds: ranks start apart).
-  Group& host_group(const std::string& name, std::chrono::milliseconds connect_timeout, std::chrono::milliseconds timeout,
-                    const std::string& label);
-  // The same over some ranks only: `members` (global ranks, sorted, this rank among them), which
-  // every member passes alike; disjoint member sets of one name are separate groups (e.g. each
-  // node's ranks). Every rank of the job makes the call at the same point.
+  // A Gloo group of `members` (global ranks, sorted, this rank among them) for host-side coordination
+  // beside training (checkpoint saves, also from a background thread): CPU tensors on any device type,
+  // its own timeout (`label` names the setting in errors), unchanged by set_timeout, and its own byte
+  // counts (host_bytes()). Created on the first call with a name, which every member makes at the same
+  // point, connecting under `connect_timeout` (comm.init_timeout_seconds: ranks start apart); every
+  // member passes the same members, and disjoint member sets of one name are separate groups (e.g.
+  // each node's ranks).
   Group& host_group(const std::string& name, const std::vector<int>& members, std::chrono::milliseconds connect_timeout,
                     std::chrono::milliseconds timeout, const std::string& label);
   // Host groups of two levels for coordination among every rank, so that no group spans them all (a
